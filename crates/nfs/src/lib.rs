@@ -1,0 +1,1 @@
+//! nfs (design overview to be written with the crate).

@@ -1,0 +1,1 @@
+//! oncrpc (design overview to be written with the crate).

@@ -1,0 +1,1 @@
+//! rds (design overview to be written with the crate).

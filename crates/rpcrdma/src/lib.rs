@@ -1,0 +1,1 @@
+//! rpcrdma (design overview to be written with the crate).

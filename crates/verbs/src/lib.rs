@@ -1,0 +1,1 @@
+//! verbs (design overview to be written with the crate).
