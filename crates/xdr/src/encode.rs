@@ -97,6 +97,32 @@ impl Encoded {
         off
     }
 
+    /// Put `head` (already XDR-encoded, a multiple of four bytes) in front of the stream,
+    /// shifting every reduced item's Position by its length. Used to add an RPC header to
+    /// results that a procedure encoded on its own.
+    pub fn prepend(&mut self, head: Bytes) {
+        let n = head.len();
+        if n == 0 {
+            return;
+        }
+        self.parts.insert(0, head);
+        self.len += n;
+        for r in &mut self.reduced {
+            r.position += n;
+        }
+    }
+
+    /// Append another stream (and its reduced items, shifted) after this one.
+    pub fn append(&mut self, other: Encoded) {
+        let base = self.len;
+        self.parts.extend(other.parts);
+        self.len += other.len;
+        self.reduced.extend(other.reduced.into_iter().map(|mut r| {
+            r.position += base;
+            r
+        }));
+    }
+
     /// The stream with every reduced item put back at its position, padded: what the stream
     /// would have been with [`DdpPolicy::Inline`].
     pub fn unreduced(&self) -> Bytes {

@@ -1,0 +1,134 @@
+//! The transport-neutral client side: a call request, the errors, and the [`RpcTransport`]
+//! trait that the TCP client here and the RPC-over-RDMA client in `rpcrdma` both implement.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use xdr::Encoder;
+
+use crate::auth::OpaqueAuth;
+use crate::message::{AcceptStat, RejectedReply};
+use crate::service::BoxFuture;
+
+/// Encodes a call's arguments. It may run more than once (a retransmission over RDMA re-encodes
+/// with fresh memory registrations), each time into an encoder whose policy the transport chose.
+pub type ArgsEncoder = Arc<dyn Fn(&mut Encoder) + Send + Sync>;
+
+/// What the Upper-Layer Binding knows about the reply before it arrives (RFC 8166 §6:
+/// the Requester must provision Write chunks and a Reply chunk before sending the call).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplyExpectation {
+    /// The largest reply (RPC header and results, all items inline) the procedure can produce.
+    /// `None` when unbounded or unknown.
+    pub max_len: Option<usize>,
+    /// Maximum sizes of the reply's DDP-eligible items, in XDR order (one Write chunk each).
+    pub ddp_items: Vec<usize>,
+}
+
+/// One call to make.
+#[derive(Clone)]
+pub struct CallRequest {
+    pub prog: u32,
+    pub vers: u32,
+    pub proc_: u32,
+    pub cred: OpaqueAuth,
+    pub verf: OpaqueAuth,
+    /// Writes the procedure arguments (not the RPC header).
+    pub args: ArgsEncoder,
+    pub reply: ReplyExpectation,
+    /// Per-call timeout; the transport's default when `None`.
+    pub timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for CallRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallRequest")
+            .field("prog", &self.prog)
+            .field("vers", &self.vers)
+            .field("proc", &self.proc_)
+            .field("cred_flavor", &self.cred.flavor)
+            .field("reply", &self.reply)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CallRequest {
+    /// A call with AUTH_NONE, no special reply expectations, and arguments from `args`.
+    pub fn new(
+        prog: u32,
+        vers: u32,
+        proc_: u32,
+        args: impl Fn(&mut Encoder) + Send + Sync + 'static,
+    ) -> Self {
+        CallRequest {
+            prog,
+            vers,
+            proc_,
+            cred: OpaqueAuth::none(),
+            verf: OpaqueAuth::none(),
+            args: Arc::new(args),
+            reply: ReplyExpectation::default(),
+            timeout: None,
+        }
+    }
+
+    /// A call with no arguments (the NULL procedure).
+    pub fn null(prog: u32, vers: u32) -> Self {
+        Self::new(prog, vers, 0, |_| {})
+    }
+
+    /// Set the credential.
+    pub fn with_cred(mut self, cred: OpaqueAuth) -> Self {
+        self.cred = cred;
+        self
+    }
+
+    /// Set what the reply may hold.
+    pub fn with_reply(mut self, reply: ReplyExpectation) -> Self {
+        self.reply = reply;
+        self
+    }
+
+    /// Set the timeout.
+    pub fn with_timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RpcError {
+    /// No reply within the timeout (after any retransmissions).
+    #[error("RPC call timed out")]
+    Timeout,
+    /// The connection failed and could not be re-established.
+    #[error("RPC transport failed: {0}")]
+    Transport(String),
+    /// An I/O error.
+    #[error("RPC I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The server rejected the call (MSG_DENIED).
+    #[error("RPC call rejected: {0:?}")]
+    Rejected(RejectedReply),
+    /// The server accepted the call but did not execute it successfully.
+    #[error("RPC call not executed: {0:?}")]
+    Accepted(AcceptStat),
+    /// The reply could not be decoded.
+    #[error("malformed RPC reply: {0}")]
+    BadReply(String),
+    /// The transport has been shut down.
+    #[error("RPC client is closed")]
+    Closed,
+}
+
+/// A client transport: sends calls, matches replies by XID, returns the results of an
+/// accepted, successful reply (the XDR after the reply header).
+pub trait RpcTransport: Send + Sync + 'static {
+    /// Make one call.
+    fn call(&self, req: CallRequest) -> BoxFuture<'_, Result<Bytes, RpcError>>;
+    /// A short description ("tcp://127.0.0.1:2049").
+    fn describe(&self) -> String;
+}
