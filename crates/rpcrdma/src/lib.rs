@@ -1,1 +1,3 @@
 //! rpcrdma (design overview to be written with the crate).
+
+pub mod ulb;

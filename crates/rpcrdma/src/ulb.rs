@@ -1,0 +1,82 @@
+//! The Upper-Layer Binding (ULB) contract (5666bis §8 / RFC 8166 §6).
+//!
+//! An RPC program that runs over RPC-over-RDMA declares, through this trait, which XDR items of
+//! its calls and replies are DDP-eligible and how large a reply can be. The transport never
+//! reduces anything else (5666bis §4.4.2: "All other XDR data items MUST NOT be reduced").
+//!
+//! How the pieces meet:
+//! - Requester, call side: the program's argument encoder calls
+//!   [`xdr::Encoder::put_ddp_opaque`] for eligible items only; the transport picks the policy.
+//! - Requester, reply side: the caller fills [`oncrpc::ReplyExpectation`] (maximum reply size and
+//!   the maximum size of each DDP-eligible reply item) so the transport can provision Write
+//!   chunks and a Reply chunk before sending (5666bis §8.3, §5.3.3).
+//! - Responder, call side: [`UpperLayerBinding::call_ddp_items`] locates the eligible items in
+//!   the received arguments so the transport can check every Read chunk's Position against them
+//!   (a chunk elsewhere is a DDP-eligibility violation: GARBAGE_ARGS, 5666bis §5.5.2).
+//! - Responder, reply side: the program's result encoder calls `put_ddp_opaque` for eligible
+//!   items, and the transport's [`xdr::DdpPolicy`] decides whether they land in Write chunks.
+
+use std::ops::Range;
+
+/// Chunk-complexity limits a Responder accepts (RFC 8267 §6.4.2 defaults for NFS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkLimits {
+    /// Read chunks with a non-zero Position, per call.
+    pub max_read_chunks: usize,
+    /// Position-Zero Read chunks per call (0 or 1).
+    pub max_position_zero_chunks: usize,
+    /// Write chunks per call.
+    pub max_write_chunks: usize,
+    /// Segments per chunk (Read, Write or Reply chunk).
+    pub max_segments: usize,
+}
+
+impl Default for ChunkLimits {
+    /// RFC 8267 §6.4.2: one Position-Zero Read chunk plus one other Read chunk, one Write chunk,
+    /// and 16 segments per chunk.
+    fn default() -> Self {
+        ChunkLimits {
+            max_read_chunks: 1,
+            max_position_zero_chunks: 1,
+            max_write_chunks: 1,
+            max_segments: 16,
+        }
+    }
+}
+
+/// Why a ULB could not classify a call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UlbError {
+    /// The arguments do not decode for this procedure (the transport answers GARBAGE_ARGS).
+    #[error("arguments do not decode: {0}")]
+    Garbage(String),
+    /// The version or procedure is not covered by the binding (no item is eligible).
+    #[error("program version {vers} procedure {proc_} is not covered by this binding")]
+    Unknown { vers: u32, proc_: u32 },
+}
+
+/// One program's Upper-Layer Binding.
+pub trait UpperLayerBinding: Send + Sync + 'static {
+    /// The RPC program number this binding covers.
+    fn program(&self) -> u32;
+
+    /// Byte ranges, relative to the start of `args`, of the **contents** (after the length word,
+    /// without padding) of every DDP-eligible item in a call's arguments. `args` is the complete
+    /// argument stream with every chunk's data already in place.
+    fn call_ddp_items(
+        &self,
+        vers: u32,
+        proc_: u32,
+        args: &[u8],
+    ) -> Result<Vec<Range<usize>>, UlbError>;
+
+    /// The largest possible reply (RPC reply header plus results, every item inline) to this
+    /// call, or `None` when it cannot be bounded (5666bis §8.3 "Maximum Reply Size").
+    fn max_reply_size(&self, vers: u32, proc_: u32, args: &[u8]) -> Option<usize>;
+
+    /// Chunk-complexity limits for calls of this program.
+    fn chunk_limits(&self) -> ChunkLimits {
+        ChunkLimits::default()
+    }
+}
