@@ -821,9 +821,7 @@ impl Engine {
             self.want_connect(now, PathId { peer, index: 0 });
             return AcceptOutcome::Reject;
         }
-        if !self.conns.contains_key(&peer) {
-            self.conns.insert(peer, Conn::new(peer));
-        }
+        self.conns.entry(peer).or_insert_with(|| Conn::new(peer));
         let t = self.new_token();
         self.pending.insert(t, (peer, BytesMut::new()));
         AcceptOutcome::Accept(t)
