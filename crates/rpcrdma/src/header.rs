@@ -1,0 +1,731 @@
+//! The RPC-over-RDMA Version One transport header (5666bis §5.1.3, §5.2, §5.3).
+//!
+//! Two layers, as everywhere in oxrdma: [`Header::decode`] is a checked decoder that never
+//! panics and reports every failure as a [`HeaderError`] that says how the receiver must answer
+//! ([`HeaderError::response`]); [`Header::encode`] writes exactly [`Header::encoded_len`] bytes.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// The only RPC-over-RDMA version this crate speaks (5666bis §5.2.2).
+pub const RPCRDMA_VERSION: u32 = 1;
+
+/// Length of the fixed part of every header: xid, vers, credits, proc (5666bis §5.2).
+pub const FIXED_LEN: usize = 16;
+
+/// Smallest RDMA_MSG / RDMA_NOMSG header: the fixed part plus three empty chunk lists.
+pub const MIN_MSG_LEN: usize = FIXED_LEN + 12;
+
+/// `rdma_proc` values (5666bis §5.1.3).
+pub const RDMA_MSG: u32 = 0;
+/// RDMA_NOMSG.
+pub const RDMA_NOMSG: u32 = 1;
+/// RDMA_MSGP (no longer supported, 5666bis §5.6.1).
+pub const RDMA_MSGP: u32 = 2;
+/// RDMA_DONE (no longer supported, 5666bis §5.6.2).
+pub const RDMA_DONE: u32 = 3;
+/// RDMA_ERROR.
+pub const RDMA_ERROR: u32 = 4;
+
+/// `rdma_err` RDMA_ERR_VERS.
+pub const ERR_VERS: u32 = 1;
+/// `rdma_err` RDMA_ERR_CHUNK.
+pub const ERR_CHUNK: u32 = 2;
+
+/// An RDMA segment: handle, length, offset (5666bis §4.4.3). On the wire: `HLOO`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Segment {
+    /// The steering tag (R_key / STag) of the registered memory.
+    pub handle: u32,
+    /// Length in bytes.
+    pub length: u32,
+    /// Offset (often the virtual address) within the registered region.
+    pub offset: u64,
+}
+
+/// A Read segment: a segment with its XDR Position (5666bis §4.4.5). On the wire: `PHLOO`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ReadSegment {
+    /// Byte offset in the Payload stream where this chunk's data belongs.
+    pub position: u32,
+    pub target: Segment,
+}
+
+/// A Read chunk: the consecutive Read segments sharing one Position (5666bis §4.4.5).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReadChunk {
+    pub position: u32,
+    pub segments: Vec<Segment>,
+}
+
+impl ReadChunk {
+    /// Sum of the segment lengths.
+    pub fn len(&self) -> u64 {
+        self.segments.iter().map(|s| u64::from(s.length)).sum()
+    }
+
+    /// True when the chunk carries no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A Write chunk (or the Reply chunk): a counted array of segments (5666bis §4.4.6).
+pub type WriteChunk = Vec<Segment>;
+
+/// Sum of the lengths of a Write chunk's segments.
+pub fn chunk_len(chunk: &[Segment]) -> u64 {
+    chunk.iter().map(|s| u64::from(s.length)).sum()
+}
+
+/// The three chunk lists of RDMA_MSG and RDMA_NOMSG (5666bis §5.3).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Chunks {
+    /// The Read list, as a flat list of Read segments in wire order.
+    pub reads: Vec<ReadSegment>,
+    /// The Write list.
+    pub writes: Vec<WriteChunk>,
+    /// The Reply chunk.
+    pub reply: Option<WriteChunk>,
+}
+
+impl Chunks {
+    /// True when all three lists are empty.
+    pub fn is_empty(&self) -> bool {
+        self.reads.is_empty() && self.writes.is_empty() && self.reply.is_none()
+    }
+
+    /// The Read list grouped into Read chunks: consecutive segments with the same Position
+    /// belong to one chunk (5666bis §4.4.5, §5.3.1).
+    pub fn read_chunks(&self) -> Vec<ReadChunk> {
+        let mut out: Vec<ReadChunk> = Vec::new();
+        for rs in &self.reads {
+            match out.last_mut() {
+                Some(c) if c.position == rs.position => c.segments.push(rs.target),
+                _ => out.push(ReadChunk {
+                    position: rs.position,
+                    segments: vec![rs.target],
+                }),
+            }
+        }
+        out
+    }
+
+    /// Flatten Read chunks into a Read list.
+    pub fn set_read_chunks(&mut self, chunks: &[ReadChunk]) {
+        self.reads = chunks
+            .iter()
+            .flat_map(|c| {
+                c.segments.iter().map(|s| ReadSegment {
+                    position: c.position,
+                    target: *s,
+                })
+            })
+            .collect();
+    }
+
+    fn encoded_len(&self) -> usize {
+        let reads = self.reads.len() * 24 + 4;
+        let writes: usize = self.writes.iter().map(|c| 8 + 16 * c.len()).sum::<usize>() + 4;
+        let reply = 4 + self.reply.as_ref().map_or(0, |c| 4 + 16 * c.len());
+        reads + writes + reply
+    }
+
+    fn encode(&self, out: &mut BytesMut) {
+        for rs in &self.reads {
+            out.put_u32(1);
+            out.put_u32(rs.position);
+            put_segment(out, &rs.target);
+        }
+        out.put_u32(0);
+        for c in &self.writes {
+            out.put_u32(1);
+            put_chunk(out, c);
+        }
+        out.put_u32(0);
+        match &self.reply {
+            Some(c) => {
+                out.put_u32(1);
+                put_chunk(out, c);
+            }
+            None => out.put_u32(0),
+        }
+    }
+}
+
+fn put_segment(out: &mut BytesMut, s: &Segment) {
+    out.put_u32(s.handle);
+    out.put_u32(s.length);
+    out.put_u64(s.offset);
+}
+
+fn put_chunk(out: &mut BytesMut, c: &[Segment]) {
+    // A chunk never has more than u32::MAX segments: limits are far below that.
+    out.put_u32(u32::try_from(c.len()).unwrap_or(u32::MAX));
+    for s in c {
+        put_segment(out, s);
+    }
+}
+
+/// The body of an RDMA_ERROR message (5666bis §5.1.3 `rpcrdma1_error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorBody {
+    /// RDMA_ERR_VERS with the inclusive range of supported versions (5666bis §5.5.1).
+    Vers { low: u32, high: u32 },
+    /// RDMA_ERR_CHUNK (5666bis §5.5.2).
+    Chunk,
+}
+
+/// `rpcrdma1_body`: what follows the fixed fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// RDMA_MSG: chunk lists, then the Payload stream inline.
+    Msg(Chunks),
+    /// RDMA_NOMSG: chunk lists only; the Payload stream travels in a Position-Zero Read chunk
+    /// or the Reply chunk.
+    NoMsg(Chunks),
+    /// RDMA_MSGP, recognised so that a receiver can answer it with RDMA_ERR_CHUNK
+    /// (5666bis §5.6.1). Senders MUST NOT send it; the encoder exists for tests.
+    MsgP {
+        align: u32,
+        thresh: u32,
+        chunks: Chunks,
+    },
+    /// RDMA_DONE, recognised so that a receiver can answer it (5666bis §5.6.2).
+    Done,
+    /// RDMA_ERROR.
+    Error(ErrorBody),
+}
+
+impl Body {
+    /// The `rdma_proc` value.
+    pub fn proc_(&self) -> u32 {
+        match self {
+            Body::Msg(_) => RDMA_MSG,
+            Body::NoMsg(_) => RDMA_NOMSG,
+            Body::MsgP { .. } => RDMA_MSGP,
+            Body::Done => RDMA_DONE,
+            Body::Error(_) => RDMA_ERROR,
+        }
+    }
+
+    /// The chunk lists, for RDMA_MSG and RDMA_NOMSG.
+    pub fn chunks(&self) -> Option<&Chunks> {
+        match self {
+            Body::Msg(c) | Body::NoMsg(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// A whole transport header (`rpcrdma1_header`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// Same value as the RPC message's XID (5666bis §5.2.1).
+    pub xid: u32,
+    /// Always [`RPCRDMA_VERSION`] for headers this crate builds.
+    pub vers: u32,
+    /// Requested (calls) or granted (replies) credits (5666bis §5.2.3).
+    pub credits: u32,
+    pub body: Body,
+}
+
+/// Bounds on the chunk lists a decoder accepts. A header is at most one receive buffer long,
+/// which already bounds these; the limits keep allocation proportional to what we accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeLimits {
+    /// Read segments in the Read list.
+    pub max_read_segments: usize,
+    /// Chunks in the Write list.
+    pub max_write_chunks: usize,
+    /// Segments in one Write chunk or in the Reply chunk.
+    pub max_segments: usize,
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        DecodeLimits {
+            max_read_segments: 64,
+            max_write_chunks: 16,
+            max_segments: 64,
+        }
+    }
+}
+
+/// How a receiver answers a header it could not accept (5666bis §5.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorResponse {
+    /// Reply with RDMA_ERROR / RDMA_ERR_VERS carrying `xid` and the supported range
+    /// (5666bis §5.5.1).
+    ErrVers { xid: u32, vers: u32 },
+    /// Reply with RDMA_ERROR / RDMA_ERR_CHUNK carrying `xid` (5666bis §5.5.2).
+    ErrChunk { xid: u32 },
+    /// Send nothing: the message is too short to carry an XID, or it is a malformed
+    /// RDMA_ERROR (5666bis §5.5: "MUST silently discard an RDMA_ERROR procedure that cannot be
+    /// decoded").
+    Discard,
+}
+
+/// Why a header did not decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeaderError {
+    /// Fewer than eight bytes: there is no XID and version to answer with.
+    #[error("transport header too short ({0} bytes)")]
+    TooShort(usize),
+    /// `rdma_vers` is not 1.
+    #[error("unsupported RPC-over-RDMA version {vers} (xid {xid:#010x})")]
+    Version { xid: u32, vers: u32 },
+    /// `rdma_proc` is not a Version One procedure.
+    #[error("unknown rdma_proc {proc_} (xid {xid:#010x})")]
+    BadProc { xid: u32, proc_: u32 },
+    /// The header ended in the middle of a field.
+    #[error("transport header truncated (xid {xid:#010x})")]
+    Truncated { xid: u32 },
+    /// An optional-data discriminant was neither 0 nor 1.
+    #[error("invalid optional-data flag {value} (xid {xid:#010x})")]
+    BadFlag { xid: u32, value: u32 },
+    /// A chunk list is longer than the receiver accepts.
+    #[error("chunk list exceeds limit {limit} (xid {xid:#010x})")]
+    TooManySegments { xid: u32, limit: usize },
+    /// RDMA_NOMSG without any chunk (5666bis §5.5.2 names it as an XDR error).
+    #[error("RDMA_NOMSG without chunks (xid {xid:#010x})")]
+    NoMsgWithoutChunks { xid: u32 },
+    /// An RDMA_ERROR whose body cannot be decoded.
+    #[error("malformed RDMA_ERROR (xid {xid:#010x})")]
+    MalformedError { xid: u32 },
+}
+
+impl HeaderError {
+    /// What the receiver sends back (5666bis §5.5).
+    pub fn response(&self) -> ErrorResponse {
+        match *self {
+            HeaderError::TooShort(_) | HeaderError::MalformedError { .. } => ErrorResponse::Discard,
+            // 5666bis §5.5.1: a version the receiver does not support gets RDMA_ERR_VERS.
+            HeaderError::Version { xid, vers } => ErrorResponse::ErrVers { xid, vers },
+            // 5666bis §5.5.2: a recognised version with an XDR parsing error gets
+            // RDMA_ERR_CHUNK.
+            HeaderError::BadProc { xid, .. }
+            | HeaderError::Truncated { xid }
+            | HeaderError::BadFlag { xid, .. }
+            | HeaderError::TooManySegments { xid, .. }
+            | HeaderError::NoMsgWithoutChunks { xid } => ErrorResponse::ErrChunk { xid },
+        }
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+    xid: u32,
+}
+
+impl Reader<'_> {
+    fn u32(&mut self) -> Result<u32, HeaderError> {
+        let end = self.at + 4;
+        let b = self
+            .buf
+            .get(self.at..end)
+            .ok_or(HeaderError::Truncated { xid: self.xid })?;
+        self.at = end;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, HeaderError> {
+        let hi = u64::from(self.u32()?);
+        let lo = u64::from(self.u32()?);
+        Ok(hi << 32 | lo)
+    }
+
+    fn flag(&mut self) -> Result<bool, HeaderError> {
+        match self.u32()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            value => Err(HeaderError::BadFlag {
+                xid: self.xid,
+                value,
+            }),
+        }
+    }
+
+    fn remaining(&self) -> usize {
+        self.buf.len().saturating_sub(self.at)
+    }
+
+    fn segment(&mut self) -> Result<Segment, HeaderError> {
+        Ok(Segment {
+            handle: self.u32()?,
+            length: self.u32()?,
+            offset: self.u64()?,
+        })
+    }
+
+    fn chunk(&mut self, limit: usize) -> Result<WriteChunk, HeaderError> {
+        let n = self.u32()? as usize;
+        if n > limit {
+            return Err(HeaderError::TooManySegments {
+                xid: self.xid,
+                limit,
+            });
+        }
+        // Never allocate more than the remaining bytes can hold.
+        if n.saturating_mul(16) > self.remaining() {
+            return Err(HeaderError::Truncated { xid: self.xid });
+        }
+        let mut c = Vec::with_capacity(n);
+        for _ in 0..n {
+            c.push(self.segment()?);
+        }
+        Ok(c)
+    }
+
+    fn chunks(&mut self, lim: &DecodeLimits) -> Result<Chunks, HeaderError> {
+        let mut reads = Vec::new();
+        while self.flag()? {
+            if reads.len() >= lim.max_read_segments {
+                return Err(HeaderError::TooManySegments {
+                    xid: self.xid,
+                    limit: lim.max_read_segments,
+                });
+            }
+            let position = self.u32()?;
+            let target = self.segment()?;
+            reads.push(ReadSegment { position, target });
+        }
+        let mut writes = Vec::new();
+        while self.flag()? {
+            if writes.len() >= lim.max_write_chunks {
+                return Err(HeaderError::TooManySegments {
+                    xid: self.xid,
+                    limit: lim.max_write_chunks,
+                });
+            }
+            writes.push(self.chunk(lim.max_segments)?);
+        }
+        let reply = if self.flag()? {
+            Some(self.chunk(lim.max_segments)?)
+        } else {
+            None
+        };
+        Ok(Chunks {
+            reads,
+            writes,
+            reply,
+        })
+    }
+}
+
+impl Header {
+    /// A header with the given XID, version 1, credits and body.
+    pub fn new(xid: u32, credits: u32, body: Body) -> Self {
+        Header {
+            xid,
+            vers: RPCRDMA_VERSION,
+            credits,
+            body,
+        }
+    }
+
+    /// Decode a header from the start of `buf` with the default limits. Returns the header
+    /// and its length; for RDMA_MSG the Payload stream is `buf[len..]`.
+    pub fn decode(buf: &[u8]) -> Result<(Header, usize), HeaderError> {
+        Self::decode_with(buf, &DecodeLimits::default())
+    }
+
+    /// Decode with explicit limits. Never panics.
+    pub fn decode_with(buf: &[u8], lim: &DecodeLimits) -> Result<(Header, usize), HeaderError> {
+        if buf.len() < 8 {
+            return Err(HeaderError::TooShort(buf.len()));
+        }
+        let mut r = Reader { buf, at: 0, xid: 0 };
+        let xid = r.u32()?;
+        r.xid = xid;
+        let vers = r.u32()?;
+        // 5666bis §5.5.1: only the version is checked before anything else is interpreted
+        // (the error body layout is the one part that no version may change).
+        if vers != RPCRDMA_VERSION {
+            return Err(HeaderError::Version { xid, vers });
+        }
+        let credits = r.u32()?;
+        let proc_ = r.u32()?;
+        let body = match proc_ {
+            RDMA_MSG => Body::Msg(r.chunks(lim)?),
+            RDMA_NOMSG => {
+                let c = r.chunks(lim)?;
+                if c.is_empty() {
+                    return Err(HeaderError::NoMsgWithoutChunks { xid });
+                }
+                Body::NoMsg(c)
+            }
+            RDMA_MSGP => {
+                let align = r.u32()?;
+                let thresh = r.u32()?;
+                let chunks = r.chunks(lim)?;
+                Body::MsgP {
+                    align,
+                    thresh,
+                    chunks,
+                }
+            }
+            RDMA_DONE => Body::Done,
+            RDMA_ERROR => {
+                let e = match r.u32() {
+                    Ok(ERR_VERS) => match (r.u32(), r.u32()) {
+                        (Ok(low), Ok(high)) => ErrorBody::Vers { low, high },
+                        _ => return Err(HeaderError::MalformedError { xid }),
+                    },
+                    Ok(ERR_CHUNK) => ErrorBody::Chunk,
+                    _ => return Err(HeaderError::MalformedError { xid }),
+                };
+                Body::Error(e)
+            }
+            _ => return Err(HeaderError::BadProc { xid, proc_ }),
+        };
+        Ok((
+            Header {
+                xid,
+                vers,
+                credits,
+                body,
+            },
+            r.at,
+        ))
+    }
+
+    /// Exact number of bytes [`Header::encode`] writes.
+    pub fn encoded_len(&self) -> usize {
+        FIXED_LEN
+            + match &self.body {
+                Body::Msg(c) | Body::NoMsg(c) => c.encoded_len(),
+                Body::MsgP { chunks, .. } => 8 + chunks.encoded_len(),
+                Body::Done => 0,
+                Body::Error(ErrorBody::Vers { .. }) => 12,
+                Body::Error(ErrorBody::Chunk) => 4,
+            }
+    }
+
+    /// Append the header to `out`.
+    pub fn encode(&self, out: &mut BytesMut) {
+        out.reserve(self.encoded_len());
+        out.put_u32(self.xid);
+        out.put_u32(self.vers);
+        out.put_u32(self.credits);
+        out.put_u32(self.body.proc_());
+        match &self.body {
+            Body::Msg(c) | Body::NoMsg(c) => c.encode(out),
+            Body::MsgP {
+                align,
+                thresh,
+                chunks,
+            } => {
+                out.put_u32(*align);
+                out.put_u32(*thresh);
+                chunks.encode(out);
+            }
+            Body::Done => {}
+            Body::Error(ErrorBody::Vers { low, high }) => {
+                out.put_u32(ERR_VERS);
+                out.put_u32(*low);
+                out.put_u32(*high);
+            }
+            Body::Error(ErrorBody::Chunk) => out.put_u32(ERR_CHUNK),
+        }
+    }
+
+    /// The header as one buffer.
+    pub fn to_bytes(&self) -> Bytes {
+        let mut b = BytesMut::with_capacity(self.encoded_len());
+        self.encode(&mut b);
+        b.freeze()
+    }
+
+    /// The RDMA_ERROR a receiver sends for `resp`, or `None` for [`ErrorResponse::Discard`].
+    /// `credits` is the receiver's current grant (never zero, 5666bis §4.3.1).
+    pub fn error_reply(resp: ErrorResponse, credits: u32) -> Option<Header> {
+        match resp {
+            // 5666bis §5.5: rdma_xid and rdma_vers copy the failing message's values.
+            ErrorResponse::ErrVers { xid, vers } => Some(Header {
+                xid,
+                vers,
+                credits: credits.max(1),
+                body: Body::Error(ErrorBody::Vers {
+                    low: RPCRDMA_VERSION,
+                    high: RPCRDMA_VERSION,
+                }),
+            }),
+            ErrorResponse::ErrChunk { xid } => Some(Header::new(
+                xid,
+                credits.max(1),
+                Body::Error(ErrorBody::Chunk),
+            )),
+            ErrorResponse::Discard => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(b: &[u8]) -> Vec<u32> {
+        b.chunks(4)
+            .map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]]))
+            .collect()
+    }
+
+    const H: u32 = 0x1111_2222;
+    const L: u32 = 0x100;
+    const OO: u64 = 0x0000_00aa_0000_00bb;
+
+    fn seg() -> Segment {
+        Segment {
+            handle: H,
+            length: L,
+            offset: OO,
+        }
+    }
+
+    fn hloo() -> Vec<u32> {
+        vec![H, L, 0xaa, 0xbb]
+    }
+
+    /// 5666bis §5.7: "after the four fixed fields ... simply three 32-bit fields that contain
+    /// zero".
+    #[test]
+    fn xdr_example_no_chunks() {
+        let h = Header::new(7, 32, Body::Msg(Chunks::default()));
+        let b = h.to_bytes();
+        assert_eq!(words(&b), vec![7, 1, 32, 0, 0, 0, 0]);
+        assert_eq!(b.len(), MIN_MSG_LEN);
+        assert_eq!(Header::decode(&b).unwrap(), (h, 28));
+    }
+
+    /// 5666bis §5.7: a Read chunk of three segments is `1 PHLOO 1 PHLOO 1 PHLOO 0`.
+    #[test]
+    fn xdr_example_read_chunk() {
+        let mut c = Chunks::default();
+        c.set_read_chunks(&[ReadChunk {
+            position: 8,
+            segments: vec![seg(); 3],
+        }]);
+        let h = Header::new(1, 1, Body::Msg(c.clone()));
+        let b = h.to_bytes();
+        let mut want = vec![1, 1, 1, 0];
+        for _ in 0..3 {
+            want.push(1);
+            want.push(8);
+            want.extend(hloo());
+        }
+        want.extend([0, 0, 0]);
+        assert_eq!(words(&b), want);
+        let (d, n) = Header::decode(&b).unwrap();
+        assert_eq!(n, b.len());
+        assert_eq!(d.body.chunks().unwrap().read_chunks().len(), 1);
+        assert_eq!(d, h);
+    }
+
+    /// 5666bis §5.7: a Write list with chunks of three and two segments is
+    /// `1 3 HLOO HLOO HLOO 1 2 HLOO HLOO 0`; a Reply chunk of two is `1 2 HLOO HLOO`.
+    #[test]
+    fn xdr_example_write_list_and_reply_chunk() {
+        let c = Chunks {
+            reads: vec![],
+            writes: vec![vec![seg(); 3], vec![seg(); 2]],
+            reply: Some(vec![seg(); 2]),
+        };
+        let h = Header::new(9, 64, Body::NoMsg(c));
+        let b = h.to_bytes();
+        let mut want = vec![9, 1, 64, 1, 0, 1, 3];
+        for _ in 0..3 {
+            want.extend(hloo());
+        }
+        want.extend([1, 2]);
+        for _ in 0..2 {
+            want.extend(hloo());
+        }
+        want.extend([0, 1, 2]);
+        for _ in 0..2 {
+            want.extend(hloo());
+        }
+        assert_eq!(words(&b), want);
+        assert_eq!(b.len(), h.encoded_len());
+        assert_eq!(Header::decode(&b).unwrap().0, h);
+    }
+
+    #[test]
+    fn error_bodies() {
+        let v = Header::error_reply(ErrorResponse::ErrVers { xid: 5, vers: 2 }, 0).unwrap();
+        assert_eq!(words(&v.to_bytes()), vec![5, 2, 1, 4, 1, 1, 1]);
+        let c = Header::error_reply(ErrorResponse::ErrChunk { xid: 5 }, 64).unwrap();
+        assert_eq!(words(&c.to_bytes()), vec![5, 1, 64, 4, 2]);
+        assert_eq!(c.to_bytes().len(), 20);
+        assert_eq!(Header::decode(&c.to_bytes()).unwrap().0, c);
+        assert!(Header::error_reply(ErrorResponse::Discard, 1).is_none());
+    }
+
+    fn enc(w: &[u32]) -> Vec<u8> {
+        w.iter().flat_map(|x| x.to_be_bytes()).collect()
+    }
+
+    #[test]
+    fn decode_errors_map_to_responses() {
+        assert_eq!(
+            Header::decode(&[0; 7]).unwrap_err().response(),
+            ErrorResponse::Discard
+        );
+        assert_eq!(
+            Header::decode(&enc(&[3, 2])).unwrap_err().response(),
+            ErrorResponse::ErrVers { xid: 3, vers: 2 }
+        );
+        assert_eq!(
+            Header::decode(&enc(&[3, 1, 1, 9, 0, 0, 0]))
+                .unwrap_err()
+                .response(),
+            ErrorResponse::ErrChunk { xid: 3 }
+        );
+        assert_eq!(
+            Header::decode(&enc(&[3, 1, 1, 0, 0, 0]))
+                .unwrap_err()
+                .response(),
+            ErrorResponse::ErrChunk { xid: 3 }
+        );
+        assert_eq!(
+            Header::decode(&enc(&[3, 1, 1, 0, 2, 0, 0])).unwrap_err(),
+            HeaderError::BadFlag { xid: 3, value: 2 }
+        );
+        assert_eq!(
+            Header::decode(&enc(&[3, 1, 1, 1, 0, 0, 0])).unwrap_err(),
+            HeaderError::NoMsgWithoutChunks { xid: 3 }
+        );
+        // A malformed RDMA_ERROR is silently discarded (5666bis §5.5).
+        for w in [&[3, 1, 1, 4][..], &[3, 1, 1, 4, 9], &[3, 1, 1, 4, 1, 1]] {
+            assert_eq!(
+                Header::decode(&enc(w)).unwrap_err().response(),
+                ErrorResponse::Discard
+            );
+        }
+        // A huge segment count does not allocate.
+        assert_eq!(
+            Header::decode(&enc(&[3, 1, 1, 0, 0, 1, 0xffff_ffff]))
+                .unwrap_err()
+                .response(),
+            ErrorResponse::ErrChunk { xid: 3 }
+        );
+        let lim = DecodeLimits {
+            max_segments: 100_000_000,
+            ..DecodeLimits::default()
+        };
+        assert_eq!(
+            Header::decode_with(&enc(&[3, 1, 1, 0, 0, 1, 50_000_000]), &lim).unwrap_err(),
+            HeaderError::Truncated { xid: 3 }
+        );
+    }
+
+    #[test]
+    fn msgp_and_done_are_recognised() {
+        let (h, _) = Header::decode(&enc(&[3, 1, 1, 3])).unwrap();
+        assert_eq!(h.body, Body::Done);
+        let (h, n) = Header::decode(&enc(&[3, 1, 1, 2, 4, 1024, 0, 0, 0])).unwrap();
+        assert_eq!(n, 36);
+        assert!(matches!(h.body, Body::MsgP { align: 4, .. }));
+    }
+}
