@@ -1,0 +1,1093 @@
+//! Devices (providers), queue pairs and the rdma_cm-like connection manager, with the tokio
+//! driver that runs the sans-IO engine over a byte stream.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::VerbsError;
+use crate::cq::{CompletionQueue, RecvWr, SendWr};
+use crate::engine::{Engine, EngineEvent, EngineParams, QpState};
+use crate::handshake::{self, LocalSetup, Negotiated, SetupError};
+use crate::mem::{ProtectionDomain, StagTable, lock};
+use crate::pcap::{Capture, Dir};
+use crate::wire::ddp::{Terminate, term};
+use crate::wire::mpa::{FpduDecoder, MpaFrame, frame_parts};
+
+/// Largest FPDU we ever transmit: the 16-bit ULPDU length bounds it (multiple of 8).
+pub const MAX_FPDU: usize = 65528;
+/// FPDU size used by the in-memory loopback provider (the MSS of Linux loopback, rounded to 8).
+pub const LOOPBACK_FPDU: usize = 65480;
+
+/// Soft-iWARP provider settings.
+#[derive(Debug, Clone)]
+pub struct SoftIwarpConfig {
+    /// Write a pcap of every connection into this directory. `None` falls back to the
+    /// `OXRDMA_PCAP_DIR` environment variable.
+    pub capture_dir: Option<PathBuf>,
+    /// Cap on transmitted FPDU size (bytes); the TCP MSS rounded down to 8 applies too.
+    pub max_fpdu: usize,
+    /// SO_SNDBUF / SO_RCVBUF to request (0 = kernel default).
+    pub socket_buffer: usize,
+}
+
+impl Default for SoftIwarpConfig {
+    fn default() -> Self {
+        Self {
+            capture_dir: None,
+            max_fpdu: MAX_FPDU,
+            socket_buffer: 4 << 20,
+        }
+    }
+}
+
+/// An in-memory network for the loopback provider: listeners register addresses, connects
+/// find them. No sockets; everything runs over in-process byte pipes.
+#[derive(Clone, Default)]
+pub struct LoopbackFabric {
+    inner: Arc<FabricInner>,
+}
+
+#[derive(Default)]
+struct FabricInner {
+    listeners: Mutex<HashMap<SocketAddr, mpsc::UnboundedSender<(DuplexStream, SocketAddr)>>>,
+    next_port: AtomicU16,
+}
+
+impl fmt::Debug for LoopbackFabric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoopbackFabric").finish_non_exhaustive()
+    }
+}
+
+impl LoopbackFabric {
+    /// A new, empty fabric.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Which provider a [`Device`] uses.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Provider {
+    /// Soft-iWARP (MPA/DDP/RDMAP) over tokio TCP.
+    SoftIwarp(SoftIwarpConfig),
+    /// The same protocol stack over in-memory pipes of a [`LoopbackFabric`].
+    Loopback(LoopbackFabric, SoftIwarpConfig),
+}
+
+/// An RDMA device: owns the STag table; creates PDs, CQs, QPs, listeners and connections.
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<DeviceInner>,
+}
+
+struct DeviceInner {
+    table: Arc<StagTable>,
+    provider: Provider,
+    next_qp: AtomicU32,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("provider", &self.inner.provider)
+            .finish()
+    }
+}
+
+impl Device {
+    /// Open a device on `provider`.
+    pub fn open(provider: Provider) -> Self {
+        Self {
+            inner: Arc::new(DeviceInner {
+                table: StagTable::new(),
+                provider,
+                next_qp: AtomicU32::new(1),
+            }),
+        }
+    }
+
+    /// Soft-iWARP over TCP with default settings.
+    pub fn soft_iwarp() -> Self {
+        Self::open(Provider::SoftIwarp(SoftIwarpConfig::default()))
+    }
+
+    /// In-memory loopback provider on `fabric`.
+    pub fn loopback(fabric: &LoopbackFabric) -> Self {
+        Self::open(Provider::Loopback(
+            fabric.clone(),
+            SoftIwarpConfig::default(),
+        ))
+    }
+
+    pub(crate) fn table(&self) -> Arc<StagTable> {
+        self.inner.table.clone()
+    }
+
+    fn config(&self) -> &SoftIwarpConfig {
+        match &self.inner.provider {
+            Provider::SoftIwarp(c) | Provider::Loopback(_, c) => c,
+        }
+    }
+
+    /// Allocate a protection domain.
+    pub fn alloc_pd(&self) -> ProtectionDomain {
+        ProtectionDomain::new(self.clone())
+    }
+
+    /// Create a completion queue.
+    pub fn create_cq(&self) -> CompletionQueue {
+        CompletionQueue::new()
+    }
+
+    /// Create a reliable-connected QP in `pd`. Receives may be posted before connecting.
+    pub fn create_qp(
+        &self,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> QueuePair {
+        let qp_num = self.inner.next_qp.fetch_add(1, Ordering::Relaxed);
+        let engine = Engine::new(
+            qp_num,
+            pd.id,
+            pd.table.clone(),
+            send_cq.inner.clone(),
+            recv_cq.inner.clone(),
+        );
+        QueuePair {
+            shared: Arc::new(QpShared {
+                engine: Mutex::new(engine),
+                wake: Notify::new(),
+                qp_num,
+                send_cq: send_cq.clone(),
+                recv_cq: recv_cq.clone(),
+                pd: pd.clone(),
+                connected: Mutex::new(false),
+            }),
+        }
+    }
+
+    /// Listen on `addr` (rdma_listen). Port 0 picks a free port.
+    pub async fn listen(&self, addr: SocketAddr) -> Result<Listener, VerbsError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let dev = self.clone();
+        match &self.inner.provider {
+            Provider::SoftIwarp(_) => {
+                let l = TcpListener::bind(addr).await?;
+                let local = l.local_addr()?;
+                let task = tokio::spawn(async move {
+                    while let Ok((s, peer)) = l.accept().await {
+                        let dev = dev.clone();
+                        let tx = tx.clone();
+                        tokio::spawn(async move {
+                            if let Ok(t) = dev.tune_tcp(s) {
+                                incoming(dev, Transport::Tcp(t), local, peer, tx).await;
+                            }
+                        });
+                    }
+                });
+                Ok(Listener {
+                    rx,
+                    local_addr: local,
+                    task,
+                })
+            }
+            Provider::Loopback(fabric, _) => {
+                let mut local = addr;
+                if local.port() == 0 {
+                    local.set_port(fabric.ephemeral());
+                }
+                let (ltx, mut lrx) = mpsc::unbounded_channel();
+                {
+                    let mut m = lock(&fabric.inner.listeners);
+                    if m.contains_key(&local) {
+                        return Err(VerbsError::Io(
+                            io::Error::from(io::ErrorKind::AddrInUse).to_string(),
+                        ));
+                    }
+                    m.insert(local, ltx);
+                }
+                let task = tokio::spawn(async move {
+                    while let Some((s, peer)) = lrx.recv().await {
+                        let dev = dev.clone();
+                        let tx = tx.clone();
+                        tokio::spawn(async move {
+                            incoming(dev, Transport::Mem(s), local, peer, tx).await
+                        });
+                    }
+                });
+                Ok(Listener {
+                    rx,
+                    local_addr: local,
+                    task,
+                })
+            }
+        }
+    }
+
+    fn tune_tcp(&self, s: TcpStream) -> io::Result<TcpStream> {
+        // siw: TCP_NODELAY on.
+        s.set_nodelay(true)?;
+        let buf = self.config().socket_buffer;
+        if buf > 0 {
+            let sr = socket2::SockRef::from(&s);
+            let _ = sr.set_send_buffer_size(buf);
+            let _ = sr.set_recv_buffer_size(buf);
+        }
+        Ok(s)
+    }
+
+    /// Connect `qp` to a listener (rdma_connect). Returns once established, or the peer's
+    /// rejection as [`VerbsError::Rejected`].
+    pub async fn connect(
+        &self,
+        qp: &QueuePair,
+        addr: SocketAddr,
+        params: ConnParams,
+    ) -> Result<Connection, VerbsError> {
+        params.validate()?;
+        let (transport, local) = match &self.inner.provider {
+            Provider::SoftIwarp(_) => {
+                let s = self.tune_tcp(TcpStream::connect(addr).await?)?;
+                let local = s.local_addr()?;
+                (Transport::Tcp(s), local)
+            }
+            Provider::Loopback(fabric, _) => {
+                let l = lock(&fabric.inner.listeners).get(&addr).cloned();
+                let Some(l) = l else {
+                    return Err(VerbsError::Io(
+                        io::Error::from(io::ErrorKind::ConnectionRefused).to_string(),
+                    ));
+                };
+                let local = SocketAddr::new(addr.ip(), fabric.ephemeral());
+                let (a, b) = tokio::io::duplex(1 << 20);
+                l.send((b, local))
+                    .map_err(|_| VerbsError::Io("listener closed".into()))?;
+                (Transport::Mem(a), local)
+            }
+        };
+        let mut t = transport;
+        let mut capture = self.capture_for(&params, local, addr, true);
+        let setup = params.setup();
+        let req = handshake::build_request(&setup)?;
+        let req_bytes = req.encode()?;
+        if let Some(c) = capture.as_mut() {
+            let _ = c.record(Dir::Out, &req_bytes);
+        }
+        t.write_all(&req_bytes).await?;
+        let mut buf = BytesMut::with_capacity(1024);
+        let rep = tokio::time::timeout(handshake::INITIATOR_TIMEOUT, read_frame(&mut t, &mut buf))
+            .await
+            .map_err(|_| VerbsError::Timeout)??;
+        if let Some(c) = capture.as_mut() {
+            let _ = c.record(Dir::In, &rep.1);
+        }
+        let neg = match handshake::on_reply(&setup, &rep.0) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = t.shutdown().await;
+                return Err(e.into());
+            }
+        };
+        if let Some(c) = capture.as_mut().filter(|_| !buf.is_empty()) {
+            let _ = c.record(Dir::In, &buf);
+        }
+        let fpdu = self.max_fpdu(&t);
+        start_connection(qp, t, buf, neg, fpdu, capture, local, addr).await
+    }
+
+    fn max_fpdu(&self, t: &Transport) -> usize {
+        let cap = self.config().max_fpdu.min(MAX_FPDU);
+        let mss = match t {
+            // siw: FPDUs are at most the MSS, rounded down to a multiple of 8.
+            Transport::Tcp(s) => socket2::SockRef::from(s)
+                .tcp_mss()
+                .map(|m| m as usize)
+                .unwrap_or(1460),
+            Transport::Mem(_) => LOOPBACK_FPDU,
+        };
+        (mss.min(cap) & !7).max(64)
+    }
+
+    fn capture_for(
+        &self,
+        p: &ConnParams,
+        local: SocketAddr,
+        peer: SocketAddr,
+        initiator: bool,
+    ) -> Option<Capture> {
+        let dir = p
+            .capture_dir
+            .clone()
+            .or_else(|| self.config().capture_dir.clone())
+            .or_else(|| std::env::var_os("OXRDMA_PCAP_DIR").map(PathBuf::from))?;
+        match Capture::create(&dir, local, peer, initiator) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!("cannot create capture in {}: {e}", dir.display());
+                None
+            }
+        }
+    }
+}
+
+impl LoopbackFabric {
+    fn ephemeral(&self) -> u16 {
+        let p = self.inner.next_port.fetch_add(1, Ordering::Relaxed);
+        40000 + (p % 20000)
+    }
+}
+
+async fn incoming(
+    dev: Device,
+    mut t: Transport,
+    local: SocketAddr,
+    peer: SocketAddr,
+    tx: mpsc::UnboundedSender<ConnectRequest>,
+) {
+    let mut buf = BytesMut::with_capacity(1024);
+    // siw: the responder waits 5 s for the MPA Request.
+    let Ok(Ok((req, raw))) =
+        tokio::time::timeout(handshake::RESPONDER_TIMEOUT, read_frame(&mut t, &mut buf)).await
+    else {
+        return;
+    };
+    if let Err((e, reply)) = handshake::screen_request(&req) {
+        tracing::debug!("refusing MPA request from {peer}: {e}");
+        if let Ok(b) = reply.encode() {
+            let _ = t.write_all(&b).await;
+        }
+        let _ = t.shutdown().await;
+        return;
+    }
+    let _ = tx.send(ConnectRequest {
+        dev,
+        t,
+        req,
+        raw,
+        leftover: buf,
+        local,
+        peer,
+    });
+}
+
+async fn read_frame(
+    t: &mut Transport,
+    buf: &mut BytesMut,
+) -> Result<(MpaFrame, Bytes), VerbsError> {
+    loop {
+        if let Some((f, n)) = MpaFrame::decode(buf)? {
+            let raw = buf.split_to(n).freeze();
+            return Ok((f, raw));
+        }
+        if t.read_buf(buf).await? == 0 {
+            return Err(VerbsError::Disconnected);
+        }
+        if buf.len() > 4096 {
+            return Err(VerbsError::Protocol("MPA frame too long"));
+        }
+    }
+}
+
+/// Byte stream under a connection.
+enum Transport {
+    Tcp(TcpStream),
+    Mem(DuplexStream),
+}
+
+impl AsyncRead for Transport {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Mem(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Transport {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Transport::Mem(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        b: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_write_vectored(cx, b),
+            Transport::Mem(s) => Pin::new(s).poll_write_vectored(cx, b),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Transport::Mem(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Transport::Mem(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Connection parameters (rdma_conn_param + MPA options).
+#[derive(Debug, Clone)]
+pub struct ConnParams {
+    /// ULP private data (≤ 256 bytes) for the MPA Request / Reply.
+    pub private_data: Bytes,
+    /// Inbound RDMA Read depth (responder_resources), ≤ 128.
+    pub ird: u16,
+    /// Outbound RDMA Read depth (initiator_depth), ≤ 128.
+    pub ord: u16,
+    /// Ask for MPA CRC-32C (used if either side asks).
+    pub crc: bool,
+    /// Peer-to-peer mode: exchange a zero-length RTR (RFC 6581).
+    pub peer_to_peer: bool,
+    /// RTR kinds offered by an initiator: [Write, Read, Send].
+    pub rtr_kinds: [bool; 3],
+    /// MPA revision to use as initiator (2 = enhanced setup; 1 for old peers).
+    pub mpa_revision: u8,
+    /// Ask for markers: only for testing that peers refuse them.
+    pub markers: bool,
+    /// Write a pcap of this connection into this directory.
+    pub capture_dir: Option<PathBuf>,
+}
+
+impl Default for ConnParams {
+    fn default() -> Self {
+        Self {
+            private_data: Bytes::new(),
+            ird: 16,
+            ord: 16,
+            crc: false,
+            peer_to_peer: false,
+            rtr_kinds: [true, true, true],
+            mpa_revision: 2,
+            markers: false,
+            capture_dir: None,
+        }
+    }
+}
+
+impl ConnParams {
+    fn validate(&self) -> Result<(), VerbsError> {
+        if self.private_data.len() > crate::wire::mpa::MAX_ULP_PRIVATE_DATA {
+            return Err(VerbsError::InvalidArgument(
+                "private data longer than 256 bytes",
+            ));
+        }
+        if self.ird > handshake::MAX_IRD_ORD || self.ord > handshake::MAX_IRD_ORD {
+            return Err(VerbsError::InvalidArgument("IRD/ORD above 128"));
+        }
+        if !(1..=2).contains(&self.mpa_revision) {
+            return Err(VerbsError::InvalidArgument("MPA revision must be 1 or 2"));
+        }
+        Ok(())
+    }
+
+    fn setup(&self) -> LocalSetup {
+        LocalSetup {
+            crc: self.crc,
+            markers: self.markers,
+            revision: self.mpa_revision,
+            ird: self.ird,
+            ord: self.ord,
+            peer_to_peer: self.peer_to_peer && self.mpa_revision == 2,
+            rtr_kinds: self.rtr_kinds,
+            private_data: self.private_data.clone(),
+        }
+    }
+}
+
+/// A listening endpoint (rdma_cm listen id).
+#[derive(Debug)]
+pub struct Listener {
+    rx: mpsc::UnboundedReceiver<ConnectRequest>,
+    local_addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Listener {
+    /// Bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Wait for the next connection request (RDMA_CM_EVENT_CONNECT_REQUEST).
+    pub async fn accept(&mut self) -> Result<ConnectRequest, VerbsError> {
+        self.rx.recv().await.ok_or(VerbsError::Disconnected)
+    }
+}
+
+/// An incoming connection request: the peer's MPA Request was received and is waiting for
+/// [`ConnectRequest::accept`] or [`ConnectRequest::reject`].
+pub struct ConnectRequest {
+    dev: Device,
+    t: Transport,
+    req: MpaFrame,
+    raw: Bytes,
+    leftover: BytesMut,
+    local: SocketAddr,
+    peer: SocketAddr,
+}
+
+impl fmt::Debug for ConnectRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectRequest")
+            .field("peer", &self.peer)
+            .field("request", &self.req)
+            .finish()
+    }
+}
+
+impl ConnectRequest {
+    /// The initiator's ULP private data.
+    pub fn private_data(&self) -> &Bytes {
+        &self.req.private_data
+    }
+    /// The initiator's IRD (None for MPA revision 1).
+    pub fn ird(&self) -> Option<u16> {
+        self.req.enhanced.map(|w| w.ird)
+    }
+    /// The initiator's ORD (None for MPA revision 1).
+    pub fn ord(&self) -> Option<u16> {
+        self.req.enhanced.map(|w| w.ord)
+    }
+    /// The initiator asked for peer-to-peer mode (RTR).
+    pub fn peer_to_peer(&self) -> bool {
+        self.req.enhanced.is_some_and(|w| w.peer_to_peer)
+    }
+    /// The initiator asked for CRC.
+    pub fn crc(&self) -> bool {
+        self.req.crc
+    }
+    /// MPA revision of the request.
+    pub fn mpa_revision(&self) -> u8 {
+        self.req.revision
+    }
+    /// The initiator's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+    /// Our address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    fn capture(&self, p: &ConnParams) -> Option<Capture> {
+        let mut c = self.dev.capture_for(p, self.local, self.peer, false)?;
+        let _ = c.record(Dir::In, &self.raw);
+        Some(c)
+    }
+
+    /// Accept on `qp` (rdma_accept). With peer-to-peer the call returns after the RTR arrived.
+    pub async fn accept(
+        self,
+        qp: &QueuePair,
+        params: ConnParams,
+    ) -> Result<Connection, VerbsError> {
+        params.validate()?;
+        let mut capture = self.capture(&params);
+        let ConnectRequest {
+            dev,
+            mut t,
+            req,
+            leftover,
+            local,
+            peer,
+            ..
+        } = self;
+        let (reply, neg) = handshake::accept_request(&req, &params.setup())?;
+        let b = reply.encode()?;
+        if let Some(c) = capture.as_mut() {
+            let _ = c.record(Dir::Out, &b);
+            if !leftover.is_empty() {
+                let _ = c.record(Dir::In, &leftover);
+            }
+        }
+        t.write_all(&b).await?;
+        let fpdu = dev.max_fpdu(&t);
+        let conn =
+            start_connection(qp, t, leftover, neg.clone(), fpdu, capture, local, peer).await?;
+        Ok(conn)
+    }
+
+    /// Reject with private data (rdma_reject): the Reply carries R.
+    pub async fn reject(self, private_data: &[u8]) -> Result<(), VerbsError> {
+        if private_data.len() > crate::wire::mpa::MAX_ULP_PRIVATE_DATA {
+            return Err(VerbsError::InvalidArgument(
+                "private data longer than 256 bytes",
+            ));
+        }
+        let mut capture = self.capture(&ConnParams::default());
+        let mut t = self.t;
+        let b =
+            handshake::reject_reply(&self.req, Bytes::copy_from_slice(private_data)).encode()?;
+        if let Some(c) = capture.as_mut() {
+            let _ = c.record(Dir::Out, &b);
+        }
+        t.write_all(&b).await?;
+        let _ = t.shutdown().await;
+        Ok(())
+    }
+}
+
+/// Connection-manager events (rdma_cm events).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CmEvent {
+    /// RDMA_CM_EVENT_ESTABLISHED.
+    Established,
+    /// We sent a Terminate (a protocol or protection error was detected locally).
+    TerminateSent(Terminate),
+    /// The peer sent a Terminate.
+    TerminateReceived(Terminate),
+    /// RDMA_CM_EVENT_DISCONNECTED: the stream is closed and all WRs were flushed.
+    Disconnected,
+}
+
+pub(crate) struct QpShared {
+    pub(crate) engine: Mutex<Engine>,
+    pub(crate) wake: Notify,
+    pub(crate) qp_num: u32,
+    pub(crate) send_cq: CompletionQueue,
+    pub(crate) recv_cq: CompletionQueue,
+    pub(crate) pd: ProtectionDomain,
+    connected: Mutex<bool>,
+}
+
+/// A reliable-connected queue pair. Clones are handles to the same QP.
+#[derive(Clone)]
+pub struct QueuePair {
+    pub(crate) shared: Arc<QpShared>,
+}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qp_num", &self.shared.qp_num)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl QueuePair {
+    /// QP number (local, unique per device).
+    pub fn qp_num(&self) -> u32 {
+        self.shared.qp_num
+    }
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        lock(&self.shared.engine).state
+    }
+    /// The PD the QP was created in.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.shared.pd
+    }
+    /// Send CQ.
+    pub fn send_cq(&self) -> &CompletionQueue {
+        &self.shared.send_cq
+    }
+    /// Receive CQ.
+    pub fn recv_cq(&self) -> &CompletionQueue {
+        &self.shared.recv_cq
+    }
+
+    /// Post a send-queue WR (ibv_post_send). Fails only for malformed WRs or an unconnected QP;
+    /// on an errored QP the WR completes with `WrFlushError`.
+    pub fn post_send(&self, wr: SendWr) -> Result<(), VerbsError> {
+        lock(&self.shared.engine).post_send(wr)?;
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    /// Post several WRs in order.
+    pub fn post_send_list(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), VerbsError> {
+        {
+            let mut e = lock(&self.shared.engine);
+            for wr in wrs {
+                e.post_send(wr)?;
+            }
+        }
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    /// Post a receive WR (ibv_post_recv). Allowed before the connection is established.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
+        lock(&self.shared.engine).post_recv(wr);
+        Ok(())
+    }
+}
+
+/// An established connection: the QP plus what the peer told us.
+pub struct Connection {
+    qp: QueuePair,
+    neg: Negotiated,
+    local: SocketAddr,
+    peer: SocketAddr,
+    events: tokio::sync::Mutex<mpsc::UnboundedReceiver<CmEvent>>,
+    done: watch::Receiver<bool>,
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connection")
+            .field("qp", &self.qp)
+            .field("local", &self.local)
+            .field("peer", &self.peer)
+            .field("crc", &self.neg.crc)
+            .finish()
+    }
+}
+
+impl Connection {
+    /// The connected QP.
+    pub fn qp(&self) -> &QueuePair {
+        &self.qp
+    }
+    /// The peer's private data (from its Request or Reply).
+    pub fn peer_private_data(&self) -> &Bytes {
+        &self.neg.peer_private_data
+    }
+    /// Effective inbound Read depth.
+    pub fn ird(&self) -> u16 {
+        self.neg.ird
+    }
+    /// Effective outbound Read depth.
+    pub fn ord(&self) -> u16 {
+        self.neg.ord
+    }
+    /// The peer's advertised (IRD, ORD), if it used enhanced setup.
+    pub fn peer_ird_ord(&self) -> Option<(u16, u16)> {
+        self.neg.peer_ird_ord.map(|w| (w.ird, w.ord))
+    }
+    /// CRC-32C in use.
+    pub fn crc(&self) -> bool {
+        self.neg.crc
+    }
+    /// Local address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+    /// Peer address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Next connection event; `None` once the connection is gone and all events were read.
+    pub async fn next_event(&self) -> Option<CmEvent> {
+        self.events.lock().await.recv().await
+    }
+
+    /// Wait until the connection is closed (Disconnected was emitted).
+    pub async fn closed(&self) {
+        let mut d = self.done.clone();
+        let _ = d.wait_for(|v| *v).await;
+    }
+
+    /// rdma_disconnect: move the QP to error (flushing WRs), close the stream, and wait
+    /// (at most 5 s) for the peer to close its side.
+    pub async fn disconnect(&self) {
+        {
+            let mut e = lock(&self.qp.shared.engine);
+            e.on_disconnect();
+        }
+        self.qp.shared.wake.notify_one();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), self.closed()).await;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn start_connection(
+    qp: &QueuePair,
+    t: Transport,
+    leftover: BytesMut,
+    neg: Negotiated,
+    max_fpdu: usize,
+    capture: Option<Capture>,
+    local: SocketAddr,
+    peer: SocketAddr,
+) -> Result<Connection, VerbsError> {
+    {
+        let mut c = lock(&qp.shared.connected);
+        if *c {
+            return Err(VerbsError::InvalidState("QP already connected"));
+        }
+        *c = true;
+    }
+    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+    let (done_tx, done_rx) = watch::channel(false);
+    {
+        let mut e = lock(&qp.shared.engine);
+        e.start(EngineParams {
+            ird: u32::from(neg.ird),
+            ord: u32::from(neg.ord),
+            // ULPDU + 2-byte length + 4-byte CRC; max_fpdu is a multiple of 8 so no pad.
+            max_ulpdu: max_fpdu - 6,
+            send_rtr: neg.send_rtr,
+            await_rtr: neg.await_rtr,
+        });
+    }
+    let capture = capture.map(|c| Arc::new(Mutex::new(c)));
+    let ctx = Arc::new(DriverCtx {
+        qp: qp.shared.clone(),
+        ev: ev_tx,
+        capture,
+        crc: neg.crc,
+    });
+    match t {
+        Transport::Tcp(s) => {
+            let (r, w) = s.into_split();
+            spawn_driver(r, w, leftover, ctx, done_tx);
+        }
+        Transport::Mem(s) => {
+            let (r, w) = tokio::io::split(s);
+            spawn_driver(r, w, leftover, ctx, done_tx);
+        }
+    }
+    qp.shared.wake.notify_one();
+    let conn = Connection {
+        qp: qp.clone(),
+        neg,
+        local,
+        peer,
+        events: tokio::sync::Mutex::new(ev_rx),
+        done: done_rx,
+    };
+    // Wait for Established (immediately, or after the RTR for a peer-to-peer responder).
+    let established = {
+        let mut rx = conn.events.lock().await;
+        match rx.recv().await {
+            Some(CmEvent::Established) => Ok(()),
+            Some(other) => Err(other),
+            None => Err(CmEvent::Disconnected),
+        }
+    };
+    match established {
+        Ok(()) => Ok(conn),
+        Err(ev) => {
+            tracing::debug!("connection failed during setup: {ev:?}");
+            Err(VerbsError::Protocol(
+                "connection failed before it was established",
+            ))
+        }
+    }
+}
+
+struct DriverCtx {
+    qp: Arc<QpShared>,
+    ev: mpsc::UnboundedSender<CmEvent>,
+    capture: Option<Arc<Mutex<Capture>>>,
+    crc: bool,
+}
+
+impl DriverCtx {
+    fn drain(&self, e: &mut Engine) {
+        for ev in e.events.drain(..) {
+            let _ = self.ev.send(match ev {
+                EngineEvent::Established => CmEvent::Established,
+                EngineEvent::TerminateSent(t) => CmEvent::TerminateSent(t),
+                EngineEvent::TerminateReceived(t) => CmEvent::TerminateReceived(t),
+            });
+        }
+    }
+}
+
+fn spawn_driver<R, W>(
+    r: R,
+    w: W,
+    leftover: BytesMut,
+    ctx: Arc<DriverCtx>,
+    done: watch::Sender<bool>,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let wctx = ctx.clone();
+    let writer = tokio::spawn(async move {
+        if let Err(e) = writer_loop(w, &wctx).await {
+            tracing::debug!("writer ended: {e}");
+            let mut eng = lock(&wctx.qp.engine);
+            eng.on_disconnect();
+            wctx.drain(&mut eng);
+        }
+    });
+    tokio::spawn(async move {
+        if let Err(e) = reader_loop(r, leftover, &ctx).await {
+            tracing::debug!("reader ended: {e}");
+        }
+        {
+            let mut eng = lock(&ctx.qp.engine);
+            eng.on_disconnect();
+            ctx.drain(&mut eng);
+        }
+        ctx.qp.wake.notify_one();
+        // Let the writer send what is queued (e.g. a Terminate) and close its half.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
+        if let Some(c) = &ctx.capture {
+            let _ = lock(c).close();
+        }
+        let _ = ctx.ev.send(CmEvent::Disconnected);
+        let _ = done.send(true);
+    });
+}
+
+async fn reader_loop<R: AsyncRead + Unpin>(
+    mut r: R,
+    mut buf: BytesMut,
+    ctx: &DriverCtx,
+) -> io::Result<()> {
+    let mut dec = FpduDecoder::new(ctx.crc);
+    loop {
+        {
+            let mut eng = lock(&ctx.qp.engine);
+            loop {
+                if eng.closing {
+                    break;
+                }
+                match dec.decode(&mut buf) {
+                    Ok(Some(u)) => eng.on_ulpdu(&u),
+                    Ok(None) => break,
+                    Err(_) => {
+                        // RFC 5044 §8: a CRC error is fatal; report it with a Terminate.
+                        eng.on_llp_error(term::MPA_CRC);
+                        break;
+                    }
+                }
+            }
+            ctx.drain(&mut eng);
+            if eng.has_tx() || eng.closing {
+                ctx.qp.wake.notify_one();
+            }
+        }
+        if buf.capacity() - buf.len() < 64 * 1024 {
+            buf.reserve(256 * 1024);
+        }
+        let before = buf.len();
+        let n = r.read_buf(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        if let Some(c) = &ctx.capture {
+            let _ = lock(c).record(Dir::In, &buf[before..]);
+        }
+        // After a Terminate nothing more is placed; keep reading until the peer closes.
+        if lock(&ctx.qp.engine).closing {
+            buf.clear();
+        }
+    }
+}
+
+async fn writer_loop<W: AsyncWrite + Unpin>(mut w: W, ctx: &DriverCtx) -> io::Result<()> {
+    let mut chunks: VecDeque<Bytes> = VecDeque::new();
+    loop {
+        let notified = ctx.qp.wake.notified();
+        let closing;
+        {
+            let mut eng = lock(&ctx.qp.engine);
+            let mut bytes = 0usize;
+            while chunks.len() < 1000 && bytes < (2 << 20) {
+                let Some(s) = eng.poll_transmit() else { break };
+                let (prefix, (trailer, tl)) = frame_parts(&[&s.hdr, &s.payload], ctx.crc);
+                bytes += s.len() + 2 + tl;
+                let mut head = BytesMut::with_capacity(2 + s.hdr.len());
+                head.extend_from_slice(&prefix);
+                head.extend_from_slice(&s.hdr);
+                chunks.push_back(head.freeze());
+                if !s.payload.is_empty() {
+                    chunks.push_back(s.payload);
+                }
+                chunks.push_back(Bytes::copy_from_slice(&trailer[..tl]));
+            }
+            closing = eng.closing;
+            ctx.drain(&mut eng);
+        }
+        if chunks.is_empty() {
+            if closing {
+                w.shutdown().await?;
+                return Ok(());
+            }
+            notified.await;
+            continue;
+        }
+        if let Some(c) = &ctx.capture {
+            let parts: Vec<&[u8]> = chunks.iter().map(|b| &b[..]).collect();
+            let _ = lock(c).record_parts(Dir::Out, &parts);
+        }
+        write_chunks(&mut w, &mut chunks).await?;
+    }
+}
+
+async fn write_chunks<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    chunks: &mut VecDeque<Bytes>,
+) -> io::Result<()> {
+    while !chunks.is_empty() {
+        let slices: Vec<IoSlice<'_>> = chunks.iter().take(512).map(|c| IoSlice::new(c)).collect();
+        let mut n = w.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 {
+            let Some(f) = chunks.front_mut() else { break };
+            if n >= f.len() {
+                n -= f.len();
+                chunks.pop_front();
+            } else {
+                f.advance(n);
+                n = 0;
+            }
+        }
+    }
+    w.flush().await
+}
+
+impl From<SetupError> for VerbsError {
+    fn from(e: SetupError) -> Self {
+        match e {
+            SetupError::Rejected(pd) => VerbsError::Rejected(pd),
+            SetupError::PrivateDataTooLong => {
+                VerbsError::InvalidArgument("private data longer than 256 bytes")
+            }
+            SetupError::Invalid(s) => VerbsError::Protocol(s),
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Completion queues and work requests.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use crate::mem::lock;
+
+/// Completion status (rdma-core `ibv_wc_status`, the subset iWARP can produce).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WcStatus {
+    /// The work request completed.
+    Success,
+    /// A receive buffer was too small, or a gather list was longer than the message allows.
+    LocalLengthError,
+    /// Local QP operation error (e.g. RTR protocol violation).
+    LocalQpOperationError,
+    /// A local lkey was invalid or lacked the needed access.
+    LocalProtectionError,
+    /// The QP went to the error state before this WR finished.
+    WrFlushError,
+    /// The peer reported a protection error on this WR (Terminate, remote protection).
+    RemoteAccessError,
+    /// The peer reported an operation error (Terminate, remote operation).
+    RemoteOperationError,
+    /// The peer's request was invalid.
+    RemoteInvalidRequestError,
+    /// Fatal transport error.
+    FatalError,
+}
+
+/// What completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WcOpcode {
+    /// Send / Send with Invalidate / Send with SE.
+    Send,
+    /// RDMA Write.
+    RdmaWrite,
+    /// RDMA Read.
+    RdmaRead,
+    /// Local Invalidate.
+    LocalInvalidate,
+    /// A receive WR consumed by an incoming Send.
+    Recv,
+}
+
+/// A work completion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The WR's id.
+    pub wr_id: u64,
+    /// Operation.
+    pub opcode: WcOpcode,
+    /// Status.
+    pub status: WcStatus,
+    /// Bytes transferred (receives: message length; reads: bytes read).
+    pub byte_len: u32,
+    /// For receives of Send with Invalidate: the STag the peer invalidated.
+    pub invalidated_rkey: Option<u32>,
+    /// For receives: the Send carried the Solicited Event flag.
+    pub solicited: bool,
+    /// QP number that produced it.
+    pub qp_num: u32,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct CqInner {
+    q: Mutex<VecDeque<Completion>>,
+    notify: Notify,
+}
+
+impl CqInner {
+    pub(crate) fn push(&self, c: Completion) {
+        lock(&self.q).push_back(c);
+        self.notify.notify_one();
+    }
+}
+
+/// A completion queue. Cloning gives another handle to the same queue; several QPs may share one.
+#[derive(Clone, Default)]
+pub struct CompletionQueue {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompletionQueue")
+            .field("pending", &lock(&self.inner.q).len())
+            .finish()
+    }
+}
+
+impl CompletionQueue {
+    /// New, empty queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Non-blocking: take up to `max` completions (rdma-core `ibv_poll_cq`).
+    pub fn poll(&self, max: usize) -> Vec<Completion> {
+        let mut q = lock(&self.inner.q);
+        let n = max.min(q.len());
+        q.drain(..n).collect()
+    }
+
+    /// Non-blocking: take one completion.
+    pub fn try_next(&self) -> Option<Completion> {
+        lock(&self.inner.q).pop_front()
+    }
+
+    /// Wait for the next completion.
+    pub async fn next(&self) -> Completion {
+        loop {
+            let notified = self.inner.notify.notified();
+            if let Some(c) = self.try_next() {
+                return c;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One scatter/gather element: `length` bytes at tagged offset `addr` of the region `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    /// Local key of a registered region.
+    pub lkey: u32,
+    /// Address inside the region (region `addr()` + offset).
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+}
+
+/// Send-queue operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SendOp {
+    /// RDMAP Send.
+    Send,
+    /// Send with Invalidate of the peer's `rkey` (RFC 5040 §5.3).
+    SendWithInvalidate(u32),
+    /// RDMA Write to the peer's region.
+    RdmaWrite {
+        /// Tagged offset at the peer.
+        remote_addr: u64,
+        /// Peer's STag.
+        rkey: u32,
+    },
+    /// RDMA Read from the peer's region into the (single) local sge.
+    RdmaRead {
+        /// Tagged offset at the peer.
+        remote_addr: u64,
+        /// Peer's STag.
+        rkey: u32,
+    },
+    /// Invalidate a local STag in order with the send queue.
+    LocalInvalidate(u32),
+}
+
+/// Where the bytes of a send come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    /// Gather list of registered memory.
+    Sgl(Vec<Sge>),
+    /// Owned bytes (like inline data; only for Send / Send with Invalidate / RDMA Write).
+    Inline(Bytes),
+}
+
+/// A send-queue work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Operation.
+    pub opcode: SendOp,
+    /// Data.
+    pub payload: Payload,
+    /// Produce a completion on success (errors always complete).
+    pub signaled: bool,
+    /// Set the Solicited Event flag on Sends.
+    pub solicited: bool,
+}
+
+impl SendWr {
+    /// Signaled WR with a gather list.
+    pub fn new(wr_id: u64, opcode: SendOp, sgl: Vec<Sge>) -> Self {
+        Self {
+            wr_id,
+            opcode,
+            payload: Payload::Sgl(sgl),
+            signaled: true,
+            solicited: false,
+        }
+    }
+
+    /// Signaled Send of owned bytes.
+    pub fn send_bytes(wr_id: u64, data: Bytes) -> Self {
+        Self {
+            wr_id,
+            opcode: SendOp::Send,
+            payload: Payload::Inline(data),
+            signaled: true,
+            solicited: false,
+        }
+    }
+
+    /// Total length of the payload.
+    pub fn len(&self) -> u64 {
+        match &self.payload {
+            Payload::Sgl(v) => v.iter().map(|s| u64::from(s.length)).sum(),
+            Payload::Inline(b) => b.len() as u64,
+        }
+    }
+
+    /// True if no payload bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A receive-queue work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Scatter list (needs LOCAL_WRITE).
+    pub sgl: Vec<Sge>,
+}

@@ -1,0 +1,367 @@
+//! Protection domains and memory regions (STag table).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use rand::Rng;
+
+use crate::VerbsError;
+
+/// Memory access rights (rdma-core `IBV_ACCESS_*`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// No remote access, read-only locally.
+    pub const NONE: Access = Access(0);
+    /// The local side may write (receive buffers, Read sinks).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// The peer may RDMA Write into the region.
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// The peer may RDMA Read from the region.
+    pub const REMOTE_READ: Access = Access(4);
+
+    /// True if every bit of `other` is set in `self`.
+    pub fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Raw bits.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut v = Vec::new();
+        if self.contains(Access::LOCAL_WRITE) {
+            v.push("LOCAL_WRITE");
+        }
+        if self.contains(Access::REMOTE_WRITE) {
+            v.push("REMOTE_WRITE");
+        }
+        if self.contains(Access::REMOTE_READ) {
+            v.push("REMOTE_READ");
+        }
+        write!(f, "Access({})", v.join("|"))
+    }
+}
+
+/// Shared state of one registered region.
+#[derive(Debug)]
+pub(crate) struct MrInner {
+    pub(crate) pd: u32,
+    pub(crate) index: u32,
+    pub(crate) base: u64,
+    pub(crate) data: Mutex<Box<[u8]>>,
+    pub(crate) state: Mutex<MrState>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MrState {
+    pub(crate) key: u8,
+    pub(crate) valid: bool,
+    pub(crate) access: Access,
+}
+
+impl MrInner {
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.data).len()
+    }
+    pub(crate) fn stag(&self) -> u32 {
+        (self.index << 8) | u32::from(lock(&self.state).key)
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Why an STag lookup failed; maps to Terminate codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AccessFault {
+    /// No such STag, wrong key, or invalidated.
+    InvalidStag,
+    /// Registered in another protection domain.
+    WrongPd,
+    /// Access rights do not allow the operation.
+    Rights,
+    /// Offset/length outside the region.
+    Bounds,
+}
+
+/// Device-wide STag table (RFC 5040 §5: STag = 24-bit index and 8-bit key).
+#[derive(Debug, Default)]
+pub(crate) struct StagTable {
+    map: Mutex<HashMap<u32, Arc<MrInner>>>,
+    next_pd: AtomicU32,
+}
+
+impl StagTable {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            map: Mutex::new(HashMap::new()),
+            next_pd: AtomicU32::new(1),
+        })
+    }
+
+    /// Find a region by STag; checks key, validity, PD, access and bounds.
+    pub(crate) fn check(
+        &self,
+        stag: u32,
+        pd: u32,
+        need: Access,
+        to: u64,
+        len: u64,
+    ) -> Result<Arc<MrInner>, AccessFault> {
+        let mr = lock(&self.map)
+            .get(&(stag >> 8))
+            .cloned()
+            .ok_or(AccessFault::InvalidStag)?;
+        let st = *lock(&mr.state);
+        if !st.valid || st.key != (stag & 0xff) as u8 {
+            return Err(AccessFault::InvalidStag);
+        }
+        if mr.pd != pd {
+            return Err(AccessFault::WrongPd);
+        }
+        if !st.access.contains(need) {
+            return Err(AccessFault::Rights);
+        }
+        let end = to.checked_add(len).ok_or(AccessFault::Bounds)?;
+        if to < mr.base || end > mr.base + mr.len() as u64 {
+            return Err(AccessFault::Bounds);
+        }
+        Ok(mr)
+    }
+
+    /// Invalidate an STag (local or remote invalidation). It must belong to `pd`.
+    pub(crate) fn invalidate(&self, stag: u32, pd: u32) -> Result<(), AccessFault> {
+        let mr = lock(&self.map)
+            .get(&(stag >> 8))
+            .cloned()
+            .ok_or(AccessFault::InvalidStag)?;
+        let mut st = lock(&mr.state);
+        if st.key != (stag & 0xff) as u8 || !st.valid {
+            return Err(AccessFault::InvalidStag);
+        }
+        if mr.pd != pd {
+            return Err(AccessFault::WrongPd);
+        }
+        st.valid = false;
+        Ok(())
+    }
+
+    fn insert(&self, pd: u32, data: Box<[u8]>, access: Access) -> Arc<MrInner> {
+        let mut rng = rand::rng();
+        let mut map = lock(&self.map);
+        // RFC 8166 §10.1.2 / RFC 5042: STags should not be predictable.
+        let index = loop {
+            let i = rng.random_range(1..(1u32 << 24));
+            if !map.contains_key(&i) {
+                break i;
+            }
+        };
+        let inner = Arc::new(MrInner {
+            pd,
+            index,
+            base: 0,
+            data: Mutex::new(data),
+            state: Mutex::new(MrState {
+                key: rng.random(),
+                valid: true,
+                access,
+            }),
+        });
+        map.insert(index, inner.clone());
+        inner
+    }
+
+    fn remove(&self, index: u32) {
+        lock(&self.map).remove(&index);
+    }
+}
+
+/// Protection domain: STags are only usable on QPs of the same PD.
+#[derive(Clone)]
+pub struct ProtectionDomain {
+    pub(crate) id: u32,
+    pub(crate) table: Arc<StagTable>,
+    pub(crate) device: crate::cm::Device,
+}
+
+impl fmt::Debug for ProtectionDomain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProtectionDomain")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl ProtectionDomain {
+    pub(crate) fn new(device: crate::cm::Device) -> Self {
+        let table = device.table();
+        let id = table.next_pd.fetch_add(1, Ordering::Relaxed);
+        Self { id, table, device }
+    }
+
+    /// The device this PD belongs to.
+    pub fn device(&self) -> &crate::cm::Device {
+        &self.device
+    }
+
+    /// Register `len` zeroed bytes.
+    pub fn register_len(&self, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
+        self.register(vec![0u8; len], access)
+    }
+
+    /// Register a buffer (taken by value; read it back with [`MemoryRegion::read`]).
+    pub fn register(
+        &self,
+        buf: impl Into<Vec<u8>>,
+        access: Access,
+    ) -> Result<MemoryRegion, VerbsError> {
+        let v: Vec<u8> = buf.into();
+        if v.len() > u32::MAX as usize {
+            return Err(VerbsError::InvalidArgument("region larger than 4 GiB"));
+        }
+        // rdma-core: remote write needs local write.
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(VerbsError::InvalidArgument(
+                "REMOTE_WRITE requires LOCAL_WRITE",
+            ));
+        }
+        let inner = self.table.insert(self.id, v.into_boxed_slice(), access);
+        Ok(MemoryRegion {
+            inner,
+            table: self.table.clone(),
+        })
+    }
+}
+
+/// A registered memory region. Dropping it deregisters it (its STag stops working).
+pub struct MemoryRegion {
+    inner: Arc<MrInner>,
+    table: Arc<StagTable>,
+}
+
+impl fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("stag", &format_args!("{:#010x}", self.rkey()))
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl MemoryRegion {
+    /// Local key (same as the STag on iWARP).
+    pub fn lkey(&self) -> u32 {
+        self.inner.stag()
+    }
+
+    /// Remote key: the STag advertised to the peer.
+    pub fn rkey(&self) -> u32 {
+        self.inner.stag()
+    }
+
+    /// Base address (tagged offset of byte 0). Soft providers use zero-based TOs.
+    pub fn addr(&self) -> u64 {
+        self.inner.base
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// True if zero-length.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Access rights.
+    pub fn access(&self) -> Access {
+        lock(&self.inner.state).access
+    }
+
+    /// True until invalidated.
+    pub fn is_valid(&self) -> bool {
+        lock(&self.inner.state).valid
+    }
+
+    /// Copy bytes out of the region.
+    pub fn read(&self, off: usize, len: usize) -> Result<Bytes, VerbsError> {
+        let d = lock(&self.inner.data);
+        let end = off
+            .checked_add(len)
+            .filter(|e| *e <= d.len())
+            .ok_or(VerbsError::OutOfBounds)?;
+        Ok(Bytes::copy_from_slice(&d[off..end]))
+    }
+
+    /// Copy bytes into the region.
+    pub fn write(&self, off: usize, src: &[u8]) -> Result<(), VerbsError> {
+        let mut d = lock(&self.inner.data);
+        let end = off
+            .checked_add(src.len())
+            .filter(|e| *e <= d.len())
+            .ok_or(VerbsError::OutOfBounds)?;
+        d[off..end].copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Run `f` over the whole region's bytes under its lock.
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        f(&mut lock(&self.inner.data))
+    }
+
+    /// Invalidate the STag locally (the local equivalent of a Local Invalidate WR).
+    pub fn invalidate(&self) {
+        lock(&self.inner.state).valid = false;
+    }
+
+    /// Re-register: rotate the 8-bit key (RFC 5040 §5: the consumer owns the key), optionally
+    /// change the access rights, and make the region valid again. The old STag stops working.
+    pub fn reregister(&self, access: Option<Access>) -> u32 {
+        {
+            let mut st = lock(&self.inner.state);
+            st.key = st.key.wrapping_add(1);
+            st.valid = true;
+            if let Some(a) = access {
+                st.access = a;
+            }
+        }
+        self.rkey()
+    }
+
+    /// Sge covering `[off, off+len)` of this region.
+    pub fn sge(&self, off: u64, len: u32) -> crate::Sge {
+        crate::Sge {
+            lkey: self.lkey(),
+            addr: self.addr() + off,
+            length: len,
+        }
+    }
+
+    /// Deregister now (same as dropping).
+    pub fn deregister(self) {}
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        lock(&self.inner.state).valid = false;
+        self.table.remove(self.inner.index);
+    }
+}

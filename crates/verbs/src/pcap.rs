@@ -1,0 +1,240 @@
+//! Classic pcap capture of one soft-iWARP connection with synthesized Ethernet/IPv4/TCP headers.
+//!
+//! The capture starts with a SYN / SYN-ACK / ACK so that Wireshark's heuristic MPA dissector
+//! sees the whole stream, keeps each recorded write as its own segment (the MPA Request and Reply
+//! are recorded alone), splits writes into segments of at most 65495 bytes and ends with FINs.
+//! IPv6 endpoints are written as IPv4 loopback addresses.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Largest TCP payload per synthesized segment (65535 - 20 IPv4 - 20 TCP).
+pub const MAX_SEGMENT: usize = 65495;
+
+/// Direction of a recorded segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    /// From the local end to the peer.
+    Out,
+    /// From the peer to the local end.
+    In,
+}
+
+#[derive(Debug)]
+struct End {
+    ip: Ipv4Addr,
+    port: u16,
+    seq: u32,
+}
+
+/// A pcap file being written for one connection.
+#[derive(Debug)]
+pub struct Capture {
+    out: BufWriter<File>,
+    local: End,
+    peer: End,
+    ip_id: u16,
+    path: PathBuf,
+    closed: bool,
+}
+
+fn v4(a: IpAddr) -> Ipv4Addr {
+    match a {
+        IpAddr::V4(v) => v,
+        IpAddr::V6(v) => v.to_ipv4_mapped().unwrap_or(Ipv4Addr::LOCALHOST),
+    }
+}
+
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+const PSH: u8 = 0x08;
+const FIN: u8 = 0x01;
+
+impl Capture {
+    /// Create `dir/oxrdma-<local port>-<peer port>-<role>.pcap` and write the handshake.
+    /// `initiator` says which side sent the SYN.
+    pub fn create(
+        dir: &Path,
+        local: SocketAddr,
+        peer: SocketAddr,
+        initiator: bool,
+    ) -> io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let role = if initiator { "client" } else { "server" };
+        let path = dir.join(format!(
+            "oxrdma-{}-{}-{role}.pcap",
+            local.port(),
+            peer.port()
+        ));
+        let mut out = BufWriter::new(File::create(&path)?);
+        // Classic pcap global header: magic, v2.4, thiszone, sigfigs, snaplen, LINKTYPE_ETHERNET.
+        out.write_all(&0xa1b2_c3d4u32.to_le_bytes())?;
+        out.write_all(&2u16.to_le_bytes())?;
+        out.write_all(&4u16.to_le_bytes())?;
+        out.write_all(&0i32.to_le_bytes())?;
+        out.write_all(&0u32.to_le_bytes())?;
+        out.write_all(&262_144u32.to_le_bytes())?;
+        out.write_all(&1u32.to_le_bytes())?;
+        let seed = rand::random::<u32>();
+        let mut c = Self {
+            out,
+            local: End {
+                ip: v4(local.ip()),
+                port: local.port(),
+                seq: seed,
+            },
+            peer: End {
+                ip: v4(peer.ip()),
+                port: peer.port(),
+                seq: seed.wrapping_mul(7).wrapping_add(12345),
+            },
+            ip_id: 1,
+            path,
+            closed: false,
+        };
+        let (first, second) = if initiator {
+            (Dir::Out, Dir::In)
+        } else {
+            (Dir::In, Dir::Out)
+        };
+        c.packet(first, SYN, &[])?;
+        c.packet(second, SYN | ACK, &[])?;
+        c.packet(first, ACK, &[])?;
+        Ok(c)
+    }
+
+    /// Path of the file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Record data sent in one direction (split into ≤ 65495-byte segments).
+    pub fn record(&mut self, dir: Dir, data: &[u8]) -> io::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        for chunk in data.chunks(MAX_SEGMENT) {
+            self.packet(dir, ACK | PSH, chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Record several pieces as consecutive segments, packing them up to the segment limit.
+    pub fn record_parts(&mut self, dir: Dir, parts: &[&[u8]]) -> io::Result<()> {
+        let mut buf = Vec::with_capacity(MAX_SEGMENT);
+        for p in parts {
+            let mut p: &[u8] = p;
+            while !p.is_empty() {
+                let take = (MAX_SEGMENT - buf.len()).min(p.len());
+                buf.extend_from_slice(&p[..take]);
+                p = &p[take..];
+                if buf.len() == MAX_SEGMENT {
+                    self.record(dir, &buf)?;
+                    buf.clear();
+                }
+            }
+        }
+        if !buf.is_empty() {
+            self.record(dir, &buf)?;
+        }
+        Ok(())
+    }
+
+    /// Write FIN/ACK exchanges and flush.
+    pub fn close(&mut self) -> io::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.packet(Dir::Out, FIN | ACK, &[])?;
+        self.packet(Dir::In, FIN | ACK, &[])?;
+        self.packet(Dir::Out, ACK, &[])?;
+        self.closed = true;
+        self.out.flush()
+    }
+
+    fn packet(&mut self, dir: Dir, flags: u8, payload: &[u8]) -> io::Result<()> {
+        let (src, dst) = match dir {
+            Dir::Out => (&self.local, &self.peer),
+            Dir::In => (&self.peer, &self.local),
+        };
+        let (src_ip, dst_ip, sport, dport, seq) = (src.ip, dst.ip, src.port, dst.port, src.seq);
+        // ACK number: everything the other side sent so far.
+        let ack = if flags & ACK != 0 { dst.seq } else { 0 };
+        let tcp_len = 20 + payload.len();
+        let ip_len = 20 + tcp_len;
+        let mut pkt = Vec::with_capacity(14 + ip_len);
+        // Ethernet II: locally administered MACs, EtherType IPv4.
+        pkt.extend_from_slice(&[0x02, 0, 0, 0, 0, if dir == Dir::Out { 2 } else { 1 }]);
+        pkt.extend_from_slice(&[0x02, 0, 0, 0, 0, if dir == Dir::Out { 1 } else { 2 }]);
+        pkt.extend_from_slice(&0x0800u16.to_be_bytes());
+        let ip_start = pkt.len();
+        pkt.extend_from_slice(&[0x45, 0]);
+        pkt.extend_from_slice(&(ip_len as u16).to_be_bytes());
+        pkt.extend_from_slice(&self.ip_id.to_be_bytes());
+        self.ip_id = self.ip_id.wrapping_add(1);
+        pkt.extend_from_slice(&[0x40, 0, 64, 6, 0, 0]);
+        pkt.extend_from_slice(&src_ip.octets());
+        pkt.extend_from_slice(&dst_ip.octets());
+        let ipsum = checksum(0, &pkt[ip_start..ip_start + 20]);
+        pkt[ip_start + 10..ip_start + 12].copy_from_slice(&ipsum.to_be_bytes());
+        let tcp_start = pkt.len();
+        pkt.extend_from_slice(&sport.to_be_bytes());
+        pkt.extend_from_slice(&dport.to_be_bytes());
+        pkt.extend_from_slice(&seq.to_be_bytes());
+        pkt.extend_from_slice(&ack.to_be_bytes());
+        pkt.extend_from_slice(&[0x50, flags]);
+        pkt.extend_from_slice(&65535u16.to_be_bytes());
+        pkt.extend_from_slice(&[0, 0, 0, 0]);
+        pkt.extend_from_slice(payload);
+        // TCP checksum over the pseudo header and segment.
+        let mut pseudo = [0u8; 12];
+        pseudo[..4].copy_from_slice(&src_ip.octets());
+        pseudo[4..8].copy_from_slice(&dst_ip.octets());
+        pseudo[9] = 6;
+        pseudo[10..12].copy_from_slice(&(tcp_len as u16).to_be_bytes());
+        let partial = sum16(0, &pseudo);
+        let tsum = checksum(partial, &pkt[tcp_start..]);
+        pkt[tcp_start + 16..tcp_start + 18].copy_from_slice(&tsum.to_be_bytes());
+
+        let consumed = payload.len() as u32 + u32::from(flags & (SYN | FIN) != 0);
+        match dir {
+            Dir::Out => self.local.seq = self.local.seq.wrapping_add(consumed),
+            Dir::In => self.peer.seq = self.peer.seq.wrapping_add(consumed),
+        }
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        self.out.write_all(&(now.as_secs() as u32).to_le_bytes())?;
+        self.out.write_all(&now.subsec_micros().to_le_bytes())?;
+        self.out.write_all(&(pkt.len() as u32).to_le_bytes())?;
+        self.out.write_all(&(pkt.len() as u32).to_le_bytes())?;
+        self.out.write_all(&pkt)
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+fn sum16(mut acc: u32, data: &[u8]) -> u32 {
+    let mut it = data.chunks_exact(2);
+    for w in &mut it {
+        acc += u32::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    if let [b] = it.remainder() {
+        acc += u32::from(*b) << 8;
+    }
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    acc
+}
+
+fn checksum(partial: u32, data: &[u8]) -> u16 {
+    !(sum16(partial, data) as u16)
+}

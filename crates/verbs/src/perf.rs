@@ -1,0 +1,1 @@
+//! Perf (to be written).
