@@ -1,0 +1,191 @@
+# interop/lib/common.sh - shared by interop/run, interop/ci.sh and interop/scenarios/*.sh.
+# Sourced, not executed.  Every path and knob can be overridden from the environment.
+#
+#   IX_TOP      repository top (git rev-parse --show-toplevel)
+#   VMLAB       the shared vmlab recipe, used in place for run.sh   ($IX_TOP/../shared/vmlab)
+#   IX_CACHE    image/tool cache outside the repo                  (/var/cache/oxrdma-vmlab)
+#   VMLAB_OUT   built guest image (vmlinux, initrd.cpio)           ($IX_CACHE/out)
+#   OXRDMA      the oxrdma binary   (target/release/oxrdma, else target/debug/oxrdma)
+
+IX_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)          # .../interop
+IX_TOP=${IX_TOP:-$(git -C "$IX_HERE" rev-parse --show-toplevel 2>/dev/null || (cd "$IX_HERE/.." && pwd))}
+VMLAB=${VMLAB:-$IX_TOP/../shared/vmlab}
+[ -d "$VMLAB" ] && VMLAB=$(cd "$VMLAB" && pwd)
+IX_CACHE=${IX_CACHE:-/var/cache/oxrdma-vmlab}
+export VMLAB_OUT=${VMLAB_OUT:-$IX_CACHE/out}
+export VMLAB_ACCEL=${VMLAB_ACCEL:-tcg}
+
+ix_log() { printf '[interop %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+
+# ---------------------------------------------------------------- image
+# Hash of the recipe inputs that end up in the image; a change triggers an (incremental) rebuild.
+ix_recipe_hash() {
+    (cd "$VMLAB" && cat build.sh guest/init guest/bin/* 2>/dev/null) | sha256sum | cut -c1-16
+}
+
+ix_image_ok() { [ -r "$VMLAB_OUT/vmlinux" ] && [ -r "$VMLAB_OUT/initrd.cpio" ]; }
+
+# ix_ensure_image BUDGET_SECS: reuse the cached image or build it within BUDGET_SECS.
+# Prints nothing on success; on failure sets IX_SKIP_REASON and returns 1.
+ix_ensure_image() {
+    local budget=${1:-900} want have
+    IX_SKIP_REASON=
+    if [ ! -x "$VMLAB/run.sh" ]; then IX_SKIP_REASON="vmlab recipe not found at $VMLAB"; return 1; fi
+    if ! command -v qemu-system-x86_64 >/dev/null && [ "$(id -u)" != 0 ]; then
+        IX_SKIP_REASON="qemu-system-x86_64 missing and not root to install it"; return 1
+    fi
+    want=$(ix_recipe_hash)
+    have=$(cat "$VMLAB_OUT/.recipe-hash" 2>/dev/null || true)
+    if ix_image_ok && { [ "$want" = "$have" ] || [ "${IX_REBUILD:-auto}" = never ]; }; then
+        command -v qemu-system-x86_64 >/dev/null || { IX_SKIP_REASON="image present but qemu-system-x86_64 missing"; return 1; }
+        return 0
+    fi
+    if [ "${IX_REBUILD:-auto}" = never ]; then IX_SKIP_REASON="no image at $VMLAB_OUT and IX_REBUILD=never"; return 1; fi
+    if [ "$(id -u)" != 0 ]; then IX_SKIP_REASON="no image at $VMLAB_OUT and building needs root (debootstrap)"; return 1; fi
+    # quick reachability probe of the Debian archive (build.sh downloads from it)
+    local mirror=${MIRROR:-http://deb.debian.org/debian}
+    if ! timeout 20 python3 - "$mirror" <<'PY' >/dev/null 2>&1
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1] + "/dists/bookworm/Release", timeout=15).read(64)
+PY
+    then IX_SKIP_REASON="cannot reach $mirror (needed to build the guest image)"; return 1; fi
+    # build.sh writes dl/ cache/ build/ next to itself: work on a private copy of the recipe
+    local R=$IX_CACHE/recipe t0=$SECONDS rc
+    mkdir -p "$IX_CACHE" "$VMLAB_OUT" || { IX_SKIP_REASON="cannot create $IX_CACHE"; return 1; }
+    mkdir -p "$R"
+    cp -a "$VMLAB/build.sh" "$VMLAB/run.sh" "$R/"
+    rm -rf "$R/guest" "$R/tests" "$R/host"; cp -a "$VMLAB/guest" "$VMLAB/tests" "$VMLAB/host" "$R/"
+    ix_log "building guest image ($R/build.sh, OUT=$VMLAB_OUT, budget ${budget}s)"
+    # apt/dpkg may be busy with someone else's install: wait for the locks (within budget)
+    while command -v fuser >/dev/null && fuser /var/lib/dpkg/lock-frontend /var/lib/apt/lists/lock >/dev/null 2>&1 &&
+          [ $((SECONDS - t0)) -lt $((budget / 3)) ]; do sleep 3; done
+    (cd "$R" && OUT=$VMLAB_OUT timeout -k 10 $((budget - (SECONDS - t0))) ./build.sh) > "$IX_CACHE/build.log" 2>&1
+    rc=$?
+    if [ $rc != 0 ] || ! ix_image_ok; then
+        IX_SKIP_REASON="image build failed (rc $rc${rc/124/, over the ${budget}s budget}); see $IX_CACHE/build.log"
+        tail -5 "$IX_CACHE/build.log" >&2
+        return 1
+    fi
+    echo "$want" > "$VMLAB_OUT/.recipe-hash"
+    echo "$((SECONDS - t0))" > "$VMLAB_OUT/.build-seconds"
+    ix_log "image built in $((SECONDS - t0))s"
+}
+
+# ---------------------------------------------------------------- guest helpers
+# ix_share_prepare DIR: fill DIR (shared into the guest at /mnt/host) with guest-side tools:
+# bin/iwpeer (compiled here against rdma-core headers), bin/pcapture.py, bin/*.sh|py, siw/*.
+ix_share_prepare() {
+    local d=$1
+    mkdir -p "$d/bin" "$d/cap" "$d/tmp"
+    cp "$IX_HERE"/guest/*.py "$IX_HERE"/guest/*.sh "$d/bin/" 2>/dev/null
+    chmod +x "$d"/bin/* 2>/dev/null
+    ix_build_iwpeer "$d/bin/iwpeer" || true
+    ix_siw_variants "$d/siw" || true
+    if [ -n "${OXRDMA:-}" ] && [ -x "$OXRDMA" ]; then cp "$OXRDMA" "$d/bin/oxrdma"; fi
+}
+
+# Compile iwpeer on the host (host and guest are both Debian 12: dynamic linking works).
+ix_build_iwpeer() {
+    local dst=$1 src=$IX_HERE/guest/iwpeer.c cached=$IX_CACHE/bin/iwpeer
+    if [ -x "$cached" ] && [ "$cached" -nt "$src" ]; then cp "$cached" "$dst"; return 0; fi
+    if [ ! -e /usr/include/rdma/rdma_cma.h ] || [ ! -e /usr/include/infiniband/verbs.h ]; then
+        if [ "$(id -u)" = 0 ] && [ "${IX_NO_APT:-0}" != 1 ]; then
+            ix_log "installing librdmacm-dev libibverbs-dev for iwpeer"
+            DEBIAN_FRONTEND=noninteractive timeout 300 apt-get -o DPkg::Lock::Timeout=120 install -y -qq \
+                --no-install-recommends librdmacm-dev libibverbs-dev gcc libc6-dev >/dev/null 2>&1 || true
+        fi
+    fi
+    mkdir -p "$(dirname "$cached")"
+    if gcc -O2 -Wall -Wextra -o "$cached.tmp" "$src" -lrdmacm -libverbs 2>"$IX_CACHE/iwpeer-build.log"; then
+        mv "$cached.tmp" "$cached"; cp "$cached" "$dst"; return 0
+    fi
+    ix_log "iwpeer did not compile (see $IX_CACHE/iwpeer-build.log)"; return 1
+}
+
+# kernel siw.ko builds with CRC / peer-to-peer initiator policy (tools/build-siw-variants.sh)
+ix_siw_variants() {
+    local dst=$1 c=$IX_CACHE/siw-variants
+    if [ -d "$IX_CACHE/recipe/dl" ]; then
+        timeout 600 "$IX_HERE/tools/build-siw-variants.sh" "$IX_CACHE/recipe" "$c" >"$IX_CACHE/siw-variants.log" 2>&1 ||
+            ix_log "siw variants not built (see $IX_CACHE/siw-variants.log)"
+    fi
+    [ -e "$c/crc/siw.ko" ] && { mkdir -p "$dst"; cp -a "$c"/. "$dst"/; }
+}
+
+# ix_guest LOG [run.sh options...] -- runs the vmlab guest, output to LOG (and stdout if IX_VERBOSE=1)
+ix_guest() {
+    local log=$1; shift
+    if [ "${IX_VERBOSE:-0}" = 1 ]; then "$VMLAB/run.sh" "$@" 2>&1 | tee -a "$log"; return "${PIPESTATUS[0]}"
+    else "$VMLAB/run.sh" "$@" >>"$log" 2>&1; fi
+}
+
+# ---------------------------------------------------------------- oxrdma
+ix_find_oxrdma() {
+    if [ -n "${OXRDMA:-}" ]; then [ -x "$OXRDMA" ] && return 0; OXRDMA=; return 1; fi
+    local b
+    for b in "$IX_TOP/target/release/oxrdma" "$IX_TOP/target/debug/oxrdma"; do
+        [ -x "$b" ] && { OXRDMA=$b; export OXRDMA; return 0; }
+    done
+    return 1
+}
+
+# ix_landed SUBCOMMAND...: true when `oxrdma help SUBCOMMAND...` succeeds and names it.
+# (A stub binary that ignores its arguments exits 0 with no output: that is "not landed".)
+ix_landed() {
+    [ -n "${OXRDMA:-}" ] && [ -x "$OXRDMA" ] || return 1
+    local out last=${*: -1}
+    out=$(timeout 10 "$OXRDMA" help "$@" 2>&1) || return 1
+    [ -n "$out" ] && grep -qiw -- "$last" <<<"$out"
+}
+
+# ---------------------------------------------------------------- results
+# cell NAME STATUS [NOTE]   STATUS: pass | fail | skip | not-landed
+cell() {
+    local n=$1 s=$2; shift 2
+    printf '%s\t%s\t%s\n' "$n" "$s" "$*" >> "$IX_SCN_OUT/cells.tsv"
+    ix_log "  cell $n: $s${*:+ ($*)}"
+}
+
+# harvest "CELL name status note..." lines printed by guest scripts
+cells_from_log() {
+    local log=$1 prefix=${2:-} n s note
+    grep -a '^CELL ' "$log" | tr -d '\r' | while read -r _ n s note; do cell "$prefix$n" "$s" "$note"; done
+}
+
+# host-side capture on loopback: ix_capture_start FILE PORT... ; ix_capture_stop
+IX_CAP_PIDS=()
+ix_capture_start() {
+    local f=$1; shift
+    local filt="" p
+    for p in "$@"; do filt+="${filt:+ or }tcp port $p"; done
+    if command -v tcpdump >/dev/null && [ "$(id -u)" = 0 ]; then
+        tcpdump -i lo -s 0 -U -w "$f" "$filt" >/dev/null 2>&1 & IX_CAP_PIDS+=($!)
+        sleep 0.5
+    fi
+}
+ix_capture_stop() {
+    local p
+    for p in "${IX_CAP_PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    IX_CAP_PIDS=()
+}
+
+# tshark summary of one capture: protocol hierarchy + malformed count (+ MPA CRC check)
+ix_capture_summary() {
+    local f=$1 n mal
+    [ -s "$f" ] || return 0
+    echo "--- $(basename "$(dirname "$f")")/$(basename "$f")"
+    if command -v tshark >/dev/null; then
+        # tibia: Wireshark's game dissector claims tcp/7171 (and our test ports must not be it)
+        tshark --disable-protocol tibia -r "$f" -q -z io,phs 2>/dev/null | grep -v -e '^=' -e '^Filter:' -e '^ *$' | sed 's/^/    /'
+        n=$(tshark -r "$f" 2>/dev/null | wc -l)
+        mal=$(tshark --disable-protocol tibia -r "$f" -Y '_ws.malformed || _ws.expert.severity >= error' 2>/dev/null | wc -l)
+        echo "    frames: $n   malformed/error-expert frames: $mal"
+    else
+        echo "    (tshark not installed: no summary)"
+    fi
+    if case $f in *siw*|*iwarp*) true ;; *) false ;; esac; then
+        local crcbad
+        crcbad=$(python3 "$IX_HERE/tools/mpa-dump.py" "$f" 2>/dev/null | grep -c 'CRC MISMATCH')
+        echo "    MPA CRC mismatches (tools/mpa-dump.py): $crcbad"
+    fi
+}
