@@ -849,15 +849,25 @@ impl Engine {
             acked: 0,
             cur: None,
         });
-        // Path 0 opens with a probe (spec "MPRDS": before the first data packet), which also
+        // Path 0 sends a probe (spec "MPRDS": before the first data packet), which also
         // carries our generation number.
+        // It takes a new sequence number, so it goes after the retransmissions (which carry
+        // older numbers): ahead of them it would make the receiver drop them as duplicates.
         if id.index == 0 {
-            path.sendq.push_front(OutMsg {
-                kind: Kind::Seq,
-                header: wire::probe(0, max_paths, gen_num),
-                payload: Bytes::new(),
-                seq: None,
-            });
+            let at = path
+                .sendq
+                .iter()
+                .position(|m| m.seq.is_none())
+                .unwrap_or(path.sendq.len());
+            path.sendq.insert(
+                at,
+                OutMsg {
+                    kind: Kind::Seq,
+                    header: wire::probe(0, max_paths, gen_num),
+                    payload: Bytes::new(),
+                    seq: None,
+                },
+            );
         }
         // facts "Congestion map": the map is the first message on every new path.
         path.sendq.retain(|m| !matches!(m.kind, Kind::CongMap));

@@ -12,7 +12,6 @@
 //!   honestly by reading how many bytes TCP still holds unacknowledged (SIOCOUTQ).
 //! - [`socket`]: [`RdsStack`] (one per local IPv4 address: listener, connections, ports) and
 //!   [`RdsSocket`] with `send_to` / `recv_from`, plus [`BlockingRdsSocket`].
-//! - [`tools`]: library functions behind `oxrdma rds ping`, `rds stress` and `rds info`.
 //!
 //! What it does not do (yet): RDS over RDMA (the engine has an `Acked` transport mode with
 //! `h_ack` / `ACK_REQUIRED` / ack-only bookkeeping for it, but no verbs driver), RDMA
@@ -21,7 +20,11 @@
 
 pub mod engine;
 pub mod error;
+pub mod socket;
+pub mod tcp;
 pub mod wire;
 
-pub use engine::{Engine, EngineConfig, TransportKind};
+pub use engine::{Engine, EngineConfig, EngineInfo, TransportKind};
 pub use error::{RdsError, SendError, WireError};
+pub use socket::{BlockingRdsSocket, RdsSocket};
+pub use tcp::{RdsStack, StackConfig};

@@ -166,7 +166,7 @@ impl Sim {
         for li in 0..self.links.len() {
             for side in 0..2 {
                 let (rn, rt) = self.links[li].ends[1 - side];
-                let mut quota: usize = self.rng.random_range(0..20_000);
+                let mut quota: usize = self.rng.random_range(0..4_000);
                 while quota > 0 {
                     let d = &mut self.links[li].dirs[side];
                     let Some(front) = d.wire.front_mut() else {

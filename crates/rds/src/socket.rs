@@ -1,0 +1,230 @@
+//! The socket-style API: [`RdsSocket`] (async) and [`BlockingRdsSocket`].
+//!
+//! Sockets on one local address share one [`RdsStack`]. [`RdsSocket::bind`] finds the stack
+//! started for the address (or starts one on the default port 16385).
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use crate::error::{RdsError, SendError};
+use crate::tcp::{Inner, RdsStack, StackConfig, pump};
+use crate::wire::MAX_MSG_LEN;
+
+fn registry() -> &'static Mutex<HashMap<Ipv4Addr, Weak<Inner>>> {
+    static R: OnceLock<Mutex<HashMap<Ipv4Addr, Weak<Inner>>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+pub(crate) fn register(inner: &Arc<Inner>) {
+    let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
+    r.insert(inner.cfg.local, Arc::downgrade(inner));
+}
+
+pub(crate) fn unregister(inner: &Arc<Inner>) {
+    let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
+    if r.get(&inner.cfg.local)
+        .is_some_and(|w| w.as_ptr() == Arc::as_ptr(inner))
+    {
+        r.remove(&inner.cfg.local);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An RDS socket bound to (local address, RDS port).
+#[derive(Debug)]
+pub struct RdsSocket {
+    stack: RdsStack,
+    port: u16,
+    readable: Arc<Notify>,
+}
+
+impl RdsStack {
+    /// Binds an RDS port on this stack (`port` 0 picks a free one).
+    pub fn bind(&self, port: u16) -> Result<RdsSocket, RdsError> {
+        let port = {
+            let mut e = lock(&self.inner.engine);
+            if port == 0 {
+                e.bind_any().ok_or(RdsError::AddrInUse(0))?
+            } else {
+                e.bind(port)?;
+                port
+            }
+        };
+        let readable = Arc::new(Notify::new());
+        lock(&self.inner.readable).insert(port, Arc::clone(&readable));
+        Ok(RdsSocket {
+            stack: self.clone(),
+            port,
+            readable,
+        })
+    }
+}
+
+impl RdsSocket {
+    /// Binds `addr` (IP + RDS port; port 0 = any). Uses the stack already started for the IP,
+    /// or starts one with [`StackConfig::new`] (RDS/TCP port 16385).
+    pub async fn bind(addr: SocketAddrV4) -> Result<RdsSocket, RdsError> {
+        let existing = {
+            let r = lock(registry());
+            r.get(addr.ip()).and_then(Weak::upgrade)
+        };
+        let stack = match existing {
+            Some(inner) => RdsStack { inner },
+            None => RdsStack::start(StackConfig::new(*addr.ip())).await?,
+        };
+        stack.bind(addr.port())
+    }
+
+    /// Local address (IP, RDS port).
+    pub fn local_addr(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.stack.local(), self.port)
+    }
+
+    /// The stack this socket lives on.
+    pub fn stack(&self) -> &RdsStack {
+        &self.stack
+    }
+
+    /// Sets the receive buffer (SO_RCVBUF): the port is congested while more is queued.
+    pub fn set_rcvbuf(&self, bytes: usize) {
+        lock(&self.stack.inner.engine).set_rcvbuf(self.port, bytes);
+        pump(&self.stack.inner);
+    }
+
+    /// Sends without waiting: would-block errors are returned as they are.
+    pub fn try_send_to(&self, dest: SocketAddrV4, payload: Bytes) -> Result<(), SendError> {
+        let r = lock(&self.stack.inner.engine).send(Instant::now(), self.port, dest, payload);
+        pump(&self.stack.inner);
+        r
+    }
+
+    /// Sends one datagram (≤ 1 MiB; zero-length is fine). Waits while the destination port is
+    /// congested or the multipath handshake is pending, as a blocking Linux send does.
+    pub async fn send_to(&self, dest: SocketAddrV4, payload: Bytes) -> Result<(), SendError> {
+        if payload.len() > MAX_MSG_LEN {
+            return Err(SendError::TooLong(payload.len()));
+        }
+        loop {
+            let ready = self.stack.inner.send_ready.notified();
+            tokio::pin!(ready);
+            ready.as_mut().enable();
+            match self.try_send_to(dest, payload.clone()) {
+                Err(e) if e.is_would_block() => {
+                    // Re-check periodically as well: a cleared congestion bit may arrive on a
+                    // connection we are not notified about.
+                    let _ = tokio::time::timeout(Duration::from_millis(100), ready).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Receives one datagram and its source (peer IP, source RDS port).
+    pub async fn recv_from(&self) -> Result<(Bytes, SocketAddrV4), RdsError> {
+        loop {
+            let n = self.readable.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            let d = lock(&self.stack.inner.engine).recv(self.port);
+            if let Some(d) = d {
+                // Reading may clear congestion, which queues a map update.
+                pump(&self.stack.inner);
+                return Ok((d.payload, d.src));
+            }
+            n.await;
+        }
+    }
+
+    /// Receives with a time limit (`None` on timeout).
+    pub async fn recv_timeout(
+        &self,
+        t: Duration,
+    ) -> Result<Option<(Bytes, SocketAddrV4)>, RdsError> {
+        match tokio::time::timeout(t, self.recv_from()).await {
+            Ok(r) => r.map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+impl Drop for RdsSocket {
+    fn drop(&mut self) {
+        lock(&self.stack.inner.engine).unbind(self.port);
+        lock(&self.stack.inner.readable).remove(&self.port);
+        pump(&self.stack.inner);
+    }
+}
+
+fn blocking_runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .thread_name("rds-blocking")
+            .build()
+            .unwrap_or_else(|e| panic!("cannot start the RDS runtime: {e}"))
+    })
+}
+
+/// A blocking wrapper around [`RdsSocket`] for non-async callers. Runs the stack on a shared
+/// background runtime. Do not call from inside an async context.
+#[derive(Debug)]
+pub struct BlockingRdsSocket {
+    sock: RdsSocket,
+}
+
+impl BlockingRdsSocket {
+    /// Binds `addr` (see [`RdsSocket::bind`]).
+    pub fn bind(addr: SocketAddrV4) -> Result<Self, RdsError> {
+        let sock = blocking_runtime().block_on(RdsSocket::bind(addr))?;
+        Ok(BlockingRdsSocket { sock })
+    }
+
+    /// Starts a stack with `cfg` on the background runtime and binds `port` on it.
+    pub fn bind_with(cfg: StackConfig, port: u16) -> Result<Self, RdsError> {
+        let sock = blocking_runtime().block_on(async move {
+            let s = RdsStack::start(cfg).await?;
+            s.bind(port)
+        })?;
+        Ok(BlockingRdsSocket { sock })
+    }
+
+    /// Local address.
+    pub fn local_addr(&self) -> SocketAddrV4 {
+        self.sock.local_addr()
+    }
+
+    /// Sets the receive buffer.
+    pub fn set_rcvbuf(&self, bytes: usize) {
+        self.sock.set_rcvbuf(bytes)
+    }
+
+    /// Blocking send.
+    pub fn send_to(&self, dest: SocketAddrV4, payload: Bytes) -> Result<(), SendError> {
+        blocking_runtime().block_on(self.sock.send_to(dest, payload))
+    }
+
+    /// Blocking receive.
+    pub fn recv_from(&self) -> Result<(Bytes, SocketAddrV4), RdsError> {
+        blocking_runtime().block_on(self.sock.recv_from())
+    }
+
+    /// Blocking receive with a time limit.
+    pub fn recv_timeout(&self, t: Duration) -> Result<Option<(Bytes, SocketAddrV4)>, RdsError> {
+        blocking_runtime().block_on(self.sock.recv_timeout(t))
+    }
+
+    /// The async socket inside.
+    pub fn inner(&self) -> &RdsSocket {
+        &self.sock
+    }
+}

@@ -1,0 +1,466 @@
+//! RDS over TCP: the tokio driver around the sans-IO [`Engine`].
+//!
+//! One [`RdsStack`] per local IPv4 address: it listens on the RDS/TCP port (16385 unless
+//! configured), dials peers when the engine asks (binding the local address first, so that the
+//! peer sees which node is calling), and runs one task per TCP connection.
+//!
+//! Delivery tracking (facts "RDS over TCP"): the kernel releases a message once `snd_una` passes
+//! its last byte. Userspace cannot read `snd_una`, but Linux's `SIOCOUTQ` ioctl returns the bytes
+//! written and not yet acknowledged by the peer, so `acked = written - SIOCOUTQ`. The driver
+//! reports that position to the engine, which releases the messages it covers; whatever is not
+//! covered when the connection dies is sent again on the next one.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes};
+use socket2::{SockRef, TcpKeepalive};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::engine::{AcceptOutcome, Action, Engine, EngineConfig, EngineInfo, PathId, Token};
+use crate::wire::RDS_TCP_PORT;
+
+/// Settings of an [`RdsStack`].
+#[derive(Debug, Clone)]
+pub struct StackConfig {
+    /// Local address (the RDS node address).
+    pub local: Ipv4Addr,
+    /// TCP port the RDS/TCP service listens on and dials (16385).
+    pub tcp_port: u16,
+    /// Paths supported (1..=8).
+    pub max_paths: u16,
+    /// Default receive buffer per bound port, bytes.
+    pub default_rcvbuf: usize,
+    /// Seed for the engine's random numbers (tests); `None` = from the OS.
+    pub seed: Option<u64>,
+}
+
+impl StackConfig {
+    /// Defaults: port 16385, 8 paths, 256 KiB receive buffers.
+    pub fn new(local: Ipv4Addr) -> Self {
+        StackConfig {
+            local,
+            tcp_port: RDS_TCP_PORT,
+            max_paths: 8,
+            default_rcvbuf: 256 * 1024,
+            seed: None,
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) engine: Mutex<Engine>,
+    pub(crate) cfg: StackConfig,
+    pub(crate) readable: Mutex<HashMap<u16, Arc<Notify>>>,
+    pub(crate) send_ready: Notify,
+    conns: Mutex<HashMap<Token, ConnHandle>>,
+    timer_wake: Notify,
+    shutdown: Notify,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdsStack")
+            .field("local", &self.cfg.local)
+            .field("tcp_port", &self.cfg.tcp_port)
+            .finish()
+    }
+}
+
+struct ConnHandle {
+    stream: Arc<TcpStream>,
+    peer: Ipv4Addr,
+    wake: Arc<Notify>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One RDS node: a listener, the connections to peers and the bound ports of a local address.
+/// Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RdsStack {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl RdsStack {
+    /// Starts a stack: binds the listener on `local:tcp_port` and spawns its tasks on the
+    /// current tokio runtime.
+    pub async fn start(cfg: StackConfig) -> io::Result<RdsStack> {
+        let sock = TcpSocket::new_v4()?;
+        sock.set_reuseaddr(true)?;
+        sock.bind(SocketAddr::V4(SocketAddrV4::new(cfg.local, cfg.tcp_port)))?;
+        let listener = sock.listen(128)?;
+        let mut ecfg = EngineConfig::tcp(cfg.local);
+        ecfg.max_paths = cfg.max_paths;
+        ecfg.default_rcvbuf = cfg.default_rcvbuf;
+        ecfg.seed = cfg.seed;
+        let inner = Arc::new(Inner {
+            engine: Mutex::new(Engine::new(ecfg)),
+            cfg,
+            readable: Mutex::new(HashMap::new()),
+            send_ready: Notify::new(),
+            conns: Mutex::new(HashMap::new()),
+            timer_wake: Notify::new(),
+            shutdown: Notify::new(),
+            tasks: Mutex::new(Vec::new()),
+        });
+        let a = tokio::spawn(accept_loop(Arc::downgrade(&inner), listener));
+        let t = tokio::spawn(timer_loop(Arc::downgrade(&inner)));
+        lock(&inner.tasks).extend([a, t]);
+        crate::socket::register(&inner);
+        Ok(RdsStack { inner })
+    }
+
+    /// Local address.
+    pub fn local(&self) -> Ipv4Addr {
+        self.inner.cfg.local
+    }
+
+    /// The RDS/TCP port.
+    pub fn tcp_port(&self) -> u16 {
+        self.inner.cfg.tcp_port
+    }
+
+    /// Connections, paths, sequence numbers and congestion state (`oxrdma rds info`).
+    pub fn info(&self) -> EngineInfo {
+        lock(&self.inner.engine).info()
+    }
+
+    /// Test hook: shuts down the sending side of every TCP connection to `peer`, as an outside
+    /// kill would. The connections then close and RDS reconnects and resends. Returns how many
+    /// connections were hit.
+    pub fn kill_transports(&self, peer: Ipv4Addr) -> usize {
+        let conns = lock(&self.inner.conns);
+        let mut n = 0;
+        for c in conns.values().filter(|c| c.peer == peer) {
+            if SockRef::from(&*c.stream)
+                .shutdown(std::net::Shutdown::Write)
+                .is_ok()
+            {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Whether everything sent to `peer` has been acknowledged by TCP.
+    pub fn idle_to(&self, peer: Ipv4Addr) -> bool {
+        lock(&self.inner.engine).idle_to(peer)
+    }
+
+    /// Stops the stack's tasks and closes its connections.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.notify_waiters();
+        for t in lock(&self.inner.tasks).drain(..) {
+            t.abort();
+        }
+        for (_, c) in lock(&self.inner.conns).drain() {
+            let _ = SockRef::from(&*c.stream).shutdown(std::net::Shutdown::Both);
+            c.wake.notify_one();
+        }
+        self.inner.send_ready.notify_waiters();
+        crate::socket::unregister(&self.inner);
+    }
+}
+
+/// Runs the engine's pending actions.
+pub(crate) fn pump(inner: &Arc<Inner>) {
+    let actions: Vec<Action> = {
+        let mut e = lock(&inner.engine);
+        std::iter::from_fn(|| e.poll_action()).collect()
+    };
+    if actions.is_empty() {
+        return;
+    }
+    for a in actions {
+        match a {
+            Action::Connect(path) => {
+                let h = tokio::spawn(connect_task(Arc::downgrade(inner), path));
+                let mut tasks = lock(&inner.tasks);
+                tasks.retain(|t| !t.is_finished());
+                tasks.push(h);
+            }
+            Action::Close(t) => {
+                if let Some(c) = lock(&inner.conns).remove(&t) {
+                    let _ = SockRef::from(&*c.stream).shutdown(std::net::Shutdown::Both);
+                    c.wake.notify_one();
+                }
+            }
+            Action::Transmit(t) => {
+                if let Some(c) = lock(&inner.conns).get(&t) {
+                    c.wake.notify_one();
+                }
+            }
+            Action::Readable(port) => {
+                if let Some(n) = lock(&inner.readable).get(&port) {
+                    n.notify_waiters();
+                }
+            }
+            Action::SendReady => inner.send_ready.notify_waiters(),
+        }
+    }
+    inner.timer_wake.notify_one();
+}
+
+async fn accept_loop(inner: std::sync::Weak<Inner>, listener: TcpListener) {
+    loop {
+        let Ok((stream, addr)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let SocketAddr::V4(addr) = addr else {
+            continue;
+        };
+        let outcome = lock(&inner.engine).accept(Instant::now(), *addr.ip());
+        match outcome {
+            AcceptOutcome::Reject => {
+                // Reset it (facts: the smaller side resets and connects itself).
+                let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                drop(stream);
+            }
+            AcceptOutcome::Accept(tok) => start_conn(&inner, stream, *addr.ip(), tok),
+        }
+        pump(&inner);
+    }
+}
+
+async fn timer_loop(inner: std::sync::Weak<Inner>) {
+    loop {
+        let Some(i) = inner.upgrade() else {
+            return;
+        };
+        let deadline = lock(&i.engine).poll_timeout();
+        let wake = i.timer_wake.notified();
+        tokio::pin!(wake);
+        wake.as_mut().enable();
+        match deadline {
+            Some(d) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(d.into()) => {
+                        lock(&i.engine).handle_timeout(Instant::now());
+                        pump(&i);
+                    }
+                    _ = wake => {}
+                }
+            }
+            None => wake.await,
+        }
+    }
+}
+
+fn set_opts(stream: &TcpStream) -> io::Result<()> {
+    // facts "RDS over TCP": TCP_NODELAY, keepalive idle 5 s, interval 5 s, 5 probes.
+    stream.set_nodelay(true)?;
+    let ka = TcpKeepalive::new()
+        .with_time(Duration::from_secs(5))
+        .with_interval(Duration::from_secs(5))
+        .with_retries(5);
+    SockRef::from(stream).set_tcp_keepalive(&ka)
+}
+
+async fn connect_task(inner: std::sync::Weak<Inner>, path: PathId) {
+    let Some(i) = inner.upgrade() else {
+        return;
+    };
+    let local = i.cfg.local;
+    let port = i.cfg.tcp_port;
+    drop(i);
+    let res = async {
+        let sock = TcpSocket::new_v4()?;
+        sock.bind(SocketAddr::V4(SocketAddrV4::new(local, 0)))?;
+        let s = tokio::time::timeout(
+            Duration::from_secs(5),
+            sock.connect(SocketAddr::V4(SocketAddrV4::new(path.peer, port))),
+        )
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+        set_opts(&s)?;
+        io::Result::Ok(s)
+    }
+    .await;
+    let Some(inner) = inner.upgrade() else {
+        return;
+    };
+    match res {
+        Ok(stream) => {
+            let tok = lock(&inner.engine).connected(Instant::now(), path);
+            match tok {
+                Some(tok) => start_conn(&inner, stream, path.peer, tok),
+                None => drop(stream),
+            }
+        }
+        Err(e) => {
+            tracing::debug!(?path, %e, "rds: connect failed");
+            lock(&inner.engine).connect_failed(Instant::now(), path);
+        }
+    }
+    pump(&inner);
+}
+
+fn start_conn(inner: &Arc<Inner>, stream: TcpStream, peer: Ipv4Addr, tok: Token) {
+    let _ = set_opts(&stream);
+    let stream = Arc::new(stream);
+    let wake = Arc::new(Notify::new());
+    lock(&inner.conns).insert(
+        tok,
+        ConnHandle {
+            stream: Arc::clone(&stream),
+            peer,
+            wake: Arc::clone(&wake),
+        },
+    );
+    let h = tokio::spawn(conn_task(Arc::downgrade(inner), stream, tok, wake));
+    let mut tasks = lock(&inner.tasks);
+    tasks.retain(|t| !t.is_finished());
+    tasks.push(h);
+}
+
+/// Bytes written to the socket and not yet acknowledged by the peer (Linux SIOCOUTQ).
+#[cfg(target_os = "linux")]
+fn unacked_bytes(stream: &TcpStream) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: `stream` owns a valid open TCP socket for the duration of the call, and
+    // SIOCOUTQ (== TIOCOUTQ) writes exactly one `int` through the pointer, which points at a
+    // live, aligned `c_int` on our stack.
+    let r = unsafe {
+        libc::ioctl(
+            stream.as_raw_fd(),
+            libc::TIOCOUTQ,
+            &mut n as *mut libc::c_int,
+        )
+    };
+    (r == 0 && n >= 0).then_some(n as u64)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn unacked_bytes(_stream: &TcpStream) -> Option<u64> {
+    // Without a way to read the unacknowledged count, nothing is ever confirmed early: messages
+    // stay queued until the connection closes cleanly (see conn_task).
+    None
+}
+
+const WRITE_BATCH: usize = 256 * 1024;
+
+async fn conn_task(
+    inner: std::sync::Weak<Inner>,
+    stream: Arc<TcpStream>,
+    tok: Token,
+    wake: Arc<Notify>,
+) {
+    let mut out: std::collections::VecDeque<Bytes> = std::collections::VecDeque::new();
+    let mut out_len = 0usize;
+    let mut written: u64 = 0;
+    let mut acked: u64 = 0;
+    let mut write_closed = false;
+    let mut write_closed_at: Option<tokio::time::Instant> = None;
+    let mut buf = vec![0u8; 64 * 1024];
+    'outer: loop {
+        let Some(i) = inner.upgrade() else {
+            return;
+        };
+        if !write_closed && out_len < WRITE_BATCH {
+            let mut e = lock(&i.engine);
+            while out_len < WRITE_BATCH {
+                match e.poll_transmit(tok) {
+                    Some(b) => {
+                        out_len += b.len();
+                        out.push_back(b);
+                    }
+                    None => break,
+                }
+            }
+        }
+        if written > acked
+            && let Some(q) = unacked_bytes(&stream)
+        {
+            let a = written.saturating_sub(q);
+            if a > acked {
+                acked = a;
+                lock(&i.engine).on_transport_acked(tok, acked);
+            }
+        }
+        pump(&i);
+        drop(i);
+        let poll_acks = written > acked;
+        tokio::select! {
+            r = stream.readable() => {
+                if r.is_err() {
+                    break 'outer;
+                }
+                loop {
+                    match stream.try_read(&mut buf) {
+                        Ok(0) => break 'outer,
+                        Ok(n) => {
+                            let Some(i) = inner.upgrade() else { return; };
+                            let r = lock(&i.engine).on_recv(Instant::now(), tok, &buf[..n]);
+                            if let Err(e) = r {
+                                tracing::warn!(%e, "rds: protocol error, dropping connection");
+                                break 'outer;
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(_) => break 'outer,
+                    }
+                }
+            }
+            r = stream.writable(), if !out.is_empty() && !write_closed => {
+                if r.is_err() {
+                    write_closed = true;
+                    continue;
+                }
+                let slices: Vec<io::IoSlice<'_>> =
+                    out.iter().take(64).map(|b| io::IoSlice::new(b)).collect();
+                match stream.try_write_vectored(&slices) {
+                    Ok(mut n) => {
+                        written += n as u64;
+                        out_len -= n;
+                        while n > 0 {
+                            let Some(front) = out.front_mut() else { break };
+                            if front.len() <= n {
+                                n -= front.len();
+                                out.pop_front();
+                            } else {
+                                front.advance(n);
+                                n = 0;
+                            }
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(_) => {
+                        // Keep reading what the peer already sent until it closes too.
+                        write_closed = true;
+                        write_closed_at = Some(tokio::time::Instant::now());
+                    }
+                }
+            }
+            _ = wake.notified(), if out.is_empty() && !write_closed => {}
+            _ = tokio::time::sleep(Duration::from_millis(1)), if poll_acks && !write_closed => {}
+            _ = tokio::time::sleep(Duration::from_secs(5)), if write_closed => {
+                if write_closed_at.is_some_and(|t| t.elapsed() >= Duration::from_secs(5)) {
+                    break 'outer;
+                }
+            }
+        }
+    }
+    let Some(i) = inner.upgrade() else {
+        return;
+    };
+    // A clean close (EOF after everything we wrote) means the peer read it all; on Linux the
+    // SIOCOUTQ reading above already covers it.
+    let _ = SockRef::from(&*stream).shutdown(std::net::Shutdown::Both);
+    lock(&i.conns).remove(&tok);
+    lock(&i.engine).transport_down(Instant::now(), tok);
+    pump(&i);
+}
