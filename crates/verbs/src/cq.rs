@@ -34,7 +34,7 @@ pub enum WcStatus {
 }
 
 /// What completed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum WcOpcode {
     /// Send / Send with Invalidate / Send with SE.

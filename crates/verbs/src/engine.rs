@@ -562,7 +562,7 @@ impl Engine {
                 self.msn_send += 1;
                 e.msn = self.msn_send;
             }
-            let h = match e.wr.opcode {
+            let mut h = match e.wr.opcode {
                 SendOp::RdmaWrite { remote_addr, rkey } => DdpHeader {
                     last,
                     opcode,
@@ -576,6 +576,7 @@ impl Engine {
                 }
                 _ => untagged(opcode, QN_SEND, e.msn, e.off as u32, 0),
             };
+            h.last = last;
             e.off += n as u64;
             if last {
                 let e = self.sq.pop_front()?;

@@ -29,6 +29,11 @@ impl Access {
         self.0 & other.0 == other.0
     }
 
+    /// Union of two sets (usable in `const`).
+    pub const fn union(self, other: Access) -> Access {
+        Access(self.0 | other.0)
+    }
+
     /// Raw bits.
     pub fn bits(self) -> u32 {
         self.0

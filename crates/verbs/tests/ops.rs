@@ -102,3 +102,202 @@ async fn write_read_1mib_plus_3_tcp() {
 async fn write_read_1mib_plus_3_mem() {
     within(write_read_big(Kind::Mem)).await
 }
+
+async fn zero_length_ops(kind: Kind) {
+    let (e, _k) = up(kind).await;
+    let rbuf = e.s.pd.register_len(16, Access::LOCAL_WRITE).unwrap();
+    e.s.qp
+        .post_recv(RecvWr {
+            wr_id: 9,
+            sgl: vec![rbuf.sge(0, 16)],
+        })
+        .unwrap();
+    // Zero-length Write with a bogus STag: siw skips the STag check.
+    e.c.qp
+        .post_send(SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0xdead_beef,
+            },
+            vec![],
+        ))
+        .unwrap();
+    // Zero-length Read gets a zero-length response.
+    e.c.qp
+        .post_send(SendWr::new(
+            2,
+            SendOp::RdmaRead {
+                remote_addr: 0,
+                rkey: 0x1234_5678,
+            },
+            vec![],
+        ))
+        .unwrap();
+    // Zero-length Send consumes a receive.
+    e.c.qp
+        .post_send(SendWr::new(3, SendOp::Send, vec![]))
+        .unwrap();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let c = e.c.scq.next().await;
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+        assert_eq!(c.byte_len, 0);
+        got.push((c.wr_id, c.opcode));
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            (1, WcOpcode::RdmaWrite),
+            (2, WcOpcode::RdmaRead),
+            (3, WcOpcode::Send)
+        ]
+    );
+    let r = e.s.rcq.next().await;
+    assert_eq!((r.wr_id, r.status, r.byte_len), (9, WcStatus::Success, 0));
+    assert_eq!(e.c.qp.state(), verbs::QpState::Rts);
+}
+
+#[tokio::test]
+async fn zero_length_ops_tcp() {
+    within(zero_length_ops(Kind::Tcp)).await
+}
+#[tokio::test]
+async fn zero_length_ops_mem() {
+    within(zero_length_ops(Kind::Mem)).await
+}
+
+async fn send_with_invalidate_and_se(kind: Kind) {
+    let (e, _k) = up(kind).await;
+    // The server advertises a region; the client invalidates it remotely with its Send.
+    let target =
+        e.s.pd
+            .register_len(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let rbuf = e.s.pd.register_len(1 << 18, Access::LOCAL_WRITE).unwrap();
+    for i in 0..2 {
+        e.s.qp
+            .post_recv(RecvWr {
+                wr_id: 100 + i,
+                sgl: vec![rbuf.sge(i * (1 << 17), 1 << 17)],
+            })
+            .unwrap();
+    }
+    // Multi-FPDU Send with Invalidate, gathered from two SGEs.
+    let a = pattern(70_000, 1);
+    let src = e.c.pd.register(a.clone(), Access::LOCAL_WRITE).unwrap();
+    let wr = SendWr::new(
+        1,
+        SendOp::SendWithInvalidate(target.rkey()),
+        vec![src.sge(0, 30_000), src.sge(30_000, 40_000)],
+    );
+    e.c.qp.post_send(wr).unwrap();
+    let mut se = SendWr::send_bytes(2, Bytes::from_static(b"solicited"));
+    se.solicited = true;
+    e.c.qp.post_send(se).unwrap();
+    let r = e.s.rcq.next().await;
+    assert_eq!(
+        (r.wr_id, r.status, r.byte_len),
+        (100, WcStatus::Success, 70_000)
+    );
+    assert_eq!(r.invalidated_rkey, Some(target.rkey()));
+    assert!(!target.is_valid());
+    assert!(rbuf.read(0, 70_000).unwrap() == a);
+    let r = e.s.rcq.next().await;
+    assert_eq!(
+        (r.wr_id, r.byte_len, r.solicited, r.invalidated_rkey),
+        (101, 9, true, None)
+    );
+    assert_eq!(e.c.scq.next().await.wr_id, 1);
+    assert_eq!(e.c.scq.next().await.wr_id, 2);
+}
+
+#[tokio::test]
+async fn send_with_invalidate_and_se_tcp() {
+    within(send_with_invalidate_and_se(Kind::Tcp)).await
+}
+#[tokio::test]
+async fn send_with_invalidate_and_se_mem() {
+    within(send_with_invalidate_and_se(Kind::Mem)).await
+}
+
+#[tokio::test]
+async fn local_invalidate_and_reregister() {
+    within(async {
+        let (e, _k) = up(Kind::Mem).await;
+        let mr =
+            e.c.pd
+                .register_len(8, Access::LOCAL_WRITE | Access::REMOTE_READ)
+                .unwrap();
+        let old = mr.rkey();
+        let mut wr = SendWr::new(5, SendOp::LocalInvalidate(old), vec![]);
+        wr.signaled = true;
+        e.c.qp.post_send(wr).unwrap();
+        let c = e.c.scq.next().await;
+        assert_eq!(
+            (c.wr_id, c.opcode, c.status),
+            (5, WcOpcode::LocalInvalidate, WcStatus::Success)
+        );
+        assert!(!mr.is_valid());
+        let new = mr.reregister(None);
+        assert_ne!(old, new);
+        assert_eq!(old >> 8, new >> 8, "the index stays, the key rotates");
+        assert!(mr.is_valid());
+    })
+    .await
+}
+
+async fn crc_and_many_fpdus(kind: Kind) {
+    let e = ends(kind);
+    let p = verbs::ConnParams {
+        crc: true,
+        ..Default::default()
+    };
+    let k = connect(&e, p, verbs::ConnParams::default()).await.unwrap();
+    assert!(k.c.crc() && k.s.crc(), "responder echoes C");
+    let n = 300_001;
+    let data = pattern(n, 9);
+    let src = e.c.pd.register(data.clone(), Access::LOCAL_WRITE).unwrap();
+    let dst =
+        e.s.pd
+            .register_len(
+                n,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            )
+            .unwrap();
+    e.c.qp
+        .post_send(SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: 0,
+                rkey: dst.rkey(),
+            },
+            vec![src.sge(0, n as u32)],
+        ))
+        .unwrap();
+    let back = e.c.pd.register_len(n, Access::LOCAL_WRITE).unwrap();
+    e.c.qp
+        .post_send(SendWr::new(
+            2,
+            SendOp::RdmaRead {
+                remote_addr: 0,
+                rkey: dst.rkey(),
+            },
+            vec![back.sge(0, n as u32)],
+        ))
+        .unwrap();
+    assert_eq!(e.c.scq.next().await.status, WcStatus::Success);
+    let c = e.c.scq.next().await;
+    assert_eq!((c.wr_id, c.status), (2, WcStatus::Success));
+    assert!(back.read(0, n).unwrap() == data);
+}
+
+#[tokio::test]
+async fn crc_on_tcp() {
+    within(crc_and_many_fpdus(Kind::Tcp)).await
+}
+#[tokio::test]
+async fn crc_on_mem() {
+    within(crc_and_many_fpdus(Kind::Mem)).await
+}
