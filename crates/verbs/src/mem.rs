@@ -193,6 +193,29 @@ impl StagTable {
         inner
     }
 
+    /// Insert with a fixed STag index and key 0 (test and fuzz harnesses only).
+    pub(crate) fn insert_fixed(
+        &self,
+        pd: u32,
+        index: u32,
+        data: Box<[u8]>,
+        access: Access,
+    ) -> Arc<MrInner> {
+        let inner = Arc::new(MrInner {
+            pd,
+            index,
+            base: 0,
+            data: Mutex::new(data),
+            state: Mutex::new(MrState {
+                key: 0,
+                valid: true,
+                access,
+            }),
+        });
+        lock(&self.map).insert(index, inner.clone());
+        inner
+    }
+
     fn remove(&self, index: u32) {
         lock(&self.map).remove(&index);
     }
