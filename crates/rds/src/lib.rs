@@ -12,6 +12,8 @@
 //!   honestly by reading how many bytes TCP still holds unacknowledged (SIOCOUTQ).
 //! - [`socket`]: [`RdsStack`] (one per local IPv4 address: listener, connections, ports) and
 //!   [`RdsSocket`] with `send_to` / `recv_from`, plus [`BlockingRdsSocket`].
+//! - [`tools`]: library functions behind `oxrdma rds ping`, `rds stress` (and a raw-TCP
+//!   baseline); `rds info` is [`RdsStack::info`].
 //!
 //! What it does not do (yet): RDS over RDMA (the engine has an `Acked` transport mode with
 //! `h_ack` / `ACK_REQUIRED` / ack-only bookkeeping for it, but no verbs driver), RDMA
@@ -22,6 +24,7 @@ pub mod engine;
 pub mod error;
 pub mod socket;
 pub mod tcp;
+pub mod tools;
 pub mod wire;
 
 pub use engine::{Engine, EngineConfig, EngineInfo, TransportKind};

@@ -1,0 +1,379 @@
+//! Library functions behind `oxrdma rds ping`, `rds stress` and `rds info` (the CLI crate calls
+//! these and prints the structured results), and a raw-TCP request/response baseline with the
+//! same sizes and depth for comparison.
+
+use std::collections::VecDeque;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+use crate::error::RdsError;
+use crate::socket::RdsSocket;
+use crate::tcp::RdsStack;
+
+/// Result of [`ping`] (rds-ping style).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PingReport {
+    /// Pinged node.
+    pub dest: Ipv4Addr,
+    /// Pings sent.
+    pub sent: u32,
+    /// Pongs received.
+    pub received: u32,
+    /// Round-trip time per ping (`None` = no pong within the timeout).
+    pub rtts: Vec<Option<Duration>>,
+}
+
+/// Sends `count` zero-length pings to `dest`'s port 0, one every `interval`, and reports the
+/// round-trip time of each pong (from port 0, no payload).
+pub async fn ping(
+    stack: &RdsStack,
+    dest: Ipv4Addr,
+    count: u32,
+    interval: Duration,
+    timeout: Duration,
+) -> Result<PingReport, RdsError> {
+    let sock = stack.bind(0)?;
+    let target = SocketAddrV4::new(dest, 0);
+    let mut rtts = Vec::new();
+    for i in 0..count {
+        if i > 0 {
+            tokio::time::sleep(interval).await;
+        }
+        let t0 = Instant::now();
+        tokio::time::timeout(timeout, sock.send_to(target, Bytes::new()))
+            .await
+            .map_err(|_| RdsError::Io(std::io::ErrorKind::TimedOut.into()))??;
+        let left = timeout.saturating_sub(t0.elapsed());
+        let got = tokio::time::timeout(left, async {
+            loop {
+                let (p, src) = sock.recv_from().await?;
+                if src == target && p.is_empty() {
+                    return Ok::<_, RdsError>(());
+                }
+            }
+        })
+        .await;
+        rtts.push(match got {
+            Ok(Ok(())) => Some(t0.elapsed()),
+            _ => None,
+        });
+    }
+    Ok(PingReport {
+        dest,
+        sent: count,
+        received: rtts.iter().filter(|r| r.is_some()).count() as u32,
+        rtts,
+    })
+}
+
+/// rds-stress style parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StressParams {
+    /// `-q`: request size, bytes.
+    pub req_size: usize,
+    /// `-a`: ack (response) size, bytes.
+    pub ack_size: usize,
+    /// `-d`: requests in flight per task.
+    pub depth: usize,
+    /// `-t`: tasks.
+    pub tasks: usize,
+    /// `-T`: run time.
+    pub duration: Duration,
+}
+
+impl Default for StressParams {
+    fn default() -> Self {
+        // rds-stress defaults: 1024-byte requests, 1024-byte acks... we keep small defaults.
+        StressParams {
+            req_size: 1024,
+            ack_size: 256,
+            depth: 1,
+            tasks: 1,
+            duration: Duration::from_secs(1),
+        }
+    }
+}
+
+/// rds-stress style result columns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StressResult {
+    /// `tsks`.
+    pub tasks: usize,
+    /// Messages sent per second (requests).
+    pub tx_per_s: f64,
+    /// Messages received per second (acks).
+    pub rx_per_s: f64,
+    /// Payload KiB per second, both directions.
+    pub tx_rx_kib_per_s: f64,
+    /// RDMA KiB/s in (always 0: no RDMA operations over TCP).
+    pub mbi_kib_per_s: f64,
+    /// RDMA KiB/s out (always 0: no RDMA operations over TCP).
+    pub mbo_kib_per_s: f64,
+    /// Mean request→ack round trip, microseconds.
+    pub rtt_us: f64,
+    /// Requests sent.
+    pub requests: u64,
+    /// Acks received.
+    pub acks: u64,
+    /// Measured wall time.
+    pub elapsed: Duration,
+}
+
+#[derive(Default)]
+struct Tally {
+    requests: u64,
+    acks: u64,
+    rtt_sum: Duration,
+}
+
+fn result(p: &StressParams, t: &Tally, elapsed: Duration) -> StressResult {
+    let s = elapsed.as_secs_f64().max(1e-9);
+    StressResult {
+        tasks: p.tasks,
+        tx_per_s: t.requests as f64 / s,
+        rx_per_s: t.acks as f64 / s,
+        tx_rx_kib_per_s: (t.requests as f64 * p.req_size as f64
+            + t.acks as f64 * p.ack_size as f64)
+            / 1024.0
+            / s,
+        mbi_kib_per_s: 0.0,
+        mbo_kib_per_s: 0.0,
+        rtt_us: if t.acks == 0 {
+            0.0
+        } else {
+            t.rtt_sum.as_secs_f64() * 1e6 / t.acks as f64
+        },
+        requests: t.requests,
+        acks: t.acks,
+        elapsed,
+    }
+}
+
+/// A running stress responder; dropping it stops it.
+#[derive(Debug)]
+pub struct StressServer {
+    tasks: Vec<JoinHandle<()>>,
+    /// First RDS port; task `i` listens on `base_port + i`.
+    pub base_port: u16,
+}
+
+impl Drop for StressServer {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Starts `tasks` responders on `stack`, ports `base_port..base_port+tasks`: each answers every
+/// request with an ack of `ack_size` bytes.
+pub fn stress_server(
+    stack: &RdsStack,
+    base_port: u16,
+    tasks: usize,
+    ack_size: usize,
+) -> Result<StressServer, RdsError> {
+    let mut hs = Vec::new();
+    let ack = Bytes::from(vec![0u8; ack_size]);
+    for i in 0..tasks {
+        let sock = stack.bind(base_port.wrapping_add(i as u16))?;
+        let ack = ack.clone();
+        hs.push(tokio::spawn(async move {
+            while let Ok((_, src)) = sock.recv_from().await {
+                if sock.send_to(src, ack.clone()).await.is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    Ok(StressServer {
+        tasks: hs,
+        base_port,
+    })
+}
+
+/// Runs the request/ack client: `tasks` sockets, each keeping `depth` requests in flight to
+/// `server` port + task index, for `duration`.
+pub async fn stress_client(
+    stack: &RdsStack,
+    server: SocketAddrV4,
+    p: StressParams,
+) -> Result<StressResult, RdsError> {
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let start = Instant::now();
+    let deadline = start + p.duration;
+    let mut hs = Vec::new();
+    for i in 0..p.tasks {
+        let sock: RdsSocket = stack.bind(0)?;
+        let dest = SocketAddrV4::new(*server.ip(), server.port().wrapping_add(i as u16));
+        let req = Bytes::from(vec![0x55u8; p.req_size]);
+        hs.push(tokio::spawn(async move {
+            let mut sent_at: VecDeque<Instant> = VecDeque::new();
+            let mut t = Tally::default();
+            for _ in 0..p.depth.max(1) {
+                if sock.send_to(dest, req.clone()).await.is_err() {
+                    return t;
+                }
+                sent_at.push_back(Instant::now());
+                t.requests += 1;
+            }
+            // Acks come back in order (one port pair, one path).
+            while !sent_at.is_empty() {
+                let left =
+                    deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(2);
+                let Ok(Ok(_)) = tokio::time::timeout(left, sock.recv_from()).await else {
+                    break;
+                };
+                if let Some(t0) = sent_at.pop_front() {
+                    t.rtt_sum += t0.elapsed();
+                }
+                t.acks += 1;
+                if Instant::now() < deadline {
+                    if sock.send_to(dest, req.clone()).await.is_err() {
+                        break;
+                    }
+                    sent_at.push_back(Instant::now());
+                    t.requests += 1;
+                }
+            }
+            t
+        }));
+    }
+    for h in hs {
+        if let Ok(t) = h.await {
+            let mut g = tally.lock().unwrap_or_else(|e| e.into_inner());
+            g.requests += t.requests;
+            g.acks += t.acks;
+            g.rtt_sum += t.rtt_sum;
+        }
+    }
+    let elapsed = start.elapsed();
+    let g = tally.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(result(&p, &g, elapsed))
+}
+
+/// Raw-TCP baseline responder: frames are `[u32 req_len][u32 ack_len][req bytes]`, answered
+/// with `[u32 ack_len][ack bytes]`. Returns the task and the bound address.
+pub async fn tcp_baseline_server(
+    addr: SocketAddr,
+) -> std::io::Result<(JoinHandle<()>, SocketAddr)> {
+    let l = TcpListener::bind(addr).await?;
+    let local = l.local_addr()?;
+    let h = tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let _ = s.set_nodelay(true);
+                let (mut r, mut w) = s.into_split();
+                let mut buf = Vec::new();
+                loop {
+                    let mut hdr = [0u8; 8];
+                    if r.read_exact(&mut hdr).await.is_err() {
+                        return;
+                    }
+                    let req = u32::from_be_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
+                    let ack = u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]) as usize;
+                    if req > (1 << 20) || ack > (1 << 20) {
+                        return;
+                    }
+                    buf.resize(req, 0);
+                    if r.read_exact(&mut buf).await.is_err() {
+                        return;
+                    }
+                    let mut out = Vec::with_capacity(4 + ack);
+                    out.extend_from_slice(&(ack as u32).to_be_bytes());
+                    out.resize(4 + ack, 0);
+                    if w.write_all(&out).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok((h, local))
+}
+
+/// Raw-TCP baseline client with the same sizes, depth, tasks and duration as [`stress_client`]:
+/// one TCP connection per task.
+pub async fn tcp_baseline_client(
+    server: SocketAddr,
+    p: StressParams,
+) -> std::io::Result<StressResult> {
+    let start = Instant::now();
+    let deadline = start + p.duration;
+    let mut hs = Vec::new();
+    for _ in 0..p.tasks {
+        let s = TcpStream::connect(server).await?;
+        s.set_nodelay(true)?;
+        let (mut r, mut w) = s.into_split();
+        let mut frame = Vec::with_capacity(8 + p.req_size);
+        frame.extend_from_slice(&(p.req_size as u32).to_be_bytes());
+        frame.extend_from_slice(&(p.ack_size as u32).to_be_bytes());
+        frame.resize(8 + p.req_size, 0x55);
+        let sent_at = Arc::new(Mutex::new(VecDeque::<Instant>::new()));
+        let permits = Arc::new(tokio::sync::Semaphore::new(p.depth.max(1)));
+        let (sa, pw) = (Arc::clone(&sent_at), Arc::clone(&permits));
+        let writer = tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let Ok(permit) = pw.acquire().await else {
+                    break;
+                };
+                permit.forget();
+                sa.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push_back(Instant::now());
+                if w.write_all(&frame).await.is_err() {
+                    break;
+                }
+                n += 1;
+            }
+            // The responder answers everything, then sees EOF and closes: the reader stops there.
+            let _ = w.shutdown().await;
+            n
+        });
+        hs.push(tokio::spawn(async move {
+            let mut t = Tally::default();
+            let mut buf = Vec::new();
+            loop {
+                let left =
+                    deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(2);
+                let mut hdr = [0u8; 4];
+                match tokio::time::timeout(left, r.read_exact(&mut hdr)).await {
+                    Ok(Ok(_)) => {}
+                    _ => break,
+                }
+                let len = u32::from_be_bytes(hdr) as usize;
+                buf.resize(len, 0);
+                if r.read_exact(&mut buf).await.is_err() {
+                    break;
+                }
+                if let Some(t0) = sent_at
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop_front()
+                {
+                    t.rtt_sum += t0.elapsed();
+                }
+                t.acks += 1;
+                permits.add_permits(1);
+            }
+            t.requests = writer.await.unwrap_or(0);
+            t
+        }));
+    }
+    let mut total = Tally::default();
+    for h in hs {
+        if let Ok(t) = h.await {
+            total.requests += t.requests;
+            total.acks += t.acks;
+            total.rtt_sum += t.rtt_sum;
+        }
+    }
+    Ok(result(&p, &total, start.elapsed()))
+}
