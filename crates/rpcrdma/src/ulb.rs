@@ -79,4 +79,22 @@ pub trait UpperLayerBinding: Send + Sync + 'static {
     fn chunk_limits(&self) -> ChunkLimits {
         ChunkLimits::default()
     }
+
+    /// Requester side (added after the first version of this trait; the default keeps older
+    /// implementations compiling): where the result items that the Responder moved into Write
+    /// chunks belong. `results` is the reduced result stream (after the RPC reply header) and
+    /// `written[i]` the number of bytes the Responder wrote into Write chunk `i` (zero for an
+    /// unused chunk). Returns, for every non-zero entry of `written` in order, the offset in
+    /// `results` where that item's contents go (just after its length word). The default says
+    /// the binding cannot locate them, and such a reply fails with a transport error.
+    fn reply_ddp_positions(
+        &self,
+        vers: u32,
+        proc_: u32,
+        results: &[u8],
+        written: &[usize],
+    ) -> Result<Vec<usize>, UlbError> {
+        let _ = (results, written);
+        Err(UlbError::Unknown { vers, proc_ })
+    }
 }

@@ -1,0 +1,582 @@
+//! The Requester (client) engine, sans-IO.
+//!
+//! [`Requester::submit`] takes a finished RPC call message (with DDP-eligible arguments already
+//! reduced by the encoder) and what the Upper-Layer Binding knows about the reply; it registers
+//! memory through a [`Registrar`], picks the message form (5666bis §4.5) and emits a Send, or
+//! queues the call while the credit limit is reached (5666bis §4.3.1). [`Requester::on_receive`]
+//! matches replies by XID, fences the call's memory before completing it (5666bis §5.4.1),
+//! rebuilds the results from inline data, the Reply chunk and Write chunks, and releases
+//! queued calls. The same engine answers backward-direction calls (RFC 8167) with
+//! [`Requester::back_reply`].
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use oncrpc::message::{MessageHeader, ReplyHeader};
+use oncrpc::{AcceptStat, ReplyExpectation, RpcError};
+use xdr::Encoded;
+
+use crate::engine::{Config, Params, RegError, Region, Registrar, reassemble, unreduced_positions};
+use crate::header::{
+    Body, Chunks, ErrorBody, Header, ReadChunk, ReadSegment, WriteChunk, chunk_len,
+};
+use crate::responder::msg_type;
+use crate::ulb::UpperLayerBinding;
+
+/// One call to send.
+#[derive(Debug, Clone)]
+pub struct OutCall {
+    pub xid: u32,
+    pub prog: u32,
+    pub vers: u32,
+    pub proc_: u32,
+    /// The whole RPC call message; reduced items (if any) become Read chunks.
+    pub message: Encoded,
+    /// What the reply may hold (sizes of the Write chunks and of the Reply chunk).
+    pub reply: ReplyExpectation,
+    /// RPCSEC_GSS integrity or privacy: nothing is reduced in either direction; long
+    /// messages use a Position-Zero Read chunk and a Reply chunk (5666bis §10.2.2).
+    pub no_reduction: bool,
+    /// When the call fails with [`RpcError::Timeout`].
+    pub deadline: Option<Instant>,
+}
+
+/// Something the driver does for the Requester.
+#[derive(Debug)]
+pub enum Action {
+    /// Post a Send of `data`.
+    Send { xid: u32, data: Bytes },
+    /// The call is over: its memory is already fenced.
+    Complete {
+        xid: u32,
+        result: Result<Bytes, RpcError>,
+    },
+    /// A backward-direction call (RFC 8167) for the client's callback service.
+    BackCall { xid: u32, message: Bytes },
+    /// Close the connection (5666bis §5.5.4: memory that cannot be invalidated must be
+    /// fenced by closing the connection).
+    Close,
+}
+
+struct Outstanding {
+    call: OutCall,
+    regions: Vec<Region>,
+    /// Write chunks offered (region index in `regions`) in order.
+    writes: Vec<usize>,
+    reply_chunk: Option<usize>,
+    sent: bool,
+}
+
+/// Counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequesterStats {
+    pub sent: u64,
+    pub completed: u64,
+    pub outstanding: u32,
+    pub max_outstanding: u32,
+    /// The credit limit in force at the busiest moment.
+    pub limit_at_max: u32,
+    /// Sends that would have exceeded the limit (must stay 0).
+    pub over_limit: u64,
+    pub short: u64,
+    pub chunked: u64,
+    pub long_call: u64,
+    pub long_reply: u64,
+    pub rdma_errors: u64,
+    pub dropped: u64,
+    pub back_calls: u64,
+}
+
+/// One connection's Requester.
+pub struct Requester {
+    cfg: Config,
+    params: Params,
+    ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
+    granted: u32,
+    connected: bool,
+    calls: HashMap<u32, Outstanding>,
+    queue: VecDeque<u32>,
+    /// Calls that were sent, then abandoned: each still holds a credit until its reply
+    /// arrives or the connection ends.
+    abandoned: HashSet<u32>,
+    in_flight: usize,
+    stats: RequesterStats,
+}
+
+impl std::fmt::Debug for Requester {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Requester")
+            .field("params", &self.params)
+            .field("granted", &self.granted)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+fn reg_failed(e: RegError) -> RpcError {
+    RpcError::Transport(e.to_string())
+}
+
+impl Requester {
+    /// A Requester; connect it with [`Requester::on_connect`].
+    pub fn new(cfg: Config, ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>) -> Self {
+        Requester {
+            cfg,
+            params: Params::default(),
+            ulbs,
+            granted: 1,
+            connected: false,
+            calls: HashMap::new(),
+            queue: VecDeque::new(),
+            abandoned: HashSet::new(),
+            in_flight: 0,
+            stats: RequesterStats::default(),
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &RequesterStats {
+        &self.stats
+    }
+
+    /// min(requested, granted) (5666bis §4.3.1).
+    pub fn limit(&self) -> usize {
+        self.cfg.credits.max(1).min(self.granted) as usize
+    }
+
+    /// Calls sent and not answered (including abandoned ones that still hold a credit).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Receive buffers to keep posted: one per requested credit plus the backward credits
+    /// (5666bis §7.2.2.1).
+    pub fn receives_needed(&self) -> usize {
+        self.cfg.credits as usize + self.cfg.back_credits as usize
+    }
+
+    /// Calls not yet completed.
+    pub fn pending(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// A connection is up. 5666bis §4.3.3: one credit until the first reply. Calls that were
+    /// outstanding are sent again with the same XID and fresh registrations.
+    pub fn on_connect(&mut self, params: Params, reg: &mut dyn Registrar) -> Vec<Action> {
+        self.params = params;
+        self.granted = 1;
+        self.connected = true;
+        self.in_flight = 0;
+        self.abandoned.clear();
+        let mut resend: Vec<u32> = self
+            .calls
+            .iter()
+            .filter(|(_, o)| o.sent)
+            .map(|(x, _)| *x)
+            .collect();
+        resend.sort_unstable();
+        for xid in resend.into_iter().rev() {
+            if let Some(o) = self.calls.get_mut(&xid) {
+                o.sent = false;
+            }
+            self.queue.push_front(xid);
+        }
+        self.pump(reg)
+    }
+
+    /// The connection is gone: every registration is invalidated (fenced), calls wait for
+    /// the next connection.
+    pub fn on_disconnect(&mut self, reg: &mut dyn Registrar) -> Vec<Action> {
+        self.connected = false;
+        self.in_flight = 0;
+        self.abandoned.clear();
+        let mut out = Vec::new();
+        for o in self.calls.values_mut() {
+            for r in o.regions.drain(..) {
+                if reg.invalidate(r.id, false).is_err() {
+                    out.push(Action::Close);
+                }
+            }
+            o.writes.clear();
+            o.reply_chunk = None;
+        }
+        out
+    }
+
+    /// Queue a call and send what the credit limit allows.
+    pub fn submit(&mut self, call: OutCall, reg: &mut dyn Registrar) -> Vec<Action> {
+        let xid = call.xid;
+        self.calls.insert(
+            xid,
+            Outstanding {
+                call,
+                regions: Vec::new(),
+                writes: Vec::new(),
+                reply_chunk: None,
+                sent: false,
+            },
+        );
+        self.queue.push_back(xid);
+        self.pump(reg)
+    }
+
+    fn pump(&mut self, reg: &mut dyn Registrar) -> Vec<Action> {
+        let mut out = Vec::new();
+        // 5666bis §4.3.1: "The requester MUST NOT send unacknowledged requests in excess of
+        // this granted responder credit limit."
+        while self.connected && self.in_flight < self.limit() {
+            let Some(xid) = self.queue.pop_front() else {
+                break;
+            };
+            match self.build(xid, reg) {
+                Ok(data) => {
+                    self.in_flight += 1;
+                    self.stats.sent += 1;
+                    let n = self.in_flight as u32;
+                    if n > self.stats.max_outstanding {
+                        self.stats.max_outstanding = n;
+                        self.stats.limit_at_max = self.limit() as u32;
+                    }
+                    self.stats.outstanding = n;
+                    if self.in_flight > self.limit() {
+                        self.stats.over_limit += 1;
+                    }
+                    out.push(Action::Send { xid, data });
+                }
+                Err(e) => {
+                    out.extend(self.finish(xid, Err(e), None, reg));
+                }
+            }
+        }
+        out
+    }
+
+    /// Register memory and build the Send for one call.
+    fn build(&mut self, xid: u32, reg: &mut dyn Registrar) -> Result<Bytes, RpcError> {
+        let params = self.params;
+        let cfg = self.cfg.clone();
+        let o = self
+            .calls
+            .get_mut(&xid)
+            .ok_or_else(|| RpcError::Transport("unknown call".into()))?;
+        let msg = &o.call.message;
+        // Read chunks for the reduced arguments, Positions in the reassembled stream.
+        let mut read_chunks = Vec::new();
+        for (item, pos) in msg.reduced.iter().zip(unreduced_positions(&msg.reduced)) {
+            let r = reg.register_source(item.data.clone()).map_err(reg_failed)?;
+            read_chunks.push(ReadChunk {
+                position: u32::try_from(pos)
+                    .map_err(|_| RpcError::Transport("call too large".into()))?,
+                segments: r.segments.clone(),
+            });
+            o.regions.push(r);
+        }
+        // Write chunks for DDP-eligible results (none under RPCSEC_GSS integrity/privacy).
+        let mut writes: Vec<WriteChunk> = Vec::new();
+        if !o.call.no_reduction {
+            for &len in o.call.reply.ddp_items.iter().take(cfg.max_write_chunks) {
+                let r = reg.register_sink(len).map_err(reg_failed)?;
+                writes.push(r.segments.clone());
+                o.writes.push(o.regions.len());
+                o.regions.push(r);
+            }
+        }
+        // 5666bis §5.3.3: "A requester MUST provide a Reply chunk whenever the maximum possible
+        // size of the reply is larger than its own inline threshold."
+        let max_reply = o.call.reply.max_len.unwrap_or(cfg.default_reply_chunk);
+        let reply_hdr_room = 28 + 16 * writes.iter().map(|c| c.len() + 1).sum::<usize>();
+        let reply = if max_reply + reply_hdr_room > params.inline_recv {
+            let r = reg.register_sink(max_reply).map_err(reg_failed)?;
+            let segs = r.segments.clone();
+            o.reply_chunk = Some(o.regions.len());
+            o.regions.push(r);
+            Some(segs)
+        } else {
+            None
+        };
+        if reply.is_some() {
+            self.stats.long_reply += 1;
+        }
+        let payload = msg.to_bytes();
+        let mut chunks = Chunks {
+            reads: Vec::new(),
+            writes,
+            reply,
+        };
+        chunks.set_read_chunks(&read_chunks);
+        let short = Header::new(xid, cfg.credits, Body::Msg(chunks.clone()));
+        let (h, inline) = if short.encoded_len() + payload.len() <= params.inline_send {
+            if read_chunks.is_empty() {
+                self.stats.short += 1;
+            } else {
+                self.stats.chunked += 1;
+            }
+            (short, payload)
+        } else {
+            // Long Call: the whole Payload stream goes in a Position-Zero Read chunk, sent
+            // as RDMA_NOMSG (5666bis §4.5.3).
+            self.stats.long_call += 1;
+            let r = reg.register_source(payload).map_err(reg_failed)?;
+            let mut all = vec![ReadChunk {
+                position: 0,
+                segments: r.segments.clone(),
+            }];
+            o.regions.push(r);
+            all.extend(read_chunks);
+            chunks.reads = all
+                .iter()
+                .flat_map(|c| {
+                    c.segments.iter().map(|s| ReadSegment {
+                        position: c.position,
+                        target: *s,
+                    })
+                })
+                .collect();
+            let h = Header::new(xid, cfg.credits, Body::NoMsg(chunks));
+            if h.encoded_len() > params.inline_send {
+                return Err(RpcError::Transport(
+                    "transport header exceeds inline threshold".into(),
+                ));
+            }
+            (h, Bytes::new())
+        };
+        o.sent = true;
+        let mut data = BytesMut::with_capacity(h.encoded_len() + inline.len());
+        h.encode(&mut data);
+        data.extend_from_slice(&inline);
+        Ok(data.freeze())
+    }
+
+    /// Fence a call's memory, then complete it.
+    fn finish(
+        &mut self,
+        xid: u32,
+        result: Result<Bytes, RpcError>,
+        remote_invalidated: Option<u32>,
+        reg: &mut dyn Registrar,
+    ) -> Vec<Action> {
+        let mut out = Vec::new();
+        if let Some(o) = self.calls.remove(&xid) {
+            // 5666bis §5.4.1: memory is invalidated before the RPC completes.
+            for r in o.regions {
+                let remote =
+                    remote_invalidated.is_some_and(|h| r.segments.iter().all(|s| s.handle == h));
+                if reg.invalidate(r.id, remote).is_err() {
+                    // 5666bis §5.5.4: fence by closing the connection.
+                    out.push(Action::Close);
+                }
+            }
+            self.stats.completed += 1;
+            out.push(Action::Complete { xid, result });
+        }
+        out
+    }
+
+    /// Abandon a call (timeout or cancellation). Its memory is fenced now; if it was sent,
+    /// it keeps its credit until a reply for it arrives or the connection ends.
+    pub fn cancel(&mut self, xid: u32, err: RpcError, reg: &mut dyn Registrar) -> Vec<Action> {
+        let Some(o) = self.calls.get(&xid) else {
+            return Vec::new();
+        };
+        if o.sent && self.connected {
+            self.abandoned.insert(xid);
+        } else {
+            self.queue.retain(|x| *x != xid);
+        }
+        self.finish(xid, Err(err), None, reg)
+    }
+
+    /// Fail every call whose deadline passed.
+    pub fn poll_timeouts(&mut self, now: Instant, reg: &mut dyn Registrar) -> Vec<Action> {
+        let expired: Vec<u32> = self
+            .calls
+            .iter()
+            .filter(|(_, o)| o.call.deadline.is_some_and(|d| d <= now))
+            .map(|(x, _)| *x)
+            .collect();
+        let mut out = Vec::new();
+        for xid in expired {
+            out.extend(self.cancel(xid, RpcError::Timeout, reg));
+        }
+        out
+    }
+
+    /// Earliest deadline among pending calls.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.calls.values().filter_map(|o| o.call.deadline).min()
+    }
+
+    /// Handle one received message. `remote_invalidated` is the handle the peer invalidated
+    /// with Send With Invalidate, if any.
+    pub fn on_receive(
+        &mut self,
+        buf: Bytes,
+        remote_invalidated: Option<u32>,
+        reg: &mut dyn Registrar,
+    ) -> Vec<Action> {
+        let (h, hlen) = match Header::decode(&buf) {
+            Ok(x) => x,
+            Err(e) => {
+                // A Requester has no one to send RDMA_ERROR to for a reply it cannot parse:
+                // the XID (if any) stays outstanding until its timeout.
+                tracing::debug!(error = %e, "bad reply header");
+                self.stats.dropped += 1;
+                return Vec::new();
+            }
+        };
+        let xid = h.xid;
+        let inline = buf.slice(hlen..);
+        // A backward-direction call (RFC 8167): RDMA_MSG carrying an RPC CALL.
+        if matches!(h.body, Body::Msg(_)) && msg_type(&inline) == Some(oncrpc::message::CALL) {
+            self.stats.back_calls += 1;
+            return vec![Action::BackCall {
+                xid,
+                message: inline,
+            }];
+        }
+        let known = self.calls.get(&xid).is_some_and(|o| o.sent);
+        let was_abandoned = self.abandoned.remove(&xid);
+        if !known && !was_abandoned {
+            self.stats.dropped += 1;
+            return Vec::new();
+        }
+        // Every reply (RDMA_MSG, RDMA_NOMSG or RDMA_ERROR) returns one credit and carries the
+        // Responder's current grant; a grant of zero is treated as one (5666bis §4.3.1).
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.granted = h.credits.clamp(1, self.cfg.credits.max(1));
+        let mut out = Vec::new();
+        if known {
+            let result = self.reply_result(xid, &h, inline, reg);
+            out.extend(self.finish(xid, result, remote_invalidated, reg));
+        }
+        out.extend(self.pump(reg));
+        out
+    }
+
+    fn reply_result(
+        &mut self,
+        xid: u32,
+        h: &Header,
+        inline: Bytes,
+        reg: &mut dyn Registrar,
+    ) -> Result<Bytes, RpcError> {
+        let o = self
+            .calls
+            .get(&xid)
+            .ok_or_else(|| RpcError::Transport("unknown call".into()))?;
+        let chunks = match &h.body {
+            Body::Msg(c) | Body::NoMsg(c) => c,
+            Body::Error(e) => {
+                self.stats.rdma_errors += 1;
+                // 5666bis §5.5: an RDMA_ERROR completes the transaction with an error.
+                return Err(RpcError::Transport(match e {
+                    ErrorBody::Vers { low, high } => {
+                        format!("RDMA_ERR_VERS: peer supports versions {low}..={high}")
+                    }
+                    ErrorBody::Chunk => "RDMA_ERR_CHUNK".to_string(),
+                }));
+            }
+            _ => return Err(RpcError::BadReply("unexpected rdma_proc in reply".into())),
+        };
+        let payload = if matches!(h.body, Body::NoMsg(_)) {
+            let (Some(idx), Some(rc)) = (o.reply_chunk, &chunks.reply) else {
+                return Err(RpcError::BadReply(
+                    "RDMA_NOMSG reply without a Reply chunk".into(),
+                ));
+            };
+            let region = &o.regions[idx];
+            let len = chunk_len(rc) as usize;
+            reg.sink_contents(region.id, len)
+                .map_err(|e| RpcError::BadReply(e.to_string()))?
+        } else {
+            inline
+        };
+        let (rh, results) = MessageHeader::decode_message(&payload)
+            .map_err(|e| RpcError::BadReply(e.to_string()))?;
+        if rh_xid(&rh) != Some(xid) {
+            return Err(RpcError::BadReply("RPC XID differs from rdma_xid".into()));
+        }
+        match rh {
+            MessageHeader::Reply(ReplyHeader::Accepted {
+                stat: AcceptStat::Success,
+                ..
+            }) => {}
+            MessageHeader::Reply(ReplyHeader::Accepted { stat, .. }) => {
+                return Err(RpcError::Accepted(stat));
+            }
+            MessageHeader::Reply(ReplyHeader::Denied { reason, .. }) => {
+                return Err(RpcError::Rejected(reason));
+            }
+            MessageHeader::Call(_) => return Err(RpcError::BadReply("CALL in reply".into())),
+        }
+        // Write chunks: the returned segment lengths say how much was written
+        // (5666bis §4.4.6: contents are concatenated in array order).
+        let written: Vec<usize> = chunks
+            .writes
+            .iter()
+            .map(|c| chunk_len(c) as usize)
+            .collect();
+        if written.iter().all(|n| *n == 0) {
+            return Ok(results);
+        }
+        if written.len() > o.writes.len() {
+            return Err(RpcError::BadReply("more Write chunks than offered".into()));
+        }
+        let ulb = self.ulbs.get(&o.call.prog).ok_or_else(|| {
+            RpcError::BadReply("Write chunk data without an Upper-Layer Binding".into())
+        })?;
+        let positions = ulb
+            .reply_ddp_positions(o.call.vers, o.call.proc_, &results, &written)
+            .map_err(|e| RpcError::BadReply(e.to_string()))?;
+        let mut items = Vec::new();
+        let mut shift = 0;
+        let mut pos_iter = positions.into_iter();
+        for (i, &n) in written.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let region = &o.regions[o.writes[i]];
+            let data = reg
+                .sink_contents(region.id, n)
+                .map_err(|e| RpcError::BadReply(e.to_string()))?;
+            let p = pos_iter.next().ok_or_else(|| {
+                RpcError::BadReply("Upper-Layer Binding gave too few positions".into())
+            })?;
+            items.push((p + shift, data));
+            shift += xdr::padded(n);
+        }
+        reassemble(&results, &items)
+            .map_err(|_| RpcError::BadReply("Write chunk positions do not fit the results".into()))
+    }
+
+    /// Answer a backward-direction call: RDMA_MSG with empty chunk lists, granting the
+    /// backward credits (5666bis §7.3.5). `message` is the whole RPC reply.
+    pub fn back_reply(&mut self, xid: u32, message: Bytes) -> Option<Action> {
+        let h = Header::new(
+            xid,
+            self.cfg.back_credits.max(1),
+            Body::Msg(Chunks::default()),
+        );
+        if h.encoded_len() + message.len() > self.params.inline_send {
+            // Backward messages are inline only (5666bis §7.3.3); drop and let the caller
+            // time out rather than send what the peer cannot receive.
+            return None;
+        }
+        let mut data = BytesMut::with_capacity(h.encoded_len() + message.len());
+        h.encode(&mut data);
+        data.extend_from_slice(&message);
+        Some(Action::Send {
+            xid,
+            data: data.freeze(),
+        })
+    }
+}
+
+fn rh_xid(h: &MessageHeader) -> Option<u32> {
+    match h {
+        MessageHeader::Reply(r) => Some(r.xid()),
+        MessageHeader::Call(c) => Some(c.xid),
+    }
+}

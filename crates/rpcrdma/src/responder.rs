@@ -1,0 +1,618 @@
+//! The Responder (server) engine, sans-IO.
+//!
+//! Flow for one received message:
+//! 1. [`Responder::on_receive`] decodes the transport header. Errors become an RDMA_ERROR to
+//!    send (5666bis §5.5) or nothing. A call whose chunks must be pulled returns
+//!    [`Incoming::NeedReads`]: the driver RDMA Reads each [`PendingCall::reads`] chunk and hands
+//!    the data to [`Responder::complete_reads`].
+//! 2. The reassembled call is checked (XID match, chunk limits, DDP-eligibility of every Read
+//!    chunk against the Upper-Layer Binding) and returned as [`Incoming::Call`], with the
+//!    [`xdr::DdpPolicy`] the driver passes to the `oncrpc::Dispatcher`.
+//! 3. [`Responder::reply`] turns the dispatcher's reply into RDMA Writes (Write list, Reply
+//!    chunk) and one Send, choosing RDMA_MSG or RDMA_NOMSG (5666bis §4.5, §5.3.3).
+//!
+//! The same engine is the Requester of the backward direction (RFC 8167): once the Upper
+//! Layer says the peer is ready ([`Responder::enable_backchannel`]), [`Responder::back_call`]
+//! sends reverse calls within the peer's backward credits.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use oncrpc::message::MessageHeader;
+use oncrpc::{AcceptStat, Credential, ReplyMessage};
+use xdr::DdpPolicy;
+
+use crate::engine::{Config, Params, fill_segments, reassemble};
+use crate::header::{
+    Body, Chunks, ErrorResponse, Header, HeaderError, RDMA_MSG, ReadChunk, Segment, WriteChunk,
+    chunk_len,
+};
+use crate::ulb::UpperLayerBinding;
+
+/// Something the driver does for the Responder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// RDMA Write `data` to the peer's `segment` (Write list or Reply chunk).
+    Write { segment: Segment, data: Bytes },
+    /// Post a Send of `data` (transport header and any inline payload). With `invalidate`,
+    /// use Send With Invalidate on that handle.
+    Send {
+        data: Bytes,
+        invalidate: Option<u32>,
+    },
+    /// Close the connection (5666bis §5.5.4: a reply that cannot be sent).
+    Close,
+}
+
+/// What became of a received message.
+#[derive(Debug)]
+pub enum Incoming {
+    /// Nothing to do (dropped).
+    Nothing,
+    /// Send these (an RDMA_ERROR or an RPC-level error reply).
+    Respond(Vec<Action>),
+    /// RDMA Read the chunks, then call [`Responder::complete_reads`].
+    NeedReads(PendingCall),
+    /// A complete call for the dispatcher.
+    Call(ReadyCall),
+    /// A backward-direction reply (RFC 8167) for a call made with [`Responder::back_call`].
+    BackReply { xid: u32, message: Bytes },
+}
+
+/// A call waiting for its Read chunks.
+#[derive(Debug)]
+pub struct PendingCall {
+    /// Chunks to pull, in order; Position-Zero first when present.
+    pub reads: Vec<ReadChunk>,
+    header: Header,
+    inline: Bytes,
+}
+
+impl PendingCall {
+    /// Total bytes to read.
+    pub fn read_len(&self) -> u64 {
+        self.reads.iter().map(ReadChunk::len).sum()
+    }
+}
+
+/// A complete call, ready for `oncrpc::Dispatcher::dispatch`.
+#[derive(Debug)]
+pub struct ReadyCall {
+    /// The whole RPC call message with every chunk in place.
+    pub message: Bytes,
+    /// Pass this to the dispatcher (Write list size, RPCSEC_GSS).
+    pub policy: DdpPolicy,
+    /// Hand back to [`Responder::reply`].
+    pub token: ReplyToken,
+}
+
+/// What [`Responder::reply`] needs to answer a call.
+#[derive(Debug, Clone)]
+pub struct ReplyToken {
+    pub xid: u32,
+    writes: Vec<WriteChunk>,
+    reply_chunk: Option<WriteChunk>,
+    /// Handle usable for Send With Invalidate (every segment of the call shares it).
+    swi_handle: Option<u32>,
+}
+
+/// Counters a test or a monitor can read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResponderStats {
+    pub calls: u64,
+    pub in_progress: u32,
+    pub max_in_progress: u32,
+    /// Calls that arrived while `credits` calls were already in progress.
+    pub over_credit: u64,
+    pub err_vers: u64,
+    pub err_chunk: u64,
+    pub garbage_args: u64,
+    pub dropped: u64,
+    pub back_calls: u64,
+    pub back_max_outstanding: u32,
+}
+
+/// Why a backward call was not sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackError {
+    /// RFC 8167 §6 / 5666bis §7.3.1: the peer has not said it handles backward calls.
+    #[error("the peer has not enabled the backward direction")]
+    NotReady,
+    /// RFC 8167 §6: backward messages travel inline only.
+    #[error("backward call of {0} bytes exceeds the inline threshold")]
+    TooLarge(usize),
+}
+
+/// One connection's Responder.
+pub struct Responder {
+    cfg: Config,
+    params: Params,
+    ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
+    /// XIDs whose reply was lost to an RDMA operational error on an earlier connection.
+    lost: HashSet<u32>,
+    in_progress: HashSet<u32>,
+    stats: ResponderStats,
+    // Backward direction (we are its Requester).
+    back_ready: bool,
+    back_granted: u32,
+    back_outstanding: HashSet<u32>,
+    back_queue: VecDeque<(u32, Bytes)>,
+}
+
+impl std::fmt::Debug for Responder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Responder")
+            .field("cfg", &self.cfg)
+            .field("params", &self.params)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Offset of the arguments in an RPC call message, and the decoded header.
+fn call_header(msg: &Bytes) -> Option<(oncrpc::CallHeader, usize)> {
+    match MessageHeader::decode_message(msg) {
+        Ok((MessageHeader::Call(h), args)) => Some((h, msg.len() - args.len())),
+        _ => None,
+    }
+}
+
+/// `msg_type` of an RPC message (the second word), if present.
+pub(crate) fn msg_type(payload: &[u8]) -> Option<u32> {
+    let w = payload.get(4..8)?;
+    Some(u32::from_be_bytes([w[0], w[1], w[2], w[3]]))
+}
+
+fn rpc_xid(payload: &[u8]) -> Option<u32> {
+    let w = payload.get(0..4)?;
+    Some(u32::from_be_bytes([w[0], w[1], w[2], w[3]]))
+}
+
+impl Responder {
+    /// A Responder for a new connection. `lost` carries XIDs whose replies were lost on
+    /// earlier connections (see [`Responder::take_lost`]).
+    pub fn new(
+        cfg: Config,
+        params: Params,
+        ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
+        lost: HashSet<u32>,
+    ) -> Self {
+        Responder {
+            cfg,
+            params,
+            ulbs,
+            lost,
+            in_progress: HashSet::new(),
+            stats: ResponderStats::default(),
+            back_ready: false,
+            back_granted: 1,
+            back_outstanding: HashSet::new(),
+            back_queue: VecDeque::new(),
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &ResponderStats {
+        &self.stats
+    }
+
+    /// Receive buffers the driver keeps posted: the forward grant plus one per outstanding
+    /// backward call (5666bis §7.2.2.2).
+    pub fn receives_needed(&self) -> usize {
+        self.cfg.credits as usize + self.cfg.back_credits as usize
+    }
+
+    /// The forward credit grant; never zero (5666bis §4.3.1).
+    pub fn grant(&self) -> u32 {
+        self.cfg.credits.max(1)
+    }
+
+    fn error(&mut self, resp: ErrorResponse) -> Incoming {
+        match resp {
+            ErrorResponse::ErrVers { .. } => self.stats.err_vers += 1,
+            ErrorResponse::ErrChunk { .. } => self.stats.err_chunk += 1,
+            ErrorResponse::Discard => self.stats.dropped += 1,
+        }
+        match Header::error_reply(resp, self.grant()) {
+            // 5666bis §5.5: RDMA_ERROR is never sent with Send With Invalidate (Linux does
+            // the same).
+            Some(h) => Incoming::Respond(vec![Action::Send {
+                data: h.to_bytes(),
+                invalidate: None,
+            }]),
+            None => Incoming::Nothing,
+        }
+    }
+
+    fn garbage(&mut self, xid: u32) -> Incoming {
+        self.stats.garbage_args += 1;
+        // 5666bis §5.5.2: GARBAGE_ARGS travels in an RDMA_MSG.
+        let r = oncrpc::service::accepted(xid, AcceptStat::GarbageArgs, None);
+        let mut data = BytesMut::new();
+        Header::new(xid, self.grant(), Body::Msg(Chunks::default())).encode(&mut data);
+        data.extend_from_slice(&r.message.to_bytes());
+        Incoming::Respond(vec![Action::Send {
+            data: data.freeze(),
+            invalidate: None,
+        }])
+    }
+
+    /// Handle one received message (a full receive buffer as filled by the Send).
+    pub fn on_receive(&mut self, buf: Bytes) -> Incoming {
+        let (header, hlen) = match Header::decode(&buf) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::debug!(error = %e, "bad transport header");
+                return self.error(e.response());
+            }
+        };
+        let xid = header.xid;
+        let chunks = match &header.body {
+            Body::Msg(c) | Body::NoMsg(c) => c,
+            // 5666bis §5.6.1 / §5.6.2: RDMA_MSGP and RDMA_DONE get RDMA_ERR_CHUNK.
+            Body::MsgP { .. } | Body::Done => {
+                return self.error(HeaderError::BadProc { xid, proc_: 0 }.response());
+            }
+            // An RDMA_ERROR sent to a Responder has no transaction to end: drop it (and never
+            // answer an error with an error, 5666bis §5.5).
+            Body::Error(_) => {
+                self.stats.dropped += 1;
+                return Incoming::Nothing;
+            }
+        };
+        let inline = buf.slice(hlen..);
+        // A backward-direction reply (RFC 8167 §5): RDMA_MSG with a REPLY inside.
+        if header.body.proc_() == RDMA_MSG && msg_type(&inline) == Some(oncrpc::message::REPLY) {
+            return self.on_back_reply(&header, inline);
+        }
+        let read_chunks = chunks.read_chunks();
+        // Structural checks that need no Upper-Layer Binding (5666bis §5.5.2: RDMA_ERR_CHUNK).
+        let pz = read_chunks.iter().filter(|c| c.position == 0).count();
+        let nomsg = !matches!(header.body, Body::Msg(_));
+        let mut last = 0u32;
+        let bad_positions = read_chunks.iter().any(|c| {
+            // 5666bis §4.4.5.1: "The value in this field MUST be a multiple of four."
+            let bad = c.position % 4 != 0 || c.position < last;
+            last = c.position;
+            bad
+        });
+        let total: u64 = read_chunks.iter().map(ReadChunk::len).sum::<u64>() + inline.len() as u64;
+        if bad_positions
+            || pz > 1
+            || (nomsg && pz == 0)
+            || (!nomsg && pz > 0)
+            || total > self.cfg.max_call_size as u64
+        {
+            return self.error(ErrorResponse::ErrChunk { xid });
+        }
+        // 5666bis §5.5.3: a call whose reply was lost to an operational error on an earlier
+        // connection gets RDMA_ERR_CHUNK: no RPC-level reply is possible for that XID.
+        if self.lost.remove(&xid) {
+            return self.error(ErrorResponse::ErrChunk { xid });
+        }
+        let pending = PendingCall {
+            reads: read_chunks,
+            header,
+            inline,
+        };
+        if pending.reads.is_empty() {
+            self.complete_reads(pending, Vec::new())
+        } else {
+            Incoming::NeedReads(pending)
+        }
+    }
+
+    /// Continue a call once every Read chunk has been pulled (`data[i]` for `reads[i]`).
+    pub fn complete_reads(&mut self, p: PendingCall, data: Vec<Bytes>) -> Incoming {
+        let xid = p.header.xid;
+        if data.len() != p.reads.len() {
+            return self.error(ErrorResponse::ErrChunk { xid });
+        }
+        let Some(chunks) = p.header.body.chunks().cloned() else {
+            return Incoming::Nothing;
+        };
+        let mut data = data.into_iter();
+        let mut others: Vec<(usize, Bytes)> = Vec::new();
+        let mut stream = p.inline.clone();
+        for (c, d) in p.reads.iter().zip(&mut data) {
+            if c.position == 0 {
+                // Long Call: the Position-Zero Read chunk is the Payload stream.
+                stream = d;
+            } else {
+                others.push((c.position as usize, d));
+            }
+        }
+        let message = match reassemble(&stream, &others) {
+            Ok(m) => m,
+            // Positions that do not fit the Payload stream: the XID may still be readable.
+            Err(_) => {
+                return match rpc_xid(&stream) {
+                    Some(x) if x == xid => self.garbage(xid),
+                    _ => self.error(ErrorResponse::ErrChunk { xid }),
+                };
+            }
+        };
+        // 5666bis §5.5.2: an rdma_xid that does not match the RPC XID is an XDR error.
+        if rpc_xid(&message) != Some(xid) {
+            return self.error(ErrorResponse::ErrChunk { xid });
+        }
+        let Some((call, args_at)) = call_header(&message) else {
+            // Not a decodable CALL: let the dispatcher apply RFC 5531 (RPC_MISMATCH or drop).
+            return self.ready(xid, message, &chunks, DdpPolicy::Inline);
+        };
+        let gss = Credential::parse(&call.cred).is_ok_and(|c| c.forbids_reduction());
+        let ulb = self.ulbs.get(&call.prog).cloned();
+        let n_other = others.len();
+        if let Some(ulb) = &ulb {
+            // RFC 8267 §6.4.2 style complexity limits: RDMA_ERR_CHUNK.
+            let lim = ulb.chunk_limits();
+            let segs_ok = p.reads.iter().all(|c| c.segments.len() <= lim.max_segments)
+                && chunks.writes.iter().all(|c| c.len() <= lim.max_segments)
+                && chunks
+                    .reply
+                    .as_ref()
+                    .is_none_or(|c| c.len() <= lim.max_segments);
+            let pz = p.reads.len() - n_other;
+            if !segs_ok
+                || n_other > lim.max_read_chunks
+                || pz > lim.max_position_zero_chunks
+                || chunks.writes.len() > lim.max_write_chunks
+            {
+                return self.error(ErrorResponse::ErrChunk { xid });
+            }
+        }
+        if n_other > 0 {
+            // 5666bis §8.? / §5.5.2: only DDP-eligible items may travel in Read chunks; a
+            // violation is not processed and is reported with GARBAGE_ARGS. Programs without
+            // an Upper-Layer Binding have no eligible items, and neither do calls under
+            // RPCSEC_GSS integrity or privacy (5666bis §10.2.2).
+            let Some(ulb) = ulb.filter(|_| !gss) else {
+                return self.garbage(xid);
+            };
+            let args = &message[args_at..];
+            let items = match ulb.call_ddp_items(call.vers, call.proc_, args) {
+                Ok(i) => i,
+                Err(_) => return self.garbage(xid),
+            };
+            let ok = others.iter().all(|(pos, d)| {
+                items
+                    .iter()
+                    .any(|r| r.start + args_at == *pos && r.len() == d.len())
+            });
+            if !ok {
+                return self.garbage(xid);
+            }
+        }
+        let policy = if gss || chunks.writes.is_empty() {
+            DdpPolicy::Inline
+        } else {
+            DdpPolicy::Reduce {
+                min_len: self.cfg.ddp_min,
+                max_items: chunks.writes.len(),
+            }
+        };
+        self.ready(xid, message, &chunks, policy)
+    }
+
+    fn ready(&mut self, xid: u32, message: Bytes, chunks: &Chunks, policy: DdpPolicy) -> Incoming {
+        self.stats.calls += 1;
+        if self.in_progress.len() >= self.grant() as usize {
+            self.stats.over_credit += 1;
+        }
+        self.in_progress.insert(xid);
+        self.stats.in_progress = self.in_progress.len() as u32;
+        self.stats.max_in_progress = self.stats.max_in_progress.max(self.stats.in_progress);
+        // Linux's rule for Send With Invalidate: the peer allows it and every segment in the
+        // call carries the same handle.
+        let mut handles = chunks
+            .reads
+            .iter()
+            .map(|r| r.target.handle)
+            .chain(chunks.writes.iter().flatten().map(|s| s.handle))
+            .chain(chunks.reply.iter().flatten().map(|s| s.handle));
+        let swi_handle = match handles.next() {
+            Some(h) if self.params.peer_remote_invalidate && handles.all(|x| x == h) => Some(h),
+            _ => None,
+        };
+        Incoming::Call(ReadyCall {
+            message,
+            policy,
+            token: ReplyToken {
+                xid,
+                writes: chunks.writes.clone(),
+                reply_chunk: chunks.reply.clone(),
+                swi_handle,
+            },
+        })
+    }
+
+    /// Form the reply to a call. `reply` is what the dispatcher returned (`None`: send no RPC
+    /// reply; the credit is still released).
+    pub fn reply(&mut self, token: ReplyToken, reply: Option<ReplyMessage>) -> Vec<Action> {
+        self.in_progress.remove(&token.xid);
+        self.stats.in_progress = self.in_progress.len() as u32;
+        let Some(reply) = reply else {
+            return Vec::new();
+        };
+        let xid = token.xid;
+        let msg = reply.message;
+        let mut actions = Vec::new();
+        // Write list: item i goes to Write chunk i, segments filled in array order; pad bytes
+        // are never written (5666bis §4.4.6, §4.4.6.1); unused chunks come back with every
+        // segment length zero (5666bis §4.4.6.2).
+        let mut writes: Vec<WriteChunk> = Vec::with_capacity(token.writes.len());
+        for (i, chunk) in token.writes.iter().enumerate() {
+            match msg.reduced.get(i) {
+                Some(item) => match fill_segments(chunk, &item.data) {
+                    Some((w, updated)) => {
+                        actions.extend(
+                            w.into_iter()
+                                .map(|(segment, data)| Action::Write { segment, data }),
+                        );
+                        writes.push(updated);
+                    }
+                    // The Write chunk is too small (5666bis §5.5.3).
+                    None => return self.error_actions(ErrorResponse::ErrChunk { xid }),
+                },
+                None => writes.push(chunk.iter().map(|s| Segment { length: 0, ..*s }).collect()),
+            }
+        }
+        if msg.reduced.len() > token.writes.len() {
+            // The dispatcher reduced more than the policy allowed: cannot be expressed.
+            return self.error_actions(ErrorResponse::ErrChunk { xid });
+        }
+        let payload = msg.to_bytes();
+        let mut chunks = Chunks {
+            reads: Vec::new(),
+            writes,
+            reply: None,
+        };
+        let inline_len =
+            Header::new(xid, 0, Body::Msg(chunks.clone())).encoded_len() + payload.len();
+        let (body, inline) = if inline_len <= self.params.inline_send {
+            (Body::Msg(chunks), payload)
+        } else {
+            // Long Reply: the Payload stream goes through the Reply chunk
+            // (5666bis §5.3.3: "the responder MUST use the provided Reply chunk").
+            let Some(rc) = &token.reply_chunk else {
+                return self.error_actions(ErrorResponse::ErrChunk { xid });
+            };
+            if chunk_len(rc) < payload.len() as u64 {
+                return self.error_actions(ErrorResponse::ErrChunk { xid });
+            }
+            let Some((w, updated)) = fill_segments(rc, &payload) else {
+                return self.error_actions(ErrorResponse::ErrChunk { xid });
+            };
+            actions.extend(
+                w.into_iter()
+                    .map(|(segment, data)| Action::Write { segment, data }),
+            );
+            chunks.reply = Some(updated);
+            (Body::NoMsg(chunks), Bytes::new())
+        };
+        let h = Header::new(xid, self.grant(), body);
+        let mut data = BytesMut::with_capacity(h.encoded_len() + inline.len());
+        h.encode(&mut data);
+        data.extend_from_slice(&inline);
+        actions.push(Action::Send {
+            data: data.freeze(),
+            invalidate: token.swi_handle,
+        });
+        actions
+    }
+
+    fn error_actions(&mut self, resp: ErrorResponse) -> Vec<Action> {
+        match self.error(resp) {
+            Incoming::Respond(a) => a,
+            _ => Vec::new(),
+        }
+    }
+
+    /// The driver reports that a reply could not be delivered (an RDMA Write or Send failed).
+    /// 5666bis §5.5.4: the connection is closed; §5.5.3: once the Requester reconnects and
+    /// retransmits, this XID is answered with RDMA_ERR_CHUNK.
+    pub fn reply_failed(&mut self, xid: u32) -> Vec<Action> {
+        self.in_progress.remove(&xid);
+        if self.lost.len() < 4096 {
+            self.lost.insert(xid);
+        }
+        vec![Action::Close]
+    }
+
+    /// XIDs to carry to the next connection from the same peer.
+    pub fn take_lost(&mut self) -> HashSet<u32> {
+        std::mem::take(&mut self.lost)
+    }
+
+    // ---- Backward direction (RFC 8167): this end is the Requester. ----
+
+    /// The Upper Layer says the peer handles backward calls (5666bis §7.3.1, RFC 8167 §6:
+    /// for NFSv4.1 a CREATE_SESSION or BIND_CONN_TO_SESSION asking for the back channel).
+    pub fn enable_backchannel(&mut self) {
+        self.back_ready = true;
+    }
+
+    /// True once [`Responder::enable_backchannel`] was called.
+    pub fn backchannel_ready(&self) -> bool {
+        self.back_ready
+    }
+
+    fn back_limit(&self) -> usize {
+        self.cfg.back_credits.max(1).min(self.back_granted.max(1)) as usize
+    }
+
+    /// Send (or queue, when out of backward credits) a backward call: RDMA_MSG with empty
+    /// chunk lists (5666bis §7.3.4). `message` is the whole RPC call, XID `xid`.
+    pub fn back_call(&mut self, xid: u32, message: Bytes) -> Result<Vec<Action>, BackError> {
+        if !self.back_ready {
+            return Err(BackError::NotReady);
+        }
+        if Header::new(xid, 0, Body::Msg(Chunks::default())).encoded_len() + message.len()
+            > self.params.inline_send
+        {
+            return Err(BackError::TooLarge(message.len()));
+        }
+        self.back_queue.push_back((xid, message));
+        Ok(self.pump_back())
+    }
+
+    fn pump_back(&mut self) -> Vec<Action> {
+        let mut out = Vec::new();
+        while self.back_outstanding.len() < self.back_limit() {
+            let Some((xid, message)) = self.back_queue.pop_front() else {
+                break;
+            };
+            let h = Header::new(
+                xid,
+                self.cfg.back_credits.max(1),
+                Body::Msg(Chunks::default()),
+            );
+            let mut data = BytesMut::with_capacity(h.encoded_len() + message.len());
+            h.encode(&mut data);
+            data.extend_from_slice(&message);
+            self.back_outstanding.insert(xid);
+            self.stats.back_calls += 1;
+            self.stats.back_max_outstanding = self
+                .stats
+                .back_max_outstanding
+                .max(self.back_outstanding.len() as u32);
+            out.push(Action::Send {
+                data: data.freeze(),
+                invalidate: None,
+            });
+        }
+        out
+    }
+
+    fn on_back_reply(&mut self, h: &Header, inline: Bytes) -> Incoming {
+        if !self.back_outstanding.remove(&h.xid) {
+            self.stats.dropped += 1;
+            return Incoming::Nothing;
+        }
+        // RFC 8167 §4.1 / 5666bis §7.2.1: backward credits, never zero.
+        self.back_granted = h.credits.max(1);
+        Incoming::BackReply {
+            xid: h.xid,
+            message: inline,
+        }
+    }
+
+    /// Backward calls that became sendable (after a backward reply freed a credit).
+    pub fn poll_back(&mut self) -> Vec<Action> {
+        self.pump_back()
+    }
+
+    /// Abandon a backward call (timeout): frees its credit.
+    pub fn cancel_back(&mut self, xid: u32) -> Vec<Action> {
+        self.back_queue.retain(|(x, _)| *x != xid);
+        self.back_outstanding.remove(&xid);
+        self.pump_back()
+    }
+
+    /// Backward calls sent and not yet answered.
+    pub fn back_outstanding(&self) -> usize {
+        self.back_outstanding.len()
+    }
+}

@@ -1,0 +1,688 @@
+//! Deterministic tests of the Requester and Responder engines back to back.
+
+mod common;
+
+use bytes::{Bytes, BytesMut};
+use common::*;
+use oncrpc::{AcceptStat, OpaqueAuth, ReplyExpectation, RpcError};
+use rpcrdma::engine::Config;
+use rpcrdma::header::{Body, Chunks, ErrorBody, Header, ReadSegment, Segment};
+use rpcrdma::responder::{BackError, Incoming};
+use xdr::DdpPolicy;
+
+fn cfg(credits: u32) -> Config {
+    Config {
+        credits,
+        ..Config::default()
+    }
+}
+
+fn pattern(n: usize, seed: u8) -> Bytes {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect::<Vec<_>>()
+        .into()
+}
+
+fn echo(
+    h: &mut Harness,
+    xid: u32,
+    data: usize,
+    extra: usize,
+    policy: DdpPolicy,
+    reply: ReplyExpectation,
+) -> Bytes {
+    let d = pattern(data, xid as u8);
+    let x = pattern(extra, 7);
+    let m = echo_message(xid, OpaqueAuth::none(), policy, xid, &d, &x);
+    let a = h.req.submit(out_call(xid, ECHO, m, reply), &mut h.creg);
+    h.client_actions(a);
+    h.run();
+    let got = h
+        .done
+        .remove(&xid)
+        .expect("call completed")
+        .expect("call succeeded");
+    assert_eq!(got, echo_results_bytes(xid, &d, &x), "xid {xid}");
+    got
+}
+
+fn expect(data: usize, extra: usize, ddp: bool) -> ReplyExpectation {
+    ReplyExpectation {
+        max_len: Some(64 + data + extra),
+        ddp_items: if ddp { vec![data] } else { vec![] },
+    }
+}
+
+#[test]
+fn short_message_both_ways() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    echo(&mut h, 1, 10, 10, DdpPolicy::Inline, expect(10, 10, false));
+    let s = h.req.stats();
+    assert_eq!(
+        (s.short, s.chunked, s.long_call, s.long_reply),
+        (1, 0, 0, 0)
+    );
+    // The reply was an RDMA_MSG with empty chunk lists.
+    let (rh, _) = Header::decode(&h.server_sends[0]).unwrap();
+    assert_eq!(rh.body, Body::Msg(Chunks::default()));
+    assert_eq!(h.creg.live(), 0);
+}
+
+#[test]
+fn chunked_call_and_reply_with_odd_lengths() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    for (xid, n) in [(1u32, 4097usize), (2, 4098), (3, 4099), (4, 8192)] {
+        echo(&mut h, xid, n, 3, reduce(1), expect(n, 3, true));
+    }
+    let s = h.req.stats();
+    assert_eq!(s.chunked, 4);
+    assert_eq!(s.long_call, 0);
+    // Every reply carried the data in the Write list; the chunk length is the item's exact
+    // length (no pad bytes written, 5666bis §4.4.6.1).
+    for (send, n) in h.server_sends.iter().zip([4097u32, 4098, 4099, 8192]) {
+        let (rh, _) = Header::decode(send).unwrap();
+        let Body::Msg(c) = rh.body else {
+            panic!("expected RDMA_MSG")
+        };
+        assert_eq!(c.writes.len(), 1);
+        assert_eq!(c.writes[0].iter().map(|s| s.length).sum::<u32>(), n);
+    }
+    assert_eq!(h.creg.live(), 0);
+}
+
+#[test]
+fn small_ddp_item_stays_inline_and_write_chunk_is_returned_unused() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    echo(&mut h, 9, 100, 5, reduce(1), expect(100, 5, true));
+    let (rh, _) = Header::decode(&h.server_sends[0]).unwrap();
+    let Body::Msg(c) = rh.body else { panic!() };
+    // 5666bis §4.4.6.2: an unused Write chunk comes back with every segment length zero.
+    assert_eq!(c.writes.len(), 1);
+    assert!(c.writes[0].iter().all(|s| s.length == 0));
+}
+
+#[test]
+fn several_write_chunks_and_read_chunks() {
+    let mut h = Harness::new(
+        Config {
+            max_read_chunks: 2,
+            max_write_chunks: 2,
+            ..cfg(8)
+        },
+        cfg(8),
+    );
+    let a = pattern(5001, 1);
+    let b = pattern(6003, 2);
+    // The binding's chunk limits (one Read chunk, two Write chunks) refuse two Read chunks
+    // with RDMA_ERR_CHUNK ...
+    let m = pair_message(1, reduce(2), &a, &b);
+    let reply = ReplyExpectation {
+        max_len: Some(12_000),
+        ddp_items: vec![5001, 6003],
+    };
+    let call = out_call(1, PAIR, m, reply.clone());
+    let act = h.req.submit(call, &mut h.creg);
+    h.client_actions(act);
+    h.run();
+    let e = h.done.remove(&1).unwrap().unwrap_err();
+    assert!(
+        matches!(e, RpcError::Transport(ref s) if s.contains("ERR_CHUNK")),
+        "{e}"
+    );
+    assert_eq!(h.resp.stats().err_chunk, 1);
+    // ... and the call arguments go inline when sent with one Read chunk: then the reply uses
+    // two Write chunks filled in order.
+    let m = pair_message(2, reduce(1), &a, &b);
+    let act = h.req.submit(out_call(2, PAIR, m, reply), &mut h.creg);
+    h.client_actions(act);
+    h.run();
+    let got = h.done.remove(&2).unwrap().unwrap();
+    let mut e = xdr::Encoder::new();
+    e.put_opaque(&a);
+    e.put_opaque(&b);
+    assert_eq!(got, e.into_bytes());
+    let (rh, _) = Header::decode(h.server_sends.last().unwrap()).unwrap();
+    let Body::Msg(c) = rh.body else { panic!() };
+    assert_eq!(c.writes.len(), 2);
+    assert_eq!(c.writes[0][0].length, 5001);
+    assert_eq!(c.writes[1][0].length, 6003);
+    assert_eq!(h.creg.live(), 0);
+}
+
+#[test]
+fn long_call_long_reply_and_both() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    // Long Call: a big non-DDP item -> Position-Zero Read chunk, RDMA_NOMSG.
+    echo(
+        &mut h,
+        1,
+        10,
+        6000,
+        reduce(1),
+        ReplyExpectation {
+            max_len: Some(6100),
+            ddp_items: vec![],
+        },
+    );
+    assert_eq!(h.req.stats().long_call, 1);
+    // Long Reply only: small call, reply needs the Reply chunk (RDMA_NOMSG reply).
+    echo(
+        &mut h,
+        2,
+        10,
+        3000,
+        DdpPolicy::Inline,
+        expect(10, 3000, false),
+    );
+    // Both at once, plus a Read chunk and a Write chunk (the Read chunk's Position is
+    // relative to the Payload stream carried in the Position-Zero chunk).
+    echo(&mut h, 3, 9001, 5003, reduce(1), expect(9001, 5003, true));
+    let s = h.req.stats();
+    assert_eq!(s.long_call, 3 - 1, "calls 1 and 3 were long");
+    assert!(s.long_reply >= 2);
+    let nomsg = h
+        .server_sends
+        .iter()
+        .filter(|b| matches!(Header::decode(b).unwrap().0.body, Body::NoMsg(_)))
+        .count();
+    assert_eq!(nomsg, 2, "replies 2 and 3 went through the Reply chunk");
+    assert_eq!(h.creg.live(), 0);
+}
+
+#[test]
+fn send_with_invalidate_when_one_handle() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    // Only a Reply chunk is registered (the reply might be long, it is not): one handle, so
+    // the reply uses Send With Invalidate.
+    let big = ReplyExpectation {
+        max_len: Some(5000),
+        ddp_items: vec![],
+    };
+    echo(&mut h, 1, 10, 10, DdpPolicy::Inline, big.clone());
+    assert_eq!(h.creg.remote_invalidated, 1);
+    // Without the peer's permission it never does.
+    let mut h = Harness::new(
+        Config {
+            accept_remote_invalidate: false,
+            ..cfg(8)
+        },
+        cfg(8),
+    );
+    echo(&mut h, 1, 10, 10, DdpPolicy::Inline, big);
+    assert_eq!(h.creg.remote_invalidated, 0);
+    assert_eq!(h.creg.live(), 0);
+}
+
+#[test]
+fn credits_thousand_calls_32_credits() {
+    let mut h = Harness::new(cfg(128), cfg(32));
+    h.batch = 64;
+    let n = 1000u32;
+    for xid in 1..=n {
+        let d = pattern((xid as usize * 13) % 3000, 1);
+        let m = echo_message(xid, OpaqueAuth::none(), reduce(1), xid, &d, &Bytes::new());
+        let a = h.req.submit(
+            out_call(xid, ECHO, m, expect(d.len(), 0, true)),
+            &mut h.creg,
+        );
+        h.client_actions(a);
+        // 5666bis §4.3.3: one credit until the first reply.
+        if xid == 2 {
+            assert_eq!(h.to_server.len(), 1);
+        }
+    }
+    h.run();
+    assert_eq!(h.done.len(), n as usize);
+    assert!(h.done.values().all(|r| r.is_ok()));
+    let s = h.req.stats();
+    assert_eq!(s.over_limit, 0);
+    assert_eq!(
+        s.max_outstanding, 32,
+        "the grant of 32 is used, never exceeded"
+    );
+    assert_eq!(s.limit_at_max, 32);
+    let r = h.resp.stats();
+    assert_eq!(r.over_credit, 0);
+    assert!(r.max_in_progress <= 32 && r.max_in_progress >= 2);
+    assert_eq!(h.creg.live(), 0);
+}
+
+#[test]
+fn requester_never_exceeds_its_own_request() {
+    let mut h = Harness::new(cfg(4), cfg(64));
+    h.batch = 64;
+    for xid in 1..=50u32 {
+        let m = echo_message(
+            xid,
+            OpaqueAuth::none(),
+            DdpPolicy::Inline,
+            xid,
+            &Bytes::new(),
+            &Bytes::new(),
+        );
+        let a = h
+            .req
+            .submit(out_call(xid, ECHO, m, expect(0, 0, false)), &mut h.creg);
+        h.client_actions(a);
+    }
+    h.run();
+    assert_eq!(h.done.len(), 50);
+    assert_eq!(h.req.stats().max_outstanding, 4);
+}
+
+fn raw(words: &[u32]) -> Bytes {
+    words
+        .iter()
+        .flat_map(|w| w.to_be_bytes())
+        .collect::<Vec<_>>()
+        .into()
+}
+
+fn only_send(inc: Incoming) -> Bytes {
+    match inc {
+        Incoming::Respond(mut a) => match a.pop() {
+            Some(rpcrdma::responder::Action::Send { data, invalidate }) => {
+                assert_eq!(invalidate, None);
+                data
+            }
+            other => panic!("expected a Send, got {other:?}"),
+        },
+        other => panic!("expected a response, got {other:?}"),
+    }
+}
+
+#[test]
+fn responder_error_paths() {
+    let mut h = Harness::new(cfg(8), cfg(16));
+    // 5666bis §5.5.1: version 2 -> ERR_VERS low = high = 1, XID and version copied.
+    let b = only_send(h.resp.on_receive(raw(&[77, 2, 1, 0, 0, 0, 0])));
+    assert_eq!(b, raw(&[77, 2, 16, 4, 1, 1, 1]));
+    // 5666bis §5.5.2: unknown proc, RDMA_NOMSG without chunks -> ERR_CHUNK.
+    for m in [
+        raw(&[78, 1, 1, 9]),
+        raw(&[78, 1, 1, 1, 0, 0, 0]),
+        raw(&[78, 1, 1, 0, 1, 0]),
+    ] {
+        assert_eq!(only_send(h.resp.on_receive(m)), raw(&[78, 1, 16, 4, 2]));
+    }
+    // 5666bis §5.6: RDMA_MSGP and RDMA_DONE -> ERR_CHUNK.
+    assert_eq!(
+        only_send(h.resp.on_receive(raw(&[79, 1, 1, 2, 4, 1024, 0, 0, 0]))),
+        raw(&[79, 1, 16, 4, 2])
+    );
+    assert_eq!(
+        only_send(h.resp.on_receive(raw(&[80, 1, 1, 3]))),
+        raw(&[80, 1, 16, 4, 2])
+    );
+    // 5666bis §5.5: malformed RDMA_ERRORs (and well-formed ones) are dropped silently.
+    assert!(matches!(
+        h.resp.on_receive(raw(&[81, 1, 1, 4, 7])),
+        Incoming::Nothing
+    ));
+    assert!(matches!(
+        h.resp.on_receive(raw(&[81, 1, 1, 4, 2])),
+        Incoming::Nothing
+    ));
+    assert!(matches!(h.resp.on_receive(raw(&[1])), Incoming::Nothing));
+    // 5666bis §4.4.5.1: a Position that is not a multiple of four -> ERR_CHUNK.
+    let mut c = Chunks::default();
+    c.reads.push(ReadSegment {
+        position: 30,
+        target: Segment {
+            handle: 1,
+            length: 4,
+            offset: 0,
+        },
+    });
+    let hd = Header::new(82, 1, Body::Msg(c)).to_bytes();
+    assert_eq!(only_send(h.resp.on_receive(hd)), raw(&[82, 1, 16, 4, 2]));
+    // 5666bis §5.5.2: rdma_xid differing from the RPC XID -> ERR_CHUNK.
+    let m = echo_message(
+        99,
+        OpaqueAuth::none(),
+        DdpPolicy::Inline,
+        1,
+        &Bytes::new(),
+        &Bytes::new(),
+    );
+    let mut b = BytesMut::new();
+    Header::new(83, 1, Body::Msg(Chunks::default())).encode(&mut b);
+    b.extend_from_slice(&m.to_bytes());
+    assert_eq!(
+        only_send(h.resp.on_receive(b.freeze())),
+        raw(&[83, 1, 16, 4, 2])
+    );
+    assert!(h.resp.stats().err_chunk >= 6);
+}
+
+#[test]
+fn ineligible_read_chunk_gets_garbage_args() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    // Reduce the "extra" item, which the binding does not mark DDP-eligible.
+    let hdr = oncrpc::CallHeader {
+        xid: 5,
+        prog: PROG,
+        vers: VERS,
+        proc_: ECHO,
+        cred: OpaqueAuth::none(),
+        verf: OpaqueAuth::none(),
+    };
+    let mut e = xdr::Encoder::new().with_policy(reduce(1));
+    hdr.encode(&mut e);
+    e.put_u32(1);
+    e.put_opaque(b"small");
+    e.put_ddp_opaque(pattern(3000, 3));
+    let a = h.req.submit(
+        out_call(5, ECHO, e.finish(), expect(10, 3000, false)),
+        &mut h.creg,
+    );
+    h.client_actions(a);
+    h.run();
+    let err = h.done.remove(&5).unwrap().unwrap_err();
+    assert!(
+        matches!(err, RpcError::Accepted(AcceptStat::GarbageArgs)),
+        "{err}"
+    );
+    assert_eq!(h.resp.stats().garbage_args, 1);
+    // The GARBAGE_ARGS reply is an RDMA_MSG (5666bis §5.5.2).
+    let (rh, _) = Header::decode(h.server_sends.last().unwrap()).unwrap();
+    assert!(matches!(rh.body, Body::Msg(_)));
+    assert_eq!(h.creg.live(), 0);
+}
+
+#[test]
+fn program_without_binding_gets_garbage_args_for_chunks() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    let hdr = oncrpc::CallHeader {
+        xid: 6,
+        prog: 100_003,
+        vers: 3,
+        proc_: 1,
+        cred: OpaqueAuth::none(),
+        verf: OpaqueAuth::none(),
+    };
+    let mut e = xdr::Encoder::new().with_policy(reduce(1));
+    hdr.encode(&mut e);
+    e.put_ddp_opaque(pattern(3000, 3));
+    let mut c = out_call(6, 1, e.finish(), expect(10, 0, false));
+    c.prog = 100_003;
+    let a = h.req.submit(c, &mut h.creg);
+    h.client_actions(a);
+    h.run();
+    assert!(matches!(
+        h.done.remove(&6).unwrap(),
+        Err(RpcError::Accepted(AcceptStat::GarbageArgs))
+    ));
+}
+
+#[test]
+fn requester_handles_rdma_error_and_unknown_xids() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    let m = echo_message(
+        3,
+        OpaqueAuth::none(),
+        DdpPolicy::Inline,
+        1,
+        &Bytes::new(),
+        &Bytes::new(),
+    );
+    let a = h
+        .req
+        .submit(out_call(3, ECHO, m, expect(0, 0, false)), &mut h.creg);
+    h.client_actions(a);
+    h.to_server.clear();
+    // A reply for an XID never sent is dropped.
+    let a = h.req.on_receive(raw(&[999, 1, 8, 4, 2]), None, &mut h.creg);
+    assert!(a.is_empty());
+    // A malformed reply is dropped.
+    assert!(
+        h.req
+            .on_receive(raw(&[3, 1, 8, 4, 9]), None, &mut h.creg)
+            .is_empty()
+    );
+    // RDMA_ERROR / ERR_VERS completes the call with an error.
+    let a = h.req.on_receive(
+        Header::new(3, 8, Body::Error(ErrorBody::Vers { low: 1, high: 1 })).to_bytes(),
+        None,
+        &mut h.creg,
+    );
+    h.client_actions(a);
+    assert!(
+        matches!(h.done.remove(&3), Some(Err(RpcError::Transport(s))) if s.contains("ERR_VERS"))
+    );
+    assert_eq!(h.creg.live(), 0);
+}
+
+#[test]
+fn timeout_fences_memory_and_keeps_the_credit() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    let start = std::time::Instant::now();
+    let d = pattern(5000, 1);
+    let m = echo_message(4, OpaqueAuth::none(), reduce(1), 4, &d, &Bytes::new());
+    let mut c = out_call(4, ECHO, m, expect(5000, 0, true));
+    c.deadline = Some(start + std::time::Duration::from_secs(1));
+    let a = h.req.submit(c, &mut h.creg);
+    h.client_actions(a);
+    assert!(h.creg.live() >= 2);
+    assert!(h.req.poll_timeouts(start, &mut h.creg).is_empty());
+    let a = h
+        .req
+        .poll_timeouts(start + std::time::Duration::from_secs(2), &mut h.creg);
+    h.client_actions(a);
+    assert!(matches!(h.done.remove(&4), Some(Err(RpcError::Timeout))));
+    // 5666bis §5.4.1: invalidated before the RPC completed.
+    assert_eq!(h.creg.live(), 0);
+    assert_eq!(
+        h.req.in_flight(),
+        1,
+        "the abandoned call still holds its credit"
+    );
+    // Its late reply (an RDMA Read of fenced memory would fail: the server answers
+    // ERR_CHUNK here) frees the credit and completes nothing.
+    let a = h.req.on_receive(raw(&[4, 1, 8, 4, 2]), None, &mut h.creg);
+    assert!(
+        a.iter()
+            .all(|x| !matches!(x, rpcrdma::requester::Action::Complete { .. }))
+    );
+    assert_eq!(h.req.in_flight(), 0);
+}
+
+#[test]
+fn reconnect_retransmits_with_same_xid_and_one_credit() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    h.batch = 64;
+    // Get a grant of 8 first.
+    echo(&mut h, 100, 1, 1, DdpPolicy::Inline, expect(1, 1, false));
+    for xid in 1..=5u32 {
+        let d = pattern(4000, 1);
+        let m = echo_message(xid, OpaqueAuth::none(), reduce(1), xid, &d, &Bytes::new());
+        let a = h
+            .req
+            .submit(out_call(xid, ECHO, m, expect(4000, 0, true)), &mut h.creg);
+        h.client_actions(a);
+    }
+    assert_eq!(h.to_server.len(), 5);
+    // The connection drops: messages in flight are lost, memory is fenced.
+    h.to_server.clear();
+    let a = h.req.on_disconnect(&mut h.creg);
+    h.client_actions(a);
+    assert_eq!(h.creg.live(), 0);
+    let params = h.params;
+    let a = h.req.on_connect(params, &mut h.creg);
+    h.client_actions(a);
+    // Credits reset to one after a reconnect.
+    assert_eq!(h.to_server.len(), 1);
+    let (hd, _) = Header::decode(&h.to_server[0]).unwrap();
+    assert_eq!(hd.xid, 1, "same XID retransmitted");
+    h.run();
+    for xid in 1..=5u32 {
+        assert!(h.done.remove(&xid).unwrap().is_ok());
+    }
+    assert_eq!(h.creg.live(), 0);
+}
+
+#[test]
+fn lost_reply_xid_gets_err_chunk_after_reconnect() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    let m = echo_message(
+        7,
+        OpaqueAuth::none(),
+        DdpPolicy::Inline,
+        7,
+        &Bytes::new(),
+        &Bytes::new(),
+    );
+    let a = h
+        .req
+        .submit(out_call(7, ECHO, m, expect(0, 0, false)), &mut h.creg);
+    h.client_actions(a);
+    let msg = h.to_server.pop_front().unwrap();
+    let Some(call) = h.server_receive(msg) else {
+        panic!()
+    };
+    // The reply's Send fails (operational error): close, remember the XID.
+    let acts = h.resp.reply_failed(call.token.xid);
+    assert_eq!(acts, vec![rpcrdma::responder::Action::Close]);
+    let lost = h.resp.take_lost();
+    // New connection: the retransmission gets RDMA_ERR_CHUNK (5666bis §5.5.3).
+    h.resp = rpcrdma::responder::Responder::new(cfg(8), h.params, ulbs(), lost);
+    let a = h.req.on_disconnect(&mut h.creg);
+    h.client_actions(a);
+    let params = h.params;
+    let a = h.req.on_connect(params, &mut h.creg);
+    h.client_actions(a);
+    h.run();
+    assert!(
+        matches!(h.done.remove(&7), Some(Err(RpcError::Transport(s))) if s.contains("ERR_CHUNK"))
+    );
+}
+
+fn gss_integrity() -> OpaqueAuth {
+    let mut e = xdr::Encoder::new();
+    e.put_u32(1); // version
+    e.put_u32(0); // RPCSEC_GSS_DATA
+    e.put_u32(1); // seq
+    e.put_u32(2); // rpc_gss_svc_integrity
+    e.put_opaque(b"ctx");
+    OpaqueAuth {
+        flavor: 6,
+        body: e.into_bytes(),
+    }
+}
+
+#[test]
+fn rpcsec_gss_integrity_is_never_reduced() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    let d = pattern(6000, 5);
+    // The caller encodes inline (no reduction) and marks the call.
+    let m = echo_message(
+        11,
+        gss_integrity(),
+        DdpPolicy::Inline,
+        11,
+        &d,
+        &Bytes::new(),
+    );
+    let mut c = out_call(11, ECHO, m, expect(6000, 0, true));
+    c.no_reduction = true;
+    let a = h.req.submit(c, &mut h.creg);
+    h.client_actions(a);
+    // Long Call through a Position-Zero Read chunk, with a Reply chunk and no Write list.
+    let (hd, _) = Header::decode(&h.to_server[0]).unwrap();
+    let Body::NoMsg(ch) = &hd.body else {
+        panic!("{hd:?}")
+    };
+    assert!(
+        ch.reads
+            .iter()
+            .all(|r| r.target.length > 0 && r.position == 0)
+    );
+    assert!(ch.writes.is_empty());
+    assert!(ch.reply.is_some());
+    h.run();
+    assert_eq!(
+        h.done.remove(&11).unwrap().unwrap(),
+        echo_results_bytes(11, &d, &[])
+    );
+    let (rh, _) = Header::decode(h.server_sends.last().unwrap()).unwrap();
+    assert!(
+        matches!(rh.body, Body::NoMsg(_)),
+        "reply through the Reply chunk, not reduced"
+    );
+}
+
+#[test]
+fn backchannel_interleaved_with_forward_calls() {
+    let mut h = Harness::new(
+        cfg(8),
+        Config {
+            back_credits: 2,
+            ..cfg(8)
+        },
+    );
+    let call = |xid: u32| {
+        let hdr = oncrpc::CallHeader {
+            xid,
+            prog: 0x4000_0000,
+            vers: 1,
+            proc_: 0,
+            cred: OpaqueAuth::none(),
+            verf: OpaqueAuth::none(),
+        };
+        let mut e = xdr::Encoder::new();
+        hdr.encode(&mut e);
+        e.into_bytes()
+    };
+    // 5666bis §7.3.1: no backward call before the Upper Layer says the peer is ready.
+    assert_eq!(h.resp.back_call(1, call(1)), Err(BackError::NotReady));
+    h.resp.enable_backchannel();
+    let mut sent_back = 0;
+    for i in 0..10u32 {
+        // Forward call.
+        let m = echo_message(
+            1000 + i,
+            OpaqueAuth::none(),
+            DdpPolicy::Inline,
+            i,
+            &Bytes::new(),
+            &Bytes::new(),
+        );
+        let a = h.req.submit(
+            out_call(1000 + i, ECHO, m, expect(0, 0, false)),
+            &mut h.creg,
+        );
+        h.client_actions(a);
+        // Backward call with an XID that also exists forward: independent XID spaces.
+        let a = h.resp.back_call(1000 + i, call(1000 + i)).unwrap();
+        sent_back += a.len();
+        h.server_actions(a);
+        // Only one backward credit until the client's first backward reply.
+        assert!(h.resp.back_outstanding() <= 2);
+        h.run();
+        // The client's callback service answers every backward call.
+        for (xid, msg) in std::mem::take(&mut h.back_calls) {
+            let (hd, _) = oncrpc::MessageHeader::decode_message(&msg).unwrap();
+            assert!(matches!(hd, oncrpc::MessageHeader::Call(_)));
+            let r = oncrpc::service::accepted(xid, AcceptStat::Success, None);
+            let a = h.req.back_reply(xid, r.message.to_bytes()).unwrap();
+            h.client_actions(vec![a]);
+        }
+        h.run();
+    }
+    assert_eq!(h.back_replies.len(), 10);
+    assert!(sent_back >= 1);
+    for i in 0..10u32 {
+        assert!(h.done.remove(&(1000 + i)).unwrap().is_ok());
+    }
+    assert!(h.resp.stats().back_max_outstanding <= 2);
+    // Reverse calls are RDMA_MSG with empty chunk lists (5666bis §7.3.4).
+    for s in &h.server_sends {
+        let (hd, n) = Header::decode(s).unwrap();
+        if oncrpc::MessageHeader::decode_message(&s.slice(n..))
+            .is_ok_and(|(m, _)| matches!(m, oncrpc::MessageHeader::Call(_)))
+        {
+            assert_eq!(hd.body, Body::Msg(Chunks::default()));
+        }
+    }
+}
