@@ -230,6 +230,7 @@ struct Path {
     retransmitted: u64,
     dup_dropped: u64,
     delivered: u64,
+    ack_only_sent: u64,
 }
 
 impl Path {
@@ -253,6 +254,7 @@ impl Path {
             retransmitted: 0,
             dup_dropped: 0,
             delivered: 0,
+            ack_only_sent: 0,
         }
     }
 
@@ -335,6 +337,8 @@ pub struct PathInfo {
     pub dup_dropped: u64,
     /// Messages delivered to local ports.
     pub delivered: u64,
+    /// Ack-only messages sent (Acked transports).
+    pub ack_only_sent: u64,
 }
 
 /// Snapshot of one connection.
@@ -940,6 +944,10 @@ impl Engine {
     /// TCP: the peer acknowledged `acked` bytes of this transport's stream (from its start).
     /// Messages whose last byte is covered are released.
     pub fn on_transport_acked(&mut self, token: Token, acked: u64) {
+        if self.cfg.transport != TransportKind::Tcp {
+            // Acked transports release on h_ack only.
+            return;
+        }
         let Some(id) = self.bound.get(&token).copied() else {
             return;
         };
@@ -969,12 +977,17 @@ impl Engine {
         if t.cur.is_none() {
             let mut m = match path.sendq.pop_front() {
                 Some(m) => m,
-                None if kind == TransportKind::Acked && path.ack_pending => OutMsg {
-                    kind: Kind::AckOnly,
-                    header: wire::ack_only(path.last_rx_seq),
-                    payload: Bytes::new(),
-                    seq: None,
-                },
+                // Spec 3.1: an ack-only message only when no other message can carry the ack;
+                // built when needed, so at most one is ever queued.
+                None if kind == TransportKind::Acked && path.ack_pending => {
+                    path.ack_only_sent += 1;
+                    OutMsg {
+                        kind: Kind::AckOnly,
+                        header: wire::ack_only(path.last_rx_seq),
+                        payload: Bytes::new(),
+                        seq: None,
+                    }
+                }
                 None => return None,
             };
             match m.kind {
@@ -995,7 +1008,9 @@ impl Engine {
                     m.header.len = m.payload.len() as u32;
                     if kind == TransportKind::Acked {
                         path.sent_since_ack_req += 1;
-                        if path.sent_since_ack_req >= ack_every {
+                        // Ask for an ack every `ack_every` messages and when the queue drains, so
+                        // that everything sent is eventually confirmed.
+                        if path.sent_since_ack_req >= ack_every || path.sendq.is_empty() {
                             m.header.flags |= flags::ACK_REQUIRED;
                         }
                         if m.header.flags & flags::ACK_REQUIRED != 0 {
@@ -1265,6 +1280,7 @@ impl Engine {
                         retransmitted: p.retransmitted,
                         dup_dropped: p.dup_dropped,
                         delivered: p.delivered,
+                        ack_only_sent: p.ack_only_sent,
                     })
                     .collect(),
             })
