@@ -1,0 +1,560 @@
+//! The exported directory: file handles, confined path resolution, attributes and permission
+//! checks. Blocking; the RPC program runs it on tokio's blocking pool.
+//!
+//! ## File handles (decision)
+//! Handles are stateless and 32 bytes long:
+//! `[version=1, 0, 0, 0] | fsid (8) | inode number (8) | birth time seconds (8) | birth time ns (4)`.
+//! `fsid` is a fixed mix of the export root's device and inode numbers, so it is the same after a
+//! restart. The birth time (statx `btime`) distinguishes a reused inode number: a handle whose
+//! inode now carries another birth time is STALE (the role `i_generation` plays for knfsd).
+//! Resolution goes through an in-memory inode → path index, filled as handles are handed out
+//! and rebuilt lazily after a restart by walking the export when a handle's inode is unknown
+//! or its remembered path no longer leads to it. No state is stored on disk. Filesystems without
+//! birth times get 0, so only the inode number identifies the object there.
+//!
+//! ## Confinement
+//! Every path is relative to the export root and is walked one component at a time with
+//! `openat(O_PATH | O_DIRECTORY | O_NOFOLLOW)` from a descriptor of the root, so neither `..` nor
+//! a symbolic link can lead outside the export; the final component is always used with
+//! `*at` calls that do not follow symbolic links. Names carrying `/` or NUL are refused (ACCES),
+//! and `.`/`..` are resolved by the server, never by the host filesystem (`..` at the root is
+//! the root). The remaining window: `chmod` of the final component follows a symbolic link
+//! that replaces a regular file between the type check and the call (Linux has no `lchmod`).
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rustix::fs::{AtFlags, Mode, OFlags, Statx, StatxFlags};
+
+use crate::nfs3::{Fattr3, Fh3, Ftype3, Nfsstat3, Nfstime3, Specdata3, WccAttr};
+
+/// Handle format version.
+pub const FH_VERSION: u8 = 1;
+/// Encoded handle length.
+pub const FH_LEN: usize = 32;
+/// Longest name the server accepts (NAME_MAX).
+pub const NAME_MAX: usize = 255;
+/// Bound on the number of objects one index rebuild visits.
+const MAX_WALK: usize = 4_000_000;
+
+/// Result of a file-system operation, failing with the NFS status to return.
+pub type NfsResult<T> = Result<T, Nfsstat3>;
+
+/// The identity a call runs as (AUTH_SYS; AUTH_NONE maps to nobody).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cred {
+    pub uid: u32,
+    pub gid: u32,
+    pub gids: Vec<u32>,
+}
+
+impl Cred {
+    /// uid/gid 65534.
+    pub fn nobody() -> Self {
+        Cred {
+            uid: 65534,
+            gid: 65534,
+            gids: Vec::new(),
+        }
+    }
+    /// uid/gid 0.
+    pub fn root() -> Self {
+        Cred {
+            uid: 0,
+            gid: 0,
+            gids: Vec::new(),
+        }
+    }
+    /// Whether the identity is a member of `gid`.
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.gids.contains(&gid)
+    }
+}
+
+/// Permission bits asked of [`may`].
+pub const MAY_READ: u32 = 4;
+pub const MAY_WRITE: u32 = 2;
+pub const MAY_EXEC: u32 = 1;
+
+const S_IFMT: u32 = 0o170000;
+const S_IFDIR: u32 = 0o040000;
+const S_IFREG: u32 = 0o100000;
+const S_IFLNK: u32 = 0o120000;
+const S_IFBLK: u32 = 0o060000;
+const S_IFCHR: u32 = 0o020000;
+const S_IFIFO: u32 = 0o010000;
+pub const S_ISGID: u32 = 0o2000;
+pub const S_ISVTX: u32 = 0o1000;
+
+/// File type bits of a stat.
+pub fn fmt(st: &Statx) -> u32 {
+    u32::from(st.stx_mode) & S_IFMT
+}
+/// Whether a stat is a directory.
+pub fn is_dir(st: &Statx) -> bool {
+    fmt(st) == S_IFDIR
+}
+/// Whether a stat is a regular file.
+pub fn is_reg(st: &Statx) -> bool {
+    fmt(st) == S_IFREG
+}
+/// Whether a stat is a symbolic link.
+pub fn is_lnk(st: &Statx) -> bool {
+    fmt(st) == S_IFLNK
+}
+
+/// Classic UNIX permission check (owner, group, other), the way knfsd checks an AUTH_SYS caller
+/// with `no_root_squash`: uid 0 may read and write anything and execute anything with an x bit
+/// (directories are always searchable by root).
+pub fn may(st: &Statx, cred: &Cred, want: u32) -> bool {
+    let mode = u32::from(st.stx_mode);
+    if cred.uid == 0 {
+        return want & MAY_EXEC == 0 || is_dir(st) || mode & 0o111 != 0;
+    }
+    let bits = if st.stx_uid == cred.uid {
+        (mode >> 6) & 7
+    } else if cred.in_group(st.stx_gid) {
+        (mode >> 3) & 7
+    } else {
+        mode & 7
+    };
+    bits & want == want
+}
+
+/// Map an OS error to `nfsstat3` (RFC 1813 §2.6).
+pub fn errno_to_nfs(e: rustix::io::Errno) -> Nfsstat3 {
+    use rustix::io::Errno as E;
+    match e {
+        E::PERM => Nfsstat3::Perm,
+        E::NOENT => Nfsstat3::NoEnt,
+        E::NXIO => Nfsstat3::Nxio,
+        E::ACCESS => Nfsstat3::Acces,
+        E::EXIST => Nfsstat3::Exist,
+        E::XDEV => Nfsstat3::Xdev,
+        E::NODEV => Nfsstat3::NoDev,
+        E::NOTDIR => Nfsstat3::NotDir,
+        E::ISDIR => Nfsstat3::IsDir,
+        E::INVAL => Nfsstat3::Inval,
+        E::FBIG => Nfsstat3::FBig,
+        E::NOSPC => Nfsstat3::NoSpc,
+        E::ROFS => Nfsstat3::Rofs,
+        E::MLINK => Nfsstat3::MLink,
+        E::NAMETOOLONG => Nfsstat3::NameTooLong,
+        E::NOTEMPTY => Nfsstat3::NotEmpty,
+        E::DQUOT => Nfsstat3::DQuot,
+        E::STALE => Nfsstat3::Stale,
+        E::LOOP => Nfsstat3::Acces,
+        E::OPNOTSUPP | E::NOSYS => Nfsstat3::NotSupp,
+        E::AGAIN | E::BUSY | E::TXTBSY => Nfsstat3::Jukebox,
+        _ => Nfsstat3::Io,
+    }
+}
+
+/// Map a std I/O error to `nfsstat3`.
+pub fn io_to_nfs(e: &std::io::Error) -> Nfsstat3 {
+    match e.raw_os_error() {
+        Some(n) => errno_to_nfs(rustix::io::Errno::from_raw_os_error(n)),
+        None => Nfsstat3::Io,
+    }
+}
+
+impl From<rustix::io::Errno> for Nfsstat3 {
+    fn from(e: rustix::io::Errno) -> Self {
+        errno_to_nfs(e)
+    }
+}
+
+/// Check a name for a new or looked-up directory entry: no `/`, no NUL, at most NAME_MAX bytes.
+/// `.` and `..` are handled by the callers.
+pub fn check_name(name: &[u8]) -> NfsResult<&OsStr> {
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(Nfsstat3::Acces);
+    }
+    if name.len() > NAME_MAX {
+        return Err(Nfsstat3::NameTooLong);
+    }
+    Ok(OsStr::from_bytes(name))
+}
+
+/// A decoded file handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandleData {
+    pub fsid: u64,
+    pub ino: u64,
+    pub btime_sec: i64,
+    pub btime_nsec: u32,
+}
+
+impl HandleData {
+    /// Encode as a 32-byte `nfs_fh3`.
+    pub fn to_fh(&self) -> Fh3 {
+        let mut b = Vec::with_capacity(FH_LEN);
+        b.extend_from_slice(&[FH_VERSION, 0, 0, 0]);
+        b.extend_from_slice(&self.fsid.to_be_bytes());
+        b.extend_from_slice(&self.ino.to_be_bytes());
+        b.extend_from_slice(&self.btime_sec.to_be_bytes());
+        b.extend_from_slice(&self.btime_nsec.to_be_bytes());
+        Fh3(b.into())
+    }
+
+    /// Decode; a handle of the wrong length or version is BADHANDLE (RFC 1813 §2.6).
+    pub fn from_fh(fh: &Fh3) -> NfsResult<Self> {
+        let b = fh.as_bytes();
+        if b.len() != FH_LEN || b[0] != FH_VERSION || b[1..4] != [0, 0, 0] {
+            return Err(Nfsstat3::BadHandle);
+        }
+        let u64_at = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            w
+        };
+        let mut n = [0u8; 4];
+        n.copy_from_slice(&b[28..32]);
+        Ok(HandleData {
+            fsid: u64::from_be_bytes(u64_at(4)),
+            ino: u64::from_be_bytes(u64_at(12)),
+            btime_sec: i64::from_be_bytes(u64_at(20)),
+            btime_nsec: u32::from_be_bytes(n),
+        })
+    }
+}
+
+/// A resolved object: its path relative to the export root and its attributes.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub rel: PathBuf,
+    pub st: Statx,
+}
+
+/// One exported directory.
+#[derive(Debug)]
+pub struct Export {
+    root: PathBuf,
+    root_fd: OwnedFd,
+    fsid: u64,
+    root_ino: u64,
+    index: Mutex<HashMap<u64, PathBuf>>,
+}
+
+fn mix(mut h: u64, v: u64) -> u64 {
+    // FNV-1a over the eight bytes: fixed, so fsid is stable across restarts.
+    for b in v.to_le_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn statx_flags() -> StatxFlags {
+    StatxFlags::BASIC_STATS | StatxFlags::BTIME
+}
+
+fn o_path_dir() -> OFlags {
+    OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
+}
+
+impl Export {
+    /// Open an export rooted at `root` (which must be a directory).
+    pub fn open(root: &Path) -> std::io::Result<Self> {
+        let root = root.canonicalize()?;
+        let root_fd = rustix::fs::open(&root, o_path_dir(), Mode::empty())?;
+        let st = rustix::fs::statx(&root_fd, "", AtFlags::EMPTY_PATH, statx_flags())?;
+        if !is_dir(&st) {
+            return Err(std::io::Error::from(rustix::io::Errno::NOTDIR));
+        }
+        let fsid = mix(
+            mix(
+                mix(0xcbf2_9ce4_8422_2325, u64::from(st.stx_dev_major)),
+                u64::from(st.stx_dev_minor),
+            ),
+            st.stx_ino,
+        );
+        let mut index = HashMap::new();
+        index.insert(st.stx_ino, PathBuf::new());
+        Ok(Export {
+            root,
+            root_fd,
+            fsid,
+            root_ino: st.stx_ino,
+            index: Mutex::new(index),
+        })
+    }
+
+    /// The canonical path of the export root.
+    pub fn root_path(&self) -> &Path {
+        &self.root
+    }
+
+    /// The export's file-system id (fattr3.fsid).
+    pub fn fsid(&self) -> u64 {
+        self.fsid
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, HashMap<u64, PathBuf>> {
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The handle for an object.
+    pub fn handle_of(&self, st: &Statx) -> Fh3 {
+        HandleData {
+            fsid: self.fsid,
+            ino: st.stx_ino,
+            btime_sec: st.stx_btime.tv_sec,
+            btime_nsec: st.stx_btime.tv_nsec,
+        }
+        .to_fh()
+    }
+
+    /// The root's handle.
+    pub fn root_handle(&self) -> NfsResult<Fh3> {
+        let st = self.stat_rel(Path::new(""))?;
+        Ok(self.handle_of(&st))
+    }
+
+    /// Remember where an object lives (called whenever a handle is handed out).
+    pub fn remember(&self, ino: u64, rel: &Path) {
+        if ino != self.root_ino {
+            self.index().insert(ino, rel.to_path_buf());
+        }
+    }
+
+    /// Forget an object (after REMOVE/RMDIR when its last name is gone).
+    pub fn forget(&self, ino: u64) {
+        if ino != self.root_ino {
+            self.index().remove(&ino);
+        }
+    }
+
+    /// After a directory rename, re-point the index entries beneath it.
+    pub fn renamed(&self, from: &Path, to: &Path) {
+        let mut idx = self.index();
+        for p in idx.values_mut() {
+            if let Ok(rest) = p.strip_prefix(from) {
+                *p = to.join(rest);
+            }
+        }
+    }
+
+    /// Open a directory (by relative path) as an O_PATH descriptor, one component at a time,
+    /// never following symbolic links.
+    pub fn open_dir(&self, rel: &Path) -> NfsResult<OwnedFd> {
+        let mut fd = rustix::fs::openat(&self.root_fd, ".", o_path_dir(), Mode::empty())?;
+        for c in rel.components() {
+            let std::path::Component::Normal(name) = c else {
+                return Err(Nfsstat3::Stale);
+            };
+            fd = rustix::fs::openat(&fd, name, o_path_dir(), Mode::empty())?;
+        }
+        Ok(fd)
+    }
+
+    /// The parent directory descriptor and final name of a non-root path.
+    pub fn parent_of<'p>(&self, rel: &'p Path) -> NfsResult<(OwnedFd, &'p OsStr)> {
+        let name = rel.file_name().ok_or(Nfsstat3::Inval)?;
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        Ok((self.open_dir(parent)?, name))
+    }
+
+    /// lstat an object by relative path.
+    pub fn stat_rel(&self, rel: &Path) -> NfsResult<Statx> {
+        if rel.as_os_str().is_empty() {
+            return Ok(rustix::fs::statx(
+                &self.root_fd,
+                "",
+                AtFlags::EMPTY_PATH,
+                statx_flags(),
+            )?);
+        }
+        let (dir, name) = self.parent_of(rel)?;
+        Ok(rustix::fs::statx(
+            &dir,
+            name,
+            AtFlags::SYMLINK_NOFOLLOW,
+            statx_flags(),
+        )?)
+    }
+
+    /// lstat a name in an open directory.
+    pub fn stat_at(&self, dir: &OwnedFd, name: &OsStr) -> NfsResult<Statx> {
+        Ok(rustix::fs::statx(
+            dir,
+            name,
+            AtFlags::SYMLINK_NOFOLLOW,
+            statx_flags(),
+        )?)
+    }
+
+    fn matches(h: &HandleData, st: &Statx) -> bool {
+        st.stx_ino == h.ino
+            && st.stx_btime.tv_sec == h.btime_sec
+            && st.stx_btime.tv_nsec == h.btime_nsec
+    }
+
+    /// Resolve a handle to its object: BADHANDLE for a malformed handle, STALE for one of
+    /// another export or of an object that no longer exists.
+    pub fn resolve(&self, fh: &Fh3) -> NfsResult<Node> {
+        let h = HandleData::from_fh(fh)?;
+        if h.fsid != self.fsid {
+            return Err(Nfsstat3::Stale);
+        }
+        let known = self.index().get(&h.ino).cloned();
+        if let Some(rel) = known {
+            if let Ok(st) = self.stat_rel(&rel)
+                && st.stx_ino == h.ino
+            {
+                return if Self::matches(&h, &st) {
+                    Ok(Node { rel, st })
+                } else {
+                    Err(Nfsstat3::Stale)
+                };
+            }
+            self.index().remove(&h.ino);
+        }
+        match self.rebuild_until(h.ino) {
+            Some(rel) => {
+                let st = self.stat_rel(&rel)?;
+                if Self::matches(&h, &st) {
+                    Ok(Node { rel, st })
+                } else {
+                    Err(Nfsstat3::Stale)
+                }
+            }
+            None => Err(Nfsstat3::Stale),
+        }
+    }
+
+    /// Walk the export breadth-first, recording every object, until `ino` is found.
+    fn rebuild_until(&self, ino: u64) -> Option<PathBuf> {
+        let mut queue = VecDeque::from([PathBuf::new()]);
+        let mut visited = 0usize;
+        while let Some(dir_rel) = queue.pop_front() {
+            let Ok(entries) = self.list_dir(&dir_rel) else {
+                continue;
+            };
+            let mut found = None;
+            {
+                let mut idx = self.index();
+                for (name, e_ino, is_d) in entries {
+                    visited += 1;
+                    let rel = dir_rel.join(OsStr::from_bytes(&name));
+                    if e_ino != self.root_ino {
+                        idx.entry(e_ino).or_insert_with(|| rel.clone());
+                    }
+                    if e_ino == ino && found.is_none() {
+                        found = Some(rel.clone());
+                    }
+                    if is_d {
+                        queue.push_back(rel);
+                    }
+                }
+            }
+            if found.is_some() || visited > MAX_WALK {
+                return found;
+            }
+        }
+        None
+    }
+
+    /// The entries of a directory, without `.` and `..`: (name, inode number, is directory).
+    pub fn list_dir(&self, rel: &Path) -> NfsResult<Vec<(Vec<u8>, u64, bool)>> {
+        let pfd = self.open_dir(rel)?;
+        let fd = rustix::fs::openat(
+            &pfd,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let mut dir = rustix::fs::Dir::new(fd)?;
+        let mut out = Vec::new();
+        while let Some(e) = dir.read() {
+            let e = e?;
+            let name = e.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let is_d = e.file_type() == rustix::fs::FileType::Directory;
+            out.push((name.to_vec(), e.ino(), is_d));
+        }
+        Ok(out)
+    }
+
+    /// Open a regular file for I/O without following symbolic links.
+    pub fn open_file(&self, rel: &Path, write: bool) -> NfsResult<File> {
+        let (dir, name) = self.parent_of(rel)?;
+        let acc = if write {
+            OFlags::WRONLY
+        } else {
+            OFlags::RDONLY
+        };
+        let fd = rustix::fs::openat(
+            &dir,
+            name,
+            acc | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(File::from(fd))
+    }
+
+    /// Build `fattr3` from a stat.
+    pub fn fattr(&self, st: &Statx) -> Fattr3 {
+        let ftype = match fmt(st) {
+            S_IFDIR => Ftype3::Dir,
+            S_IFLNK => Ftype3::Lnk,
+            S_IFBLK => Ftype3::Blk,
+            S_IFCHR => Ftype3::Chr,
+            S_IFIFO => Ftype3::Fifo,
+            0o140000 => Ftype3::Sock,
+            _ => Ftype3::Reg,
+        };
+        Fattr3 {
+            ftype,
+            mode: u32::from(st.stx_mode) & 0o7777,
+            nlink: st.stx_nlink,
+            uid: st.stx_uid,
+            gid: st.stx_gid,
+            size: st.stx_size,
+            used: st.stx_blocks.saturating_mul(512),
+            rdev: Specdata3 {
+                specdata1: st.stx_rdev_major,
+                specdata2: st.stx_rdev_minor,
+            },
+            fsid: self.fsid,
+            fileid: st.stx_ino,
+            atime: nfstime(&st.stx_atime),
+            mtime: nfstime(&st.stx_mtime),
+            ctime: nfstime(&st.stx_ctime),
+        }
+    }
+
+    /// Build `wcc_attr` from a stat.
+    pub fn wcc_attr(st: &Statx) -> WccAttr {
+        WccAttr {
+            size: st.stx_size,
+            mtime: nfstime(&st.stx_mtime),
+            ctime: nfstime(&st.stx_ctime),
+        }
+    }
+
+    /// The relative path of `..` of `rel` (the root's parent is the root).
+    pub fn parent_rel(rel: &Path) -> PathBuf {
+        rel.parent().map(Path::to_path_buf).unwrap_or_default()
+    }
+
+    /// Descriptor of the root (O_PATH).
+    pub fn root_fd(&self) -> &OwnedFd {
+        &self.root_fd
+    }
+}
+
+/// Convert a statx timestamp.
+pub fn nfstime(t: &rustix::fs::StatxTimestamp) -> Nfstime3 {
+    Nfstime3 {
+        seconds: u32::try_from(t.tv_sec.max(0)).unwrap_or(u32::MAX),
+        nseconds: t.tv_nsec,
+    }
+}
