@@ -1,0 +1,71 @@
+#!/bin/bash
+# perf-guest.sh (guest) - same-guest performance pairs, ends pinned to different vCPUs (taskset;
+# the guest's TSCs drift apart under TCG).  Prints "PERF KEY VALUE UNIT" lines and CELL lines.
+# env: DUR (5), OX_PERF / OX_NFS / OX_RDS = 1 when that oxrdma layer has landed, MB (64), RDS_N (300)
+B=/mnt/host/bin; OX=$B/oxrdma; DUR=${DUR:-5}; MB=${MB:-64}; RDS_N=${RDS_N:-300}
+ulimit -l unlimited
+$B/siw-load.sh stock >/dev/null
+perf() { echo "PERF $1 $2 $3"; }
+# ---- iWARP RDMA Write bandwidth: kernel siw (ib_write_bw) vs oxrdma perf write
+timeout $((DUR + 60)) taskset -c 1 ib_write_bw -d siw0 -R -F -D "$DUR" -s 65536 --report_gbits >/dev/null 2>&1 & s=$!
+sleep 2
+timeout $((DUR + 60)) taskset -c 0 ib_write_bw -d siw0 -R -F -D "$DUR" -s 65536 --report_gbits 10.0.2.15 > /tmp/bw 2>&1
+wait $s
+bw=$(awk '/^ *65536/ {print $4}' /tmp/bw | tail -1)
+if [ -n "$bw" ]; then perf siw.write_bw.kernel "$bw" Gb/s; echo "CELL siw/ib_write_bw pass $bw Gb/s (64 KiB, ${DUR}s)"
+else cat /tmp/bw; echo "CELL siw/ib_write_bw fail no result"; fi
+if [ "${OX_PERF:-0}" = 1 ]; then
+    timeout $((DUR + 60)) taskset -c 1 $OX perf write --listen 10.0.2.15:19890 > /tmp/oxs 2>&1 & s=$!
+    sleep 2
+    timeout $((DUR + 60)) taskset -c 0 $OX perf write --connect 10.0.2.15:19890 --size 65536 --duration "$DUR" > /tmp/ox 2>&1
+    wait $s
+    ob=$(sed -n 's/.*bw_gbps=\([0-9.]*\).*/\1/p' /tmp/ox | tail -1)
+    if [ -n "$ob" ]; then perf siw.write_bw.oxrdma "$ob" Gb/s; echo "CELL siw/oxrdma-perf-write pass $ob Gb/s"
+    else cat /tmp/ox /tmp/oxs; echo "CELL siw/oxrdma-perf-write fail no bw_gbps= in output"; fi
+fi
+# ---- NFSv3/RDMA sequential read, kernel client: kernel nfsd vs oxrdma nfs serve
+readbw() {  # readbw SERVER EXPORT OPTS -> MB/s of a cold 64 MiB read
+    mkdir -p /mnt/p
+    mount -t nfs -o "$3" "$1:$2" /mnt/p || return 1
+    dd if=/dev/urandom of=/mnt/p/big bs=1M count="$MB" conv=fsync status=none
+    umount /mnt/p; mount -t nfs -o "$3" "$1:$2" /mnt/p
+    local t0 t1; t0=$(date +%s.%N)
+    taskset -c 0 dd if=/mnt/p/big of=/dev/null bs=1M status=none
+    t1=$(date +%s.%N); rm -f /mnt/p/big; umount /mnt/p
+    python3 -c "print(round($MB / ($t1 - $t0), 1))"
+}
+$B/nfsd-start.sh >/dev/null 2>&1
+r=$(readbw 10.0.2.15 /export vers=3,proto=rdma,port=20049,mountport=20048,mountproto=tcp,nolock)
+if [ -n "$r" ]; then perf nfs.read.kernel "$r" MB/s; echo "CELL nfs/kernel-nfsd-read pass $r MB/s ($MB MiB cold read, rdma)"
+else echo "CELL nfs/kernel-nfsd-read fail mount/read failed"; fi
+if [ "${OX_NFS:-0}" = 1 ]; then
+    mkdir -p /tmp/oxexp
+    taskset -c 1 $OX nfs serve /tmp/oxexp --rdma 10.0.2.15:20050 --tcp 10.0.2.15:2050 > /tmp/oxnfs.log 2>&1 & s=$!
+    sleep 2
+    r=$(readbw 10.0.2.15 / vers=3,proto=rdma,port=20050,mountport=2050,mountproto=tcp,nolock)
+    kill $s
+    if [ -n "$r" ]; then perf nfs.read.oxrdma "$r" MB/s; echo "CELL nfs/oxrdma-serve-read pass $r MB/s"
+    else tail -5 /tmp/oxnfs.log; echo "CELL nfs/oxrdma-serve-read fail mount/read failed"; fi
+fi
+# ---- RDS datagram rate into a kernel rds_tcp receiver (netns ns1): kernel sender vs oxrdma sender
+modprobe rds_tcp; modprobe veth
+ip netns add ns1; ip link add v0 type veth peer name v1; ip link set v1 netns ns1
+ip addr add 10.99.0.1/24 dev v0; ip link set v0 up
+ip -n ns1 addr add 10.99.0.2/24 dev v1; ip -n ns1 link set v1 up; ip -n ns1 link set lo up
+rdsrate() {  # rdsrate SIZE PORT SENDER... -> msg/s seen by the receiver
+    ip netns exec ns1 taskset -c 1 python3 $B/rds-peer.py recv 10.99.0.2 "$2" "$RDS_N" "$1" 0 120 > /tmp/rr 2>&1 & local r=$!
+    sleep 1; shift 2
+    taskset -c 0 "$@" > /tmp/rs 2>&1
+    wait $r && sed -n 's/.* \([0-9]*\) msg\/s.*/\1/p' /tmp/rr
+}
+for sz in 8192 256; do
+    k=$(rdsrate $sz $((4300 + sz % 1000)) python3 $B/rds-peer.py send 10.99.0.1 4400 10.99.0.2 $((4300 + sz % 1000)) "$RDS_N" "$sz")
+    if [ -n "$k" ]; then perf rds.$sz.kernel "$k" msg/s; echo "CELL rds/rds_tcp-$sz pass $k msg/s"
+    else cat /tmp/rr /tmp/rs; echo "CELL rds/rds_tcp-$sz fail no rate"; fi
+    if [ "${OX_RDS:-0}" = 1 ]; then
+        o=$(rdsrate $sz $((4500 + sz % 1000)) $OX rds peer --connect 10.99.0.2:16385 --local 10.99.0.1 --remote 10.99.0.2 \
+            send --port 4401 --to $((4500 + sz % 1000)) --count "$RDS_N" --size "$sz")
+        if [ -n "$o" ]; then perf rds.$sz.oxrdma "$o" msg/s; echo "CELL rds/oxrdma-$sz pass $o msg/s"
+        else cat /tmp/rr /tmp/rs; echo "CELL rds/oxrdma-$sz fail no rate"; fi
+    fi
+done

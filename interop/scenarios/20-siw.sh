@@ -1,0 +1,76 @@
+#!/bin/bash
+# oxrdma soft-iWARP <-> kernel siw, both directions, MPA v2 with/without CRC and P2P (RTR).
+# limit: 900
+# ci: yes
+#
+# Needs `oxrdma iwarp peer` (the iwpeer protocol of interop/README.md; override the
+# subcommand words with OX_IWPEER_CMD).  Cells:
+#   guest-to-host/{stock,crc,p2p,crc-p2p}: guest kernel siw (variant = what it asks for)
+#       dials `oxrdma iwarp peer server 127.0.0.1:HP` on the host (guest sees 10.0.2.2);
+#   host-to-guest/{plain,crc,rtr-write,rtr-read,crc-rtr}: `oxrdma iwarp peer client` dials
+#       the guest's iwpeer server through the port forward -p FP:19872, asking for those.
+# Each cell: send, sendinv, write, read driven by both ends, sizes IX_SIW_SIZES.
+. "$(dirname "$0")/../lib/common.sh"
+read -ra SUB <<<"${OX_IWPEER_CMD:-iwarp peer}"
+SIZES=${IX_SIW_SIZES:-1 4093 65536 1048576}
+G2H="stock crc p2p crc-p2p"
+H2G="plain crc rtr-write rtr-read crc-rtr"
+if ! ix_landed "${SUB[@]}"; then
+    for v in $G2H; do cell "guest-to-host/$v" not-landed "oxrdma ${SUB[*]} missing"; done
+    for m in $H2G; do cell "host-to-guest/$m" not-landed "oxrdma ${SUB[*]} missing"; done
+    exit 0
+fi
+[ -x "$IX_SHARE/bin/iwpeer" ] || { cell "-" skip "iwpeer not built"; exit 0; }
+[ -e "$IX_SHARE/siw/crc/siw.ko" ] || G2H="stock"
+HP=${IX_SIW_HP:-20871} FP=${IX_SIW_FP:-20872}
+pids=()
+cleanup() { rm -f "$IX_SCN_OUT/.serving"; for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; ix_capture_stop; }
+trap cleanup EXIT
+ix_capture_start "$IX_SCN_OUT/siw-host-lo.pcap" "$HP" "$FP"
+mkdir -p "$OXRDMA_PCAP_DIR"
+
+# ---- A: kernel siw initiates, oxrdma responds on the host
+touch "$IX_SCN_OUT/.serving"
+( while [ -e "$IX_SCN_OUT/.serving" ]; do
+      timeout 120 "$OXRDMA" "${SUB[@]}" server 127.0.0.1 "$HP" --size 1048576 >> "$IX_SCN_OUT/host-server.log" 2>&1
+      echo "host server rc=$?" >> "$IX_SCN_OUT/host-server.log"; sleep 0.2
+  done ) & pids+=($!)
+log=$IX_SCN_OUT/guest-a.log
+ix_guest "$log" -t 400 -d "$IX_SHARE" -f "$IX_HERE/guest/siw-dial-host.sh" \
+    VARIANTS="$G2H" SIZES="$SIZES" ITERS=3 HPORT="$HP"
+cells_from_log "$log"
+rm -f "$IX_SCN_OUT/.serving"
+grep -q '^CELL guest-to-host' "$log" || cell guest-to-host fail "guest run gave no results: $(tail -2 "$log" | tr '\n' ' ')"
+
+# ---- B: oxrdma initiates, kernel siw responds in the guest
+nsz=$(wc -w <<<"$SIZES"); nm=$(wc -w <<<"$H2G")
+log=$IX_SCN_OUT/guest-b.log
+ix_guest "$log" -t 420 -p "$FP:19872" -d "$IX_SHARE" -f "$IX_HERE/guest/siw-serve-host.sh" \
+    COUNT=$((nsz * nm)) GPORT=19872 MAXSIZE=1048576 & gpid=$!
+pids+=($gpid)
+for m in $H2G; do
+    case $m in
+        plain) opt=() ;; crc) opt=(--crc) ;;
+        rtr-write) opt=(--p2p --rtr write) ;; rtr-read) opt=(--p2p --rtr read) ;;
+        crc-rtr) opt=(--crc --p2p --rtr write,read) ;;
+    esac
+    ok=1 note=""
+    for sz in $SIZES; do
+        for try in $(seq 60); do          # hostfwd accepts before the guest listens: retry
+            timeout 120 "$OXRDMA" "${SUB[@]}" client 127.0.0.1 "$FP" "${opt[@]}" --size "$sz" --iters 3 \
+                --ops send,sendinv,write,read > "$IX_SCN_OUT/host-client.tmp" 2>&1
+            rc=$?
+            grep -q '^CONNECTED' "$IX_SCN_OUT/host-client.tmp" && break
+            kill -0 $gpid 2>/dev/null || break
+            sleep 1
+        done
+        { echo "---- $m size $sz rc=$rc"; cat "$IX_SCN_OUT/host-client.tmp"; } >> "$IX_SCN_OUT/host-client.log"
+        [ $rc = 0 ] || { ok=0; note+=" size $sz rc $rc: $(grep -m1 FAIL "$IX_SCN_OUT/host-client.tmp")"; }
+    done
+    [ $ok = 1 ] && cell "host-to-guest/$m" pass "sizes $SIZES" || cell "host-to-guest/$m" fail "$note"
+done
+wait $gpid
+# the guest's own verdicts (its iwpeer server checks the data oxrdma wrote/sent/read)
+bad=$(grep -a '^SERVER ' "$log" | tr -d '\r' | grep -v 'rc=0')
+if [ -n "$bad" ]; then cell host-to-guest/guest-verdicts fail "$(head -2 <<<"$bad" | tr '\n' ' ')"
+else cell host-to-guest/guest-verdicts pass "$(grep -ac '^SERVER ' "$log") guest-side iwpeer servers all PASS"; fi

@@ -1,0 +1,59 @@
+#!/bin/bash
+# oxrdma RDS/TCP (host) <-> kernel rds_tcp (guest, python AF_RDS): datagrams both ways,
+# ping/pong 256 B and 8 KiB, congestion, and the kernel taking a new connection after the host restarts.
+# limit: 900
+# ci: yes
+#
+# Linux keeps only RDS/TCP connections opened by the numerically smaller address; the host
+# appears as 10.0.2.2 < 10.0.2.15, so the host side connects, through -p $HP:16385.
+# Host commands (OX_RDS_CMD overrides "rds peer"), one process per line, see interop/README.md:
+#   oxrdma rds peer --connect 127.0.0.1:HP --local 10.0.2.2 --remote 10.0.2.15 echo --port 4001
+#   oxrdma rds peer ... ping --port 4002 --to 4000 --count N --size S
+#   oxrdma rds peer ... send --port 4003 --to 4020 --count N --size 8192
+. "$(dirname "$0")/../lib/common.sh"
+read -ra SUB <<<"${OX_RDS_CMD:-rds peer}"
+CELLS="host-to-guest/ping-256 host-to-guest/ping-8192 guest-to-host/ping-256 guest-to-host/ping-8192
+       congestion/host-send congestion/delivered-in-order restart/host-to-guest restart/guest-to-host"
+if ! ix_landed "${SUB[@]}"; then
+    for c in $CELLS; do cell "$c" not-landed "oxrdma ${SUB[*]} missing"; done; exit 0
+fi
+HP=${IX_RDS_HP:-26385} N=${IX_RDS_N:-50} CONG_N=${IX_RDS_CONG_N:-300}
+F=$IX_SHARE/tmp; rm -f "$F"/host-* "$F"/guest-*
+peer=("$OXRDMA" "${SUB[@]}" --connect "127.0.0.1:$HP" --local 10.0.2.2 --remote 10.0.2.15)
+pids=()
+cleanup() { touch "$F/host-abort"; for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; ix_capture_stop; }
+trap cleanup EXIT
+wait_guest() { for i in $(seq "${2:-120}"); do [ -e "$F/guest-$1" ] && return 0; kill -0 $gpid 2>/dev/null || return 1; sleep 1; done; return 1; }
+hcell() {  # hcell CELL rc log
+    if [ "$2" = 0 ]; then cell "$1" pass "$(grep -m1 '^OK' "$3")"; else cell "$1" fail "rc $2: $(grep -m1 -iE 'fail|error' "$3")"; fi
+}
+mkdir -p "$OXRDMA_PCAP_DIR"
+ix_capture_start "$IX_SCN_OUT/rds-host-lo.pcap" "$HP"
+log=$IX_SCN_OUT/guest.log
+ix_guest "$log" -t $((IX_LIMIT - 30)) -p "$HP:16385" -d "$IX_SHARE" -f "$IX_HERE/guest/rds-host-peer.sh" \
+    N="$N" CONG_N="$CONG_N" & gpid=$!
+if wait_guest ready 120; then
+    sleep 2     # rds_tcp's listener is up once the module is loaded; hostfwd may still race
+    "${peer[@]}" echo --port 4001 > "$IX_SCN_OUT/host-echo.log" 2>&1 & echo_pid=$!; pids+=($echo_pid)
+    for sz in 256 8192; do
+        timeout 180 "${peer[@]}" ping --port 4002 --to 4000 --count "$N" --size "$sz" > "$IX_SCN_OUT/host-ping-$sz.log" 2>&1
+        hcell "host-to-guest/ping-$sz" $? "$IX_SCN_OUT/host-ping-$sz.log"
+    done
+    touch "$F/host-echo-up"
+    wait_guest pinged 300
+    timeout 300 "${peer[@]}" send --port 4003 --to 4020 --count "$CONG_N" --size 8192 > "$IX_SCN_OUT/host-cong.log" 2>&1
+    hcell congestion/host-send $? "$IX_SCN_OUT/host-cong.log"
+    wait_guest cong-done 300
+    # restart: drop every host-side RDS process (and with them the TCP connection), start over
+    kill "$echo_pid"; wait "$echo_pid" 2>/dev/null
+    "${peer[@]}" echo --port 4001 > "$IX_SCN_OUT/host-echo2.log" 2>&1 & pids+=($!)
+    timeout 180 "${peer[@]}" ping --port 4002 --to 4000 --count "$N" --size 256 > "$IX_SCN_OUT/host-ping-restart.log" 2>&1
+    hcell restart/host-to-guest $? "$IX_SCN_OUT/host-ping-restart.log"
+    touch "$F/host-restarted"
+    wait_guest done 300
+else
+    cell "-" fail "guest never got ready: $(tail -2 "$log" | tr '\n' ' ')"
+fi
+touch "$F/host-finished"
+wait $gpid
+cells_from_log "$log"
