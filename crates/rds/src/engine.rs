@@ -78,6 +78,9 @@ impl EngineConfig {
     }
 }
 
+/// How long a replaced transport may keep being read before it is closed.
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
 /// Identifies a path: the peer address and the path index (0..8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PathId {
@@ -231,6 +234,10 @@ struct Path {
     dup_dropped: u64,
     delivered: u64,
     ack_only_sent: u64,
+    /// A replaced transport still being read to its end, and the time limit for that.
+    draining: Option<(Token, Instant)>,
+    /// Bytes of the new transport held until the replaced one is drained.
+    held: BytesMut,
 }
 
 impl Path {
@@ -255,6 +262,8 @@ impl Path {
             dup_dropped: 0,
             delivered: 0,
             ack_only_sent: 0,
+            draining: None,
+            held: BytesMut::new(),
         }
     }
 
@@ -759,12 +768,32 @@ impl Engine {
         self.conns
             .values()
             .flat_map(|c| c.paths.iter())
-            .filter_map(|p| p.reconnect_at)
+            .flat_map(|p| p.reconnect_at.into_iter().chain(p.draining.map(|d| d.1)))
             .min()
     }
 
     /// Runs due reconnects.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let mut drained = Vec::new();
+        for c in self.conns.values() {
+            for p in &c.paths {
+                if let Some((old, t)) = p.draining
+                    && t <= now
+                {
+                    drained.push((
+                        PathId {
+                            peer: c.peer,
+                            index: p.index,
+                        },
+                        old,
+                    ));
+                }
+            }
+        }
+        for (id, old) in drained {
+            self.actions.push_back(Action::Close(old));
+            self.finish_drain(now, id);
+        }
         let mut due = Vec::new();
         for c in self.conns.values_mut() {
             for p in &mut c.paths {
@@ -832,10 +861,27 @@ impl Engine {
     }
 
     fn attach(&mut self, now: Instant, id: PathId, token: Token) {
-        // Replace a transport still attached (the peer reconnected before we saw the reset).
+        // The peer reconnected before we saw its old connection end. Bytes it sent on the old
+        // one may still sit unread in our socket, and the peer counts them as delivered (TCP
+        // acknowledged them), so the old transport is read to its end first ("draining") and
+        // the new one's bytes are held until then. Its unconfirmed sends are resent on the new.
+        let mut replacing = false;
         if let Some(old) = self.path_mut(id).and_then(|p| p.token()) {
+            if let Some((d, _)) = self.path_mut(id).and_then(|p| p.draining.take()) {
+                self.bound.remove(&d);
+                self.actions.push_back(Action::Close(d));
+            }
+            let rx = self
+                .path_mut(id)
+                .map(|p| std::mem::take(&mut p.rx))
+                .unwrap_or_default();
             self.detach(now, id, old, false);
-            self.actions.push_back(Action::Close(old));
+            self.bound.insert(old, id);
+            if let Some(p) = self.path_mut(id) {
+                p.rx = rx;
+                p.draining = Some((old, now + DRAIN_LIMIT));
+            }
+            replacing = true;
         }
         let max_paths = self.cfg.max_paths;
         let gen_num = self.gen_num;
@@ -846,7 +892,9 @@ impl Engine {
         path.reconnect_at = None;
         path.backoff = Duration::ZERO;
         path.connects += 1;
-        path.rx = RxAssembler::default();
+        if !replacing {
+            path.rx = RxAssembler::default();
+        }
         path.transport = Some(Transport {
             token,
             written: 0,
@@ -927,6 +975,13 @@ impl Engine {
         let Some(id) = self.bound.get(&token).copied() else {
             return;
         };
+        if self
+            .path_mut(id)
+            .is_some_and(|p| p.draining.is_some_and(|d| d.0 == token))
+        {
+            self.finish_drain(now, id);
+            return;
+        }
         let initiator = self.is_initiator(id.peer);
         self.detach(now, id, token, initiator);
         if !initiator {
@@ -938,6 +993,27 @@ impl Engine {
             if has && id.index == 0 {
                 self.want_connect(now, id);
             }
+        }
+    }
+
+    /// The replaced transport of `id` has ended: switch reception to the new one.
+    fn finish_drain(&mut self, now: Instant, id: PathId) {
+        let Some(p) = self.path_mut(id) else {
+            return;
+        };
+        let Some((old, _)) = p.draining.take() else {
+            return;
+        };
+        p.rx = RxAssembler::default();
+        let held = p.held.split();
+        let cur = p.token();
+        self.bound.remove(&old);
+        if let Some(cur) = cur
+            && !held.is_empty()
+            && self.on_recv(now, cur, &held).is_err()
+        {
+            self.actions.push_back(Action::Close(cur));
+            self.transport_down(now, cur);
         }
     }
 
@@ -954,7 +1030,7 @@ impl Engine {
         let Some(path) = self.path_mut(id) else {
             return;
         };
-        let Some(t) = path.transport.as_mut() else {
+        let Some(t) = path.transport.as_mut().filter(|t| t.token == token) else {
             return;
         };
         t.acked = t.acked.max(acked.min(t.written));
@@ -973,7 +1049,7 @@ impl Engine {
         let local_cong = &self.local_cong;
         let conn = self.conns.get_mut(&id.peer)?;
         let path = conn.paths.get_mut(usize::from(id.index))?;
-        let t = path.transport.as_mut()?;
+        let t = path.transport.as_mut().filter(|t| t.token == token)?;
         if t.cur.is_none() {
             let mut m = match path.sendq.pop_front() {
                 Some(m) => m,
@@ -1094,6 +1170,16 @@ impl Engine {
             let Some(path) = self.path_mut(id) else {
                 return Ok(());
             };
+            let draining = path.draining.map(|d| d.0);
+            if draining != Some(token) {
+                if path.token() != Some(token) {
+                    return Ok(());
+                }
+                if draining.is_some() {
+                    path.held.extend_from_slice(data);
+                    return Ok(());
+                }
+            }
             path.rx.feed(data, |h, p| msgs.push((h, p)))?;
         }
         for (h, p) in msgs {

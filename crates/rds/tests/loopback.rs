@@ -106,6 +106,8 @@ async fn exactly_once_with_killed_connections() {
     let receivers: Vec<_> = (0..SOCKS).map(|i| b.bind(6000 + i).unwrap()).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
 
+    let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let received2 = std::sync::Arc::clone(&received);
     let recv_task = tokio::spawn(async move {
         let mut expect: HashMap<(u16, u16), u64> = HashMap::new();
         let (mut ok, mut lost, mut dup) = (0u64, 0u64, 0u64);
@@ -136,6 +138,7 @@ async fn exactly_once_with_killed_connections() {
             if n == *e {
                 ok += 1;
                 *e += 1;
+                received2.store(ok, std::sync::atomic::Ordering::Relaxed);
             } else if n > *e {
                 lost += n - *e;
                 *e = n + 1;
@@ -174,12 +177,25 @@ async fn exactly_once_with_killed_connections() {
             Err(_) => break,
         }
         if kills < KILLS && sent == (kills + 1) * TOTAL / (KILLS + 1) {
-            // Alternate the side that kills; let some traffic flow first.
-            kill_hits += if kills.is_multiple_of(2) {
-                a.kill_transports(B)
-            } else {
-                b.kill_transports(A)
-            };
+            // Let the receiver catch up with most of the traffic, so that each kill cuts a
+            // live stream, then kill from alternating sides. Waits are bounded by the deadline.
+            while received.load(std::sync::atomic::Ordering::Relaxed) + 200 < sent
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let mut hit = 0;
+            while hit == 0 && Instant::now() < deadline {
+                hit = if kills.is_multiple_of(2) {
+                    a.kill_transports(B)
+                } else {
+                    b.kill_transports(A)
+                };
+                if hit == 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            kill_hits += hit;
             kills += 1;
         }
         if sent.is_multiple_of(64) {
