@@ -9,9 +9,12 @@
 //! What it does not do: RPC-over-RDMA version 2, the Read-Read transfer model, RDMA_MSGP
 //! padding; it never reduces an item its Upper-Layer Binding did not mark DDP-eligible.
 
+pub mod driver;
 pub mod engine;
 pub mod header;
 pub mod privdata;
 pub mod requester;
 pub mod responder;
 pub mod ulb;
+
+pub use driver::{RdmaClient, RdmaServer, TransportConfig, connect};

@@ -1,0 +1,842 @@
+//! Thin tokio drivers that run the engines over the `verbs` API: [`RdmaServer`] serves an
+//! `oncrpc::Dispatcher`, [`RdmaClient`] implements `oncrpc::RpcTransport`.
+//!
+//! Each connection has a registered receive-buffer pool (the credit grant plus the backward
+//! credits, 5666bis §7.2.2) and a registered send-buffer pool; one task reads the receive
+//! completion queue, one routes send-queue completions to whoever waits for them.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use oncrpc::service::BoxFuture;
+use oncrpc::{
+    CallContext, CallHeader, CallRequest, Credential, Dispatcher, RpcError, RpcTransport,
+};
+use tokio::sync::oneshot;
+use verbs::{
+    Access, CompletionQueue, ConnParams, Connection, Device, MemoryRegion, Payload,
+    ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, WcStatus,
+};
+use xdr::{DdpPolicy, Encoder};
+
+use crate::engine::{Config, Params, RegError, Region, RegionId, Registrar};
+use crate::header::Segment;
+use crate::privdata::PrivateData;
+use crate::requester::{self, OutCall, Requester};
+use crate::responder::{self, Incoming, Responder};
+use crate::ulb::UpperLayerBinding;
+
+/// Errors of the drivers.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DriverError {
+    #[error("verbs: {0}")]
+    Verbs(#[from] verbs::VerbsError),
+    #[error("bad address {0}")]
+    Address(String),
+    #[error("unsupported URL scheme in {0} (use rdma://host:port)")]
+    Scheme(String),
+}
+
+/// Settings for a client or server.
+#[derive(Debug, Clone)]
+pub struct TransportConfig {
+    /// Protocol settings (credits, inline thresholds, chunk usage).
+    pub rpc: Config,
+    /// The RDMA device; soft-iWARP over TCP when `None`.
+    pub device: Option<Device>,
+    /// Default per-call timeout (client).
+    pub call_timeout: Duration,
+    /// Capture connections to pcap files in this directory.
+    pub capture_dir: Option<std::path::PathBuf>,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig {
+            rpc: Config::default(),
+            device: None,
+            call_timeout: Duration::from_secs(30),
+            capture_dir: None,
+        }
+    }
+}
+
+impl TransportConfig {
+    fn device(&self) -> Device {
+        self.device.clone().unwrap_or_else(Device::soft_iwarp)
+    }
+
+    fn conn_params(&self) -> ConnParams {
+        ConnParams {
+            private_data: Bytes::copy_from_slice(&self.rpc.private_data().encode()),
+            capture_dir: self.capture_dir.clone(),
+            ..ConnParams::default()
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Memory registration through a verbs protection domain. The provider picks random STags
+/// (5666bis §10.1.2: handles are not predictable).
+struct VerbsRegistrar {
+    pd: ProtectionDomain,
+    next: RegionId,
+    regions: HashMap<RegionId, MemoryRegion>,
+}
+
+impl VerbsRegistrar {
+    fn new(pd: ProtectionDomain) -> Self {
+        VerbsRegistrar {
+            pd,
+            next: 0,
+            regions: HashMap::new(),
+        }
+    }
+
+    fn add(&mut self, mr: MemoryRegion) -> Region {
+        self.next += 1;
+        let seg = Segment {
+            handle: mr.rkey(),
+            length: mr.len() as u32,
+            offset: mr.addr(),
+        };
+        self.regions.insert(self.next, mr);
+        Region {
+            id: self.next,
+            segments: vec![seg],
+        }
+    }
+}
+
+impl Registrar for VerbsRegistrar {
+    fn register_source(&mut self, data: Bytes) -> Result<Region, RegError> {
+        let mr = self
+            .pd
+            .register(data.to_vec(), Access::REMOTE_READ)
+            .map_err(|e| RegError::Register(e.to_string()))?;
+        Ok(self.add(mr))
+    }
+
+    fn register_sink(&mut self, len: usize) -> Result<Region, RegError> {
+        let mr = self
+            .pd
+            .register_len(len.max(1), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .map_err(|e| RegError::Register(e.to_string()))?;
+        Ok(self.add(mr))
+    }
+
+    fn sink_contents(&mut self, id: RegionId, len: usize) -> Result<Bytes, RegError> {
+        let mr = self.regions.get(&id).ok_or(RegError::Unknown(id))?;
+        mr.read(0, len)
+            .map_err(|e| RegError::Register(e.to_string()))
+    }
+
+    fn invalidate(&mut self, id: RegionId, _remote: bool) -> Result<(), RegError> {
+        let mr = self.regions.remove(&id).ok_or(RegError::Unknown(id))?;
+        // 5666bis §5.4.1 / §10.1.3: the STag is dead before the RPC completes. A remote
+        // invalidation already did it; invalidating again locally is harmless.
+        mr.invalidate();
+        Ok(())
+    }
+}
+
+/// Send-queue completion routing shared by a connection's tasks.
+#[derive(Default)]
+struct Router {
+    next: AtomicU64,
+    waiters: Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>,
+}
+
+impl Router {
+    fn id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn wait(&self, id: u64) -> oneshot::Receiver<WcStatus> {
+        let (tx, rx) = oneshot::channel();
+        lock(&self.waiters).insert(id, tx);
+        rx
+    }
+
+    /// Route completions until the queue pair fails.
+    async fn run(self: Arc<Self>, cq: CompletionQueue) {
+        loop {
+            let c = cq.next().await;
+            if let Some(tx) = lock(&self.waiters).remove(&c.wr_id) {
+                let _ = tx.send(c.status);
+            }
+            if c.status != WcStatus::Success {
+                // Flushes: fail every waiter.
+                lock(&self.waiters).clear();
+            }
+        }
+    }
+}
+
+/// One connected queue pair with its buffer pools.
+struct Link {
+    qp: QueuePair,
+    conn: Connection,
+    recv_bufs: Vec<MemoryRegion>,
+    send_bufs: Vec<MemoryRegion>,
+    free_send: Mutex<Vec<usize>>,
+    router: Arc<Router>,
+}
+
+impl Link {
+    fn post_recv(&self, i: usize) -> Result<(), verbs::VerbsError> {
+        let mr = &self.recv_bufs[i];
+        self.qp.post_recv(RecvWr {
+            wr_id: i as u64,
+            sgl: vec![mr.sge(0, mr.len() as u32)],
+        })
+    }
+
+    /// Post a Send from the registered send pool (falls back to owned bytes when the pool is
+    /// momentarily empty).
+    async fn send(&self, data: Bytes, invalidate: Option<u32>) -> Result<(), verbs::VerbsError> {
+        let op = match invalidate {
+            Some(h) => SendOp::SendWithInvalidate(h),
+            None => SendOp::Send,
+        };
+        let slot = lock(&self.free_send).pop();
+        let id = self.router.id();
+        let rx = self.router.wait(id);
+        let wr = match slot {
+            Some(i) if data.len() <= self.send_bufs[i].len() => {
+                self.send_bufs[i].write(0, &data)?;
+                SendWr::new(id, op, vec![self.send_bufs[i].sge(0, data.len() as u32)])
+            }
+            other => {
+                if let Some(i) = other {
+                    lock(&self.free_send).push(i);
+                }
+                SendWr {
+                    payload: Payload::Inline(data),
+                    ..SendWr::new(id, op, Vec::new())
+                }
+            }
+        };
+        let r = self.qp.post_send(wr);
+        let st = match r {
+            Ok(()) => rx.await.unwrap_or(WcStatus::WrFlushError),
+            Err(e) => {
+                if let Some(i) = slot {
+                    lock(&self.free_send).push(i);
+                }
+                return Err(e);
+            }
+        };
+        if let Some(i) = slot {
+            lock(&self.free_send).push(i);
+        }
+        if st == WcStatus::Success {
+            Ok(())
+        } else {
+            Err(verbs::VerbsError::Disconnected)
+        }
+    }
+
+    /// RDMA Write (unsignaled: errors still complete, and QP ordering puts it before the Send).
+    fn write(&self, seg: Segment, data: Bytes) -> Result<(), verbs::VerbsError> {
+        let mut wr = SendWr {
+            payload: Payload::Inline(data),
+            ..SendWr::new(
+                self.router.id(),
+                SendOp::RdmaWrite {
+                    remote_addr: seg.offset,
+                    rkey: seg.handle,
+                },
+                Vec::new(),
+            )
+        };
+        wr.signaled = false;
+        self.qp.post_send(wr)
+    }
+
+    /// RDMA Read one chunk into fresh local memory.
+    async fn read_chunk(&self, segs: &[Segment]) -> Result<Bytes, verbs::VerbsError> {
+        let pd = self.qp.pd();
+        let mut waits = Vec::new();
+        for s in segs {
+            let mr = pd.register_len((s.length as usize).max(1), Access::LOCAL_WRITE)?;
+            let id = self.router.id();
+            let rx = self.router.wait(id);
+            self.qp.post_send(SendWr::new(
+                id,
+                SendOp::RdmaRead {
+                    remote_addr: s.offset,
+                    rkey: s.handle,
+                },
+                vec![mr.sge(0, s.length)],
+            ))?;
+            waits.push((mr, rx, s.length as usize));
+        }
+        let mut out = Vec::new();
+        for (mr, rx, len) in waits {
+            if rx.await.unwrap_or(WcStatus::WrFlushError) != WcStatus::Success {
+                return Err(verbs::VerbsError::Disconnected);
+            }
+            out.extend_from_slice(&mr.read(0, len)?);
+        }
+        Ok(out.into())
+    }
+}
+
+fn pools(
+    pd: &ProtectionDomain,
+    nrecv: usize,
+    recv_size: usize,
+    nsend: usize,
+    send_size: usize,
+) -> Result<(Vec<MemoryRegion>, Vec<MemoryRegion>), verbs::VerbsError> {
+    let recv = (0..nrecv)
+        .map(|_| pd.register_len(recv_size, Access::LOCAL_WRITE))
+        .collect::<Result<Vec<_>, _>>()?;
+    let send = (0..nsend)
+        .map(|_| pd.register_len(send_size, Access::LOCAL_WRITE))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((recv, send))
+}
+
+// ------------------------------------------------------------------------------------------
+// Server
+// ------------------------------------------------------------------------------------------
+
+/// Counters over all connections of a server.
+#[derive(Debug, Default)]
+pub struct ServerCounters {
+    pub connections: AtomicU64,
+    pub calls: AtomicU64,
+    /// Highest number of calls in progress on one connection.
+    pub max_in_progress: AtomicU32,
+    /// Calls that arrived beyond the grant (must stay 0 with a well-behaved client).
+    pub over_credit: AtomicU64,
+}
+
+struct ServerShared {
+    dispatcher: Dispatcher,
+    ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
+    cfg: TransportConfig,
+    /// XIDs whose replies were lost, per peer host (5666bis §5.5.3).
+    lost: Mutex<HashMap<IpAddr, HashSet<u32>>>,
+    counters: ServerCounters,
+}
+
+/// An RPC-over-RDMA server.
+pub struct RdmaServer {
+    local: SocketAddr,
+    shared: Arc<ServerShared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for RdmaServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaServer")
+            .field("local", &self.local)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RdmaServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RdmaServer {
+    /// Listen on `addr` and serve `dispatcher`; `ulbs` are the Upper-Layer Bindings of the
+    /// programs that may use chunks.
+    pub async fn bind(
+        addr: SocketAddr,
+        dispatcher: Dispatcher,
+        ulbs: Vec<Arc<dyn UpperLayerBinding>>,
+        config: TransportConfig,
+    ) -> Result<Self, DriverError> {
+        let dev = config.device();
+        let mut listener = dev.listen(addr).await?;
+        let local = listener.local_addr();
+        let shared = Arc::new(ServerShared {
+            dispatcher,
+            ulbs: Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect()),
+            cfg: config,
+            lost: Mutex::new(HashMap::new()),
+            counters: ServerCounters::default(),
+        });
+        let sh = shared.clone();
+        let task = tokio::spawn(async move {
+            while let Ok(req) = listener.accept().await {
+                let sh = sh.clone();
+                let dev = dev.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = serve_connection(dev, req, sh).await {
+                        tracing::debug!(error = %e, "RPC-over-RDMA connection ended");
+                    }
+                });
+            }
+        });
+        Ok(RdmaServer {
+            local,
+            shared,
+            task,
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> &ServerCounters {
+        &self.shared.counters
+    }
+}
+
+async fn serve_connection(
+    dev: Device,
+    req: verbs::ConnectRequest,
+    sh: Arc<ServerShared>,
+) -> Result<(), DriverError> {
+    let cfg = &sh.cfg.rpc;
+    let peer_pd = PrivateData::decode(req.private_data());
+    let params: Params = cfg.negotiate(peer_pd).into();
+    let peer = req.peer_addr();
+    let pd = dev.alloc_pd();
+    let scq = dev.create_cq();
+    let rcq = dev.create_cq();
+    let qp = dev.create_qp(&pd, &scq, &rcq);
+    let lost = lock(&sh.lost).remove(&peer.ip()).unwrap_or_default();
+    let resp = Responder::new(cfg.clone(), params, sh.ulbs.clone(), lost);
+    let nrecv = resp.receives_needed();
+    let (recv_bufs, send_bufs) = pools(&pd, nrecv, params.inline_recv, nrecv, params.inline_send)?;
+    let free_send = Mutex::new((0..send_bufs.len()).collect());
+    // Receives go up before the connection is accepted: the grant is backed by posted buffers.
+    for (i, mr) in recv_bufs.iter().enumerate() {
+        qp.post_recv(RecvWr {
+            wr_id: i as u64,
+            sgl: vec![mr.sge(0, mr.len() as u32)],
+        })?;
+    }
+    let conn = req.accept(&qp, sh.cfg.conn_params()).await?;
+    sh.counters.connections.fetch_add(1, Ordering::Relaxed);
+    let router = Arc::new(Router::default());
+    let rt = tokio::spawn(router.clone().run(scq));
+    let link = Arc::new(Link {
+        qp,
+        conn,
+        recv_bufs,
+        send_bufs,
+        free_send,
+        router,
+    });
+    let resp = Arc::new(Mutex::new(resp));
+    let ctx = Arc::new(CallContext {
+        peer: Some(peer),
+        local: Some(link.conn.local_addr()),
+        transport: oncrpc::TransportKind::Rdma,
+    });
+    loop {
+        let c = rcq.next().await;
+        if c.status != WcStatus::Success {
+            break;
+        }
+        let i = c.wr_id as usize;
+        let Some(mr) = link.recv_bufs.get(i) else {
+            break;
+        };
+        let msg = mr.read(0, c.byte_len as usize)?;
+        link.post_recv(i)?;
+        let inc = lock(&resp).on_receive(msg);
+        let (link, resp, sh, ctx) = (link.clone(), resp.clone(), sh.clone(), ctx.clone());
+        tokio::spawn(async move {
+            handle_incoming(inc, &link, &resp, &sh, ctx).await;
+        });
+    }
+    let lost = lock(&resp).take_lost();
+    if !lost.is_empty() {
+        lock(&sh.lost).entry(peer.ip()).or_default().extend(lost);
+    }
+    link.conn.disconnect().await;
+    rt.abort();
+    Ok(())
+}
+
+async fn handle_incoming(
+    mut inc: Incoming,
+    link: &Link,
+    resp: &Mutex<Responder>,
+    sh: &ServerShared,
+    ctx: Arc<CallContext>,
+) {
+    loop {
+        match inc {
+            Incoming::Nothing | Incoming::BackReply { .. } => return,
+            Incoming::Respond(actions) => {
+                run_server_actions(actions, link, resp, None).await;
+                return;
+            }
+            Incoming::NeedReads(p) => {
+                let mut data = Vec::with_capacity(p.reads.len());
+                for c in &p.reads {
+                    match link.read_chunk(&c.segments).await {
+                        Ok(d) => data.push(d),
+                        Err(_) => {
+                            // 5666bis §5.5.3: RDMA operational errors are fatal to the
+                            // connection.
+                            link.conn.disconnect().await;
+                            return;
+                        }
+                    }
+                }
+                inc = lock(resp).complete_reads(p, data);
+            }
+            Incoming::Call(call) => {
+                {
+                    let r = lock(resp);
+                    let s = r.stats();
+                    sh.counters.calls.fetch_add(1, Ordering::Relaxed);
+                    sh.counters
+                        .max_in_progress
+                        .fetch_max(s.max_in_progress, Ordering::Relaxed);
+                    sh.counters
+                        .over_credit
+                        .store(s.over_credit, Ordering::Relaxed);
+                }
+                let reply = sh
+                    .dispatcher
+                    .dispatch(call.message, ctx.clone(), call.policy)
+                    .await;
+                let xid = call.token.xid;
+                let actions = lock(resp).reply(call.token, reply);
+                run_server_actions(actions, link, resp, Some(xid)).await;
+                return;
+            }
+        }
+    }
+}
+
+async fn run_server_actions(
+    actions: Vec<responder::Action>,
+    link: &Link,
+    resp: &Mutex<Responder>,
+    xid: Option<u32>,
+) {
+    for a in actions {
+        let r = match a {
+            responder::Action::Write { segment, data } => link.write(segment, data),
+            responder::Action::Send { data, invalidate } => link.send(data, invalidate).await,
+            responder::Action::Close => Err(verbs::VerbsError::Disconnected),
+        };
+        if r.is_err() {
+            // 5666bis §5.5.4: a reply that cannot be sent closes the connection.
+            if let Some(x) = xid {
+                let _ = lock(resp).reply_failed(x);
+            }
+            link.conn.disconnect().await;
+            return;
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Client
+// ------------------------------------------------------------------------------------------
+
+struct ClientState {
+    req: Requester,
+    reg: VerbsRegistrar,
+    waiters: HashMap<u32, oneshot::Sender<Result<Bytes, RpcError>>>,
+    closed: bool,
+}
+
+struct ClientInner {
+    addr: SocketAddr,
+    cfg: TransportConfig,
+    state: Mutex<ClientState>,
+    link: Link,
+    next_xid: AtomicU32,
+    back: Option<Dispatcher>,
+}
+
+/// An RPC-over-RDMA client (one connection).
+pub struct RdmaClient {
+    inner: Arc<ClientInner>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for RdmaClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaClient")
+            .field("addr", &self.inner.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RdmaClient {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RdmaClient {
+    /// Connect to an RPC-over-RDMA server.
+    pub async fn connect(addr: SocketAddr, config: TransportConfig) -> Result<Self, DriverError> {
+        Self::connect_with(addr, config, Vec::new(), None).await
+    }
+
+    /// Connect with Upper-Layer Bindings (needed to place Write chunk data in replies) and an
+    /// optional backward-direction service (RFC 8167 callbacks).
+    pub async fn connect_with(
+        addr: SocketAddr,
+        config: TransportConfig,
+        ulbs: Vec<Arc<dyn UpperLayerBinding>>,
+        backchannel: Option<Dispatcher>,
+    ) -> Result<Self, DriverError> {
+        let dev = config.device();
+        let pd = dev.alloc_pd();
+        let scq = dev.create_cq();
+        let rcq = dev.create_cq();
+        let qp = dev.create_qp(&pd, &scq, &rcq);
+        let cfg = config.rpc.clone();
+        let req = Requester::new(
+            cfg.clone(),
+            Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect()),
+        );
+        let nrecv = req.receives_needed();
+        let (recv_bufs, send_bufs) = pools(
+            &pd,
+            nrecv,
+            cfg.inline_recv as usize,
+            nrecv,
+            cfg.inline_send as usize,
+        )?;
+        for (i, mr) in recv_bufs.iter().enumerate() {
+            qp.post_recv(RecvWr {
+                wr_id: i as u64,
+                sgl: vec![mr.sge(0, mr.len() as u32)],
+            })?;
+        }
+        let conn = dev.connect(&qp, addr, config.conn_params()).await?;
+        let params: Params = cfg
+            .negotiate(PrivateData::decode(conn.peer_private_data()))
+            .into();
+        let router = Arc::new(Router::default());
+        tokio::spawn(router.clone().run(scq));
+        let free_send = Mutex::new((0..send_bufs.len()).collect());
+        let mut state = ClientState {
+            req,
+            reg: VerbsRegistrar::new(pd),
+            waiters: HashMap::new(),
+            closed: false,
+        };
+        let first = {
+            let ClientState { req, reg, .. } = &mut state;
+            req.on_connect(params, reg)
+        };
+        debug_assert!(first.is_empty());
+        let inner = Arc::new(ClientInner {
+            addr,
+            cfg: config,
+            state: Mutex::new(state),
+            link: Link {
+                qp,
+                conn,
+                recv_bufs,
+                send_bufs,
+                free_send,
+                router,
+            },
+            next_xid: AtomicU32::new(rand::random::<u32>() | 1),
+            back: backchannel,
+        });
+        let task = tokio::spawn(client_recv_loop(inner.clone(), rcq));
+        Ok(RdmaClient { inner, task })
+    }
+
+    /// Requester counters (credits, message forms).
+    pub fn stats(&self) -> requester::RequesterStats {
+        lock(&self.inner.state).req.stats().clone()
+    }
+
+    /// Registrations still alive (all fenced once calls complete).
+    pub fn live_registrations(&self) -> usize {
+        lock(&self.inner.state).reg.regions.len()
+    }
+}
+
+fn apply_client(inner: &Arc<ClientInner>, actions: Vec<requester::Action>) {
+    for a in actions {
+        match a {
+            requester::Action::Send { data, .. } => {
+                let inner2 = inner.clone();
+                // Posting is synchronous and ordered; the completion is awaited elsewhere.
+                let fut = async move {
+                    if inner2.link.send(data, None).await.is_err() {
+                        fail_all(&inner2, "send failed");
+                    }
+                };
+                tokio::spawn(fut);
+            }
+            requester::Action::Complete { xid, result } => {
+                if let Some(tx) = lock(&inner.state).waiters.remove(&xid) {
+                    let _ = tx.send(result);
+                }
+            }
+            requester::Action::BackCall { xid, message } => {
+                let inner2 = inner.clone();
+                tokio::spawn(async move {
+                    let Some(d) = &inner2.back else { return };
+                    let ctx = Arc::new(CallContext {
+                        peer: Some(inner2.addr),
+                        local: Some(inner2.link.conn.local_addr()),
+                        transport: oncrpc::TransportKind::Rdma,
+                    });
+                    // RFC 8167 §5: nothing is reduced in the backward direction.
+                    if let Some(r) = d.dispatch(message, ctx, DdpPolicy::Inline).await {
+                        let a = lock(&inner2.state)
+                            .req
+                            .back_reply(xid, r.message.to_bytes());
+                        if let Some(a) = a {
+                            apply_client(&inner2, vec![a]);
+                        }
+                    }
+                });
+            }
+            requester::Action::Close => fail_all(inner, "memory could not be fenced"),
+        }
+    }
+}
+
+fn fail_all(inner: &Arc<ClientInner>, why: &str) {
+    let waiters = {
+        let mut st = lock(&inner.state);
+        st.closed = true;
+        let ClientState { req, reg, .. } = &mut *st;
+        let _ = req.on_disconnect(reg);
+        std::mem::take(&mut st.waiters)
+    };
+    for (_, tx) in waiters {
+        let _ = tx.send(Err(RpcError::Transport(why.to_string())));
+    }
+}
+
+async fn client_recv_loop(inner: Arc<ClientInner>, rcq: CompletionQueue) {
+    loop {
+        let c = rcq.next().await;
+        if c.status != WcStatus::Success {
+            break;
+        }
+        let i = c.wr_id as usize;
+        let Some(mr) = inner.link.recv_bufs.get(i) else {
+            break;
+        };
+        let Ok(msg) = mr.read(0, c.byte_len as usize) else {
+            break;
+        };
+        if inner.link.post_recv(i).is_err() {
+            break;
+        }
+        let actions = {
+            let mut st = lock(&inner.state);
+            let ClientState { req, reg, .. } = &mut *st;
+            req.on_receive(msg, c.invalidated_rkey, reg)
+        };
+        apply_client(&inner, actions);
+    }
+    fail_all(&inner, "connection lost");
+}
+
+impl RpcTransport for RdmaClient {
+    fn call(&self, req: CallRequest) -> BoxFuture<'_, Result<Bytes, RpcError>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let xid = inner.next_xid.fetch_add(1, Ordering::Relaxed);
+            let no_reduction = Credential::parse(&req.cred).is_ok_and(|c| c.forbids_reduction());
+            let cfg = &inner.cfg.rpc;
+            let policy = if no_reduction {
+                DdpPolicy::Inline
+            } else {
+                DdpPolicy::Reduce {
+                    min_len: cfg.ddp_min,
+                    max_items: cfg.max_read_chunks,
+                }
+            };
+            let head = CallHeader {
+                xid,
+                prog: req.prog,
+                vers: req.vers,
+                proc_: req.proc_,
+                cred: req.cred.clone(),
+                verf: req.verf.clone(),
+            };
+            let mut enc = Encoder::new().with_policy(policy);
+            head.encode(&mut enc);
+            (req.args)(&mut enc);
+            let timeout = req.timeout.unwrap_or(inner.cfg.call_timeout);
+            let call = OutCall {
+                xid,
+                prog: req.prog,
+                vers: req.vers,
+                proc_: req.proc_,
+                message: enc.finish(),
+                reply: req.reply.clone(),
+                no_reduction,
+                deadline: Some(Instant::now() + timeout),
+            };
+            let (tx, rx) = oneshot::channel();
+            let actions = {
+                let mut st = lock(&inner.state);
+                if st.closed {
+                    return Err(RpcError::Closed);
+                }
+                st.waiters.insert(xid, tx);
+                let ClientState { req, reg, .. } = &mut *st;
+                req.submit(call, reg)
+            };
+            apply_client(inner, actions);
+            match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(RpcError::Closed),
+                Err(_) => {
+                    // 5666bis §5.4.1: fence the call's memory before reporting the timeout.
+                    let actions = {
+                        let mut st = lock(&inner.state);
+                        let ClientState { req, reg, .. } = &mut *st;
+                        req.cancel(xid, RpcError::Timeout, reg)
+                    };
+                    apply_client(inner, actions);
+                    Err(RpcError::Timeout)
+                }
+            }
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("rdma://{}", self.inner.addr)
+    }
+}
+
+/// Connect to `rdma://host:port` (RPC-over-RDMA over soft-iWARP, or the device in `config`).
+pub async fn connect(
+    url: &str,
+    config: TransportConfig,
+) -> Result<Arc<dyn RpcTransport>, DriverError> {
+    let Some(rest) = url.strip_prefix("rdma://") else {
+        return Err(DriverError::Scheme(url.to_string()));
+    };
+    let addr = tokio::net::lookup_host(rest)
+        .await
+        .map_err(|e| DriverError::Address(e.to_string()))?
+        .next()
+        .ok_or_else(|| DriverError::Address(rest.to_string()))?;
+    Ok(Arc::new(RdmaClient::connect(addr, config).await?))
+}

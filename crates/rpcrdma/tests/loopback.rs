@@ -1,0 +1,226 @@
+//! The drivers over real verbs: the in-memory loopback provider and soft-iWARP on 127.0.0.1.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use oncrpc::{AcceptStat, CallRequest, ReplyExpectation, RpcError, RpcTransport};
+use rpcrdma::engine::Config;
+use rpcrdma::ulb::UpperLayerBinding;
+use rpcrdma::{RdmaClient, RdmaServer, TransportConfig};
+use verbs::{Device, LoopbackFabric};
+
+fn pattern(n: usize, seed: u8) -> Bytes {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
+        .collect::<Vec<_>>()
+        .into()
+}
+
+fn echo_req(tag: u32, data: Bytes, extra: Bytes, ddp: bool) -> CallRequest {
+    let reply = ReplyExpectation {
+        max_len: Some(64 + data.len() + extra.len()),
+        ddp_items: if ddp { vec![data.len()] } else { vec![] },
+    };
+    CallRequest::new(PROG, VERS, ECHO, move |e| {
+        e.put_u32(tag);
+        e.put_ddp_opaque(data.clone());
+        e.put_opaque_bytes(extra.clone());
+    })
+    .with_reply(reply)
+    .with_timeout(Duration::from_secs(20))
+}
+
+fn ulb_list() -> Vec<Arc<dyn UpperLayerBinding>> {
+    vec![Arc::new(EchoUlb)]
+}
+
+async fn pair(
+    device: Device,
+    addr: SocketAddr,
+    client: Config,
+    server: Config,
+) -> (RdmaServer, RdmaClient) {
+    let scfg = TransportConfig {
+        rpc: server,
+        device: Some(device.clone()),
+        ..TransportConfig::default()
+    };
+    let srv = RdmaServer::bind(addr, dispatcher(), ulb_list(), scfg)
+        .await
+        .unwrap();
+    let ccfg = TransportConfig {
+        rpc: client,
+        device: Some(device),
+        ..TransportConfig::default()
+    };
+    let cl = RdmaClient::connect_with(srv.local_addr(), ccfg, ulb_list(), None)
+        .await
+        .unwrap();
+    (srv, cl)
+}
+
+async fn check_forms(cl: &RdmaClient) {
+    // (data, extra, ddp): Short, Chunked (odd lengths), Long Call, Long Reply, both at once.
+    let cases = [
+        (10usize, 10usize, false),
+        (4097, 3, true),
+        (4099, 1, true),
+        (8192, 0, true),
+        (10, 6001, false),
+        (9001, 5003, true),
+        (100, 5, true),
+    ];
+    for (i, (d, x, ddp)) in cases.into_iter().enumerate() {
+        let data = pattern(d, i as u8);
+        let extra = pattern(x, 3);
+        let got = cl
+            .call(echo_req(i as u32, data.clone(), extra.clone(), ddp))
+            .await
+            .unwrap_or_else(|e| panic!("case {i}: {e}"));
+        assert_eq!(got, echo_results_bytes(i as u32, &data, &extra), "case {i}");
+    }
+    let s = cl.stats();
+    assert!(
+        s.short >= 1 && s.chunked >= 3 && s.long_call >= 2 && s.long_reply >= 2,
+        "{s:?}"
+    );
+    assert_eq!(cl.live_registrations(), 0, "every registration fenced");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_every_message_form() {
+    let fabric = LoopbackFabric::new();
+    let dev = Device::loopback(&fabric);
+    let (_srv, cl) = pair(
+        dev,
+        "10.0.0.1:20049".parse().unwrap(),
+        Config::default(),
+        Config::default(),
+    )
+    .await;
+    check_forms(&cl).await;
+    assert!(cl.describe().starts_with("rdma://"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soft_iwarp_every_message_form() {
+    let (_srv, cl) = pair(
+        Device::soft_iwarp(),
+        "127.0.0.1:0".parse().unwrap(),
+        Config::default(),
+        Config::default(),
+    )
+    .await;
+    check_forms(&cl).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_thousand_calls_with_32_credits() {
+    let fabric = LoopbackFabric::new();
+    let dev = Device::loopback(&fabric);
+    let client = Config {
+        credits: 128,
+        ..Config::default()
+    };
+    let server = Config {
+        credits: 32,
+        ..Config::default()
+    };
+    let (srv, cl) = pair(dev, "10.0.0.2:20049".parse().unwrap(), client, server).await;
+    let cl = Arc::new(cl);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..1000u32 {
+        let cl = cl.clone();
+        set.spawn(async move {
+            let data = pattern((i as usize * 37) % 6000, i as u8);
+            let got = cl.call(echo_req(i, data.clone(), Bytes::new(), true)).await;
+            (i, data, got)
+        });
+    }
+    let mut n = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(50);
+    while let Some(r) = tokio::time::timeout_at(deadline, set.join_next())
+        .await
+        .expect("no deadlock: all calls finish")
+    {
+        let (i, data, got) = r.unwrap();
+        assert_eq!(got.unwrap(), echo_results_bytes(i, &data, &[]));
+        n += 1;
+    }
+    assert_eq!(n, 1000);
+    let s = cl.stats();
+    assert_eq!(s.over_limit, 0);
+    assert!(s.max_outstanding <= 32 && s.max_outstanding > 1, "{s:?}");
+    let c = srv.counters();
+    assert_eq!(c.over_credit.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert!(c.max_in_progress.load(std::sync::atomic::Ordering::Relaxed) <= 32);
+    assert_eq!(cl.live_registrations(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_error_paths() {
+    let fabric = LoopbackFabric::new();
+    let dev = Device::loopback(&fabric);
+    let (_srv, cl) = pair(
+        dev,
+        "10.0.0.3:20049".parse().unwrap(),
+        Config::default(),
+        Config::default(),
+    )
+    .await;
+    // A non-eligible item reduced into a Read chunk: GARBAGE_ARGS.
+    let bad = CallRequest::new(PROG, VERS, ECHO, |e| {
+        e.put_u32(1);
+        e.put_opaque(b"x");
+        e.put_ddp_opaque(Bytes::from(vec![7u8; 3000]));
+    })
+    .with_reply(ReplyExpectation {
+        max_len: Some(4000),
+        ddp_items: vec![],
+    });
+    assert!(matches!(
+        cl.call(bad).await,
+        Err(RpcError::Accepted(AcceptStat::GarbageArgs))
+    ));
+    // Unknown program and procedure: RFC 5531 errors pass through.
+    assert!(matches!(
+        cl.call(CallRequest::null(PROG + 1, 1)).await,
+        Err(RpcError::Accepted(AcceptStat::ProgUnavail))
+    ));
+    assert!(matches!(
+        cl.call(CallRequest::new(PROG, VERS, 77, |_| {})).await,
+        Err(RpcError::Accepted(AcceptStat::ProcUnavail))
+    ));
+    // The connection is still good.
+    cl.call(CallRequest::null(PROG, VERS)).await.unwrap();
+    assert_eq!(cl.live_registrations(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_url_schemes() {
+    assert!(
+        rpcrdma::connect("udp://127.0.0.1:1", TransportConfig::default())
+            .await
+            .is_err()
+    );
+    let srv = RdmaServer::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        dispatcher(),
+        ulb_list(),
+        TransportConfig::default(),
+    )
+    .await
+    .unwrap();
+    let t = rpcrdma::connect(
+        &format!("rdma://{}", srv.local_addr()),
+        TransportConfig::default(),
+    )
+    .await
+    .unwrap();
+    t.call(CallRequest::null(PROG, VERS)).await.unwrap();
+}
