@@ -1423,3 +1423,106 @@ fn finish(path: &mut Path, m: OutMsg, end: u64, kind: TransportKind) {
 }
 
 const _: () = assert!(CONG_MAP_LEN == 8192);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Message;
+
+    fn engine(ip: [u8; 4]) -> Engine {
+        let mut c = EngineConfig::tcp(Ipv4Addr::from(ip));
+        c.seed = Some(5);
+        Engine::new(c)
+    }
+
+    #[test]
+    fn reconnect_backoff_is_random_doubling_and_capped() {
+        let mut e = engine([10, 0, 0, 1]);
+        e.bind(1000).unwrap();
+        let now = Instant::now();
+        let peer = Ipv4Addr::new(10, 0, 0, 2);
+        let _ = e.ping(now, 1000, peer);
+        let id = PathId { peer, index: 0 };
+        // First try immediately.
+        assert_eq!(e.poll_action(), Some(Action::Connect(id)));
+        let mut cap = Duration::from_millis(2);
+        let mut t = now;
+        for _ in 0..20 {
+            e.connect_failed(t, id);
+            let at = e.poll_timeout().expect("retry scheduled");
+            let d = at - t;
+            assert!(d < cap, "delay {d:?} not below {cap:?}");
+            assert!(d < Duration::from_secs(1));
+            // Nothing happens before the time; the connect is issued at it.
+            e.handle_timeout(at - Duration::from_nanos(1).min(d));
+            assert!(d.is_zero() || e.poll_action().is_none());
+            e.handle_timeout(at);
+            assert_eq!(e.poll_action(), Some(Action::Connect(id)));
+            t = at;
+            cap = (cap * 2).min(Duration::from_secs(1));
+        }
+        // A successful connect resets the back-off: the next failure retries quickly again.
+        assert!(e.connected(t, id).is_some());
+    }
+
+    #[test]
+    fn larger_address_drops_own_connect_and_smaller_resets_inbound() {
+        let now = Instant::now();
+        let mut hi = engine([10, 0, 0, 9]);
+        let lo_ip = Ipv4Addr::new(10, 0, 0, 1);
+        hi.bind(7).unwrap();
+        let _ = hi.ping(now, 7, lo_ip);
+        let id = PathId {
+            peer: lo_ip,
+            index: 0,
+        };
+        assert_eq!(hi.poll_action(), Some(Action::Connect(id)));
+        assert_eq!(
+            hi.connected(now, id),
+            None,
+            "the larger side drops its own connect"
+        );
+        let mut lo = engine([10, 0, 0, 1]);
+        assert_eq!(
+            lo.accept(now, Ipv4Addr::new(10, 0, 0, 9)),
+            AcceptOutcome::Reject
+        );
+        assert_eq!(
+            lo.poll_action(),
+            Some(Action::Connect(PathId {
+                peer: Ipv4Addr::new(10, 0, 0, 9),
+                index: 0
+            }))
+        );
+    }
+
+    #[test]
+    fn sport_zero_ping_is_ignored_and_ping_is_answered() {
+        let now = Instant::now();
+        let mut e = engine([10, 0, 0, 2]);
+        let AcceptOutcome::Accept(tok) = e.accept(now, Ipv4Addr::new(10, 0, 0, 1)) else {
+            panic!("accept");
+        };
+        let mut stream = Vec::new();
+        stream.extend_from_slice(&CongMap::header().encode().unwrap());
+        stream.extend_from_slice(&CongMap::new().encode());
+        stream.extend_from_slice(&wire::ping(1, 0).encode().unwrap());
+        stream.extend_from_slice(&wire::ping(2, 4000).encode().unwrap());
+        e.on_recv(now, tok, &stream).unwrap();
+        let mut out = Vec::new();
+        while let Some(b) = e.poll_transmit(tok) {
+            out.extend_from_slice(&b);
+        }
+        // Our stream: cong map (48 + 8192), probe, then exactly one pong (to port 4000).
+        let mut off = 0;
+        let mut pongs = Vec::new();
+        while off < out.len() {
+            let (m, n) = Message::decode(&out[off..]).unwrap();
+            off += n;
+            if m.header.sport == 0 && m.header.dport != 0 && !m.header.is_cong_map() {
+                pongs.push(m.header.dport);
+            }
+        }
+        assert_eq!(pongs, vec![4000]);
+    }
+}
