@@ -388,8 +388,11 @@ impl Responder {
         let policy = if gss || chunks.writes.is_empty() {
             DdpPolicy::Inline
         } else {
+            // 5666bis §5.3.2: "When a Write list is provided for the results of an RPC Call,
+            // the responder MUST provide data corresponding to DDP-eligible XDR data items via
+            // RDMA Write operations": every eligible item goes to a chunk, however small.
             DdpPolicy::Reduce {
-                min_len: self.cfg.ddp_min,
+                min_len: 0,
                 max_items: chunks.writes.len(),
             }
         };

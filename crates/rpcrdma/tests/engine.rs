@@ -92,14 +92,76 @@ fn chunked_call_and_reply_with_odd_lengths() {
 }
 
 #[test]
-fn small_ddp_item_stays_inline_and_write_chunk_is_returned_unused() {
-    let mut h = Harness::new(cfg(8), cfg(8));
-    echo(&mut h, 9, 100, 5, reduce(1), expect(100, 5, true));
+fn small_ddp_items_still_use_the_write_chunk_and_unused_chunks_come_back_empty() {
+    let mut h = Harness::new(
+        Config {
+            max_write_chunks: 2,
+            ..cfg(8)
+        },
+        cfg(8),
+    );
+    // ECHO has one eligible result item; offering two Write chunks leaves the second unused.
+    let two = ReplyExpectation {
+        max_len: Some(200),
+        ddp_items: vec![100, 100],
+    };
+    echo(&mut h, 9, 99, 5, reduce(1), two);
     let (rh, _) = Header::decode(&h.server_sends[0]).unwrap();
     let Body::Msg(c) = rh.body else { panic!() };
-    // 5666bis §4.4.6.2: an unused Write chunk comes back with every segment length zero.
-    assert_eq!(c.writes.len(), 1);
-    assert!(c.writes[0].iter().all(|s| s.length == 0));
+    assert_eq!(c.writes.len(), 2);
+    // 5666bis §5.3.2: a small eligible item still goes through the Write chunk; its length
+    // is exact (no pad bytes, §4.4.6.1).
+    assert_eq!(c.writes[0].iter().map(|s| s.length).sum::<u32>(), 99);
+    // 5666bis §4.4.6.2: an unused Write chunk comes back with every segment length zero,
+    // and the number of segments is unchanged (§4.4.6).
+    assert_eq!(c.writes[1].len(), 1);
+    assert!(c.writes[1].iter().all(|s| s.length == 0));
+    assert_eq!(h.creg.live(), 0);
+}
+
+#[test]
+fn zero_grants_are_never_sent_or_honoured() {
+    // A Responder configured with zero credits still grants one (5666bis §4.3.1).
+    let mut h = Harness::new(cfg(8), cfg(0));
+    echo(&mut h, 1, 1, 1, DdpPolicy::Inline, expect(1, 1, false));
+    let (rh, _) = Header::decode(&h.server_sends[0]).unwrap();
+    assert_eq!(rh.credits, 1);
+    // A Requester that receives a zero grant keeps one credit and makes progress.
+    let mut h = Harness::new(cfg(8), cfg(8));
+    let m = echo_message(
+        2,
+        OpaqueAuth::none(),
+        DdpPolicy::Inline,
+        2,
+        &Bytes::new(),
+        &Bytes::new(),
+    );
+    let a = h
+        .req
+        .submit(out_call(2, ECHO, m, expect(0, 0, false)), &mut h.creg);
+    h.client_actions(a);
+    let m = echo_message(
+        3,
+        OpaqueAuth::none(),
+        DdpPolicy::Inline,
+        3,
+        &Bytes::new(),
+        &Bytes::new(),
+    );
+    let a = h
+        .req
+        .submit(out_call(3, ECHO, m, expect(0, 0, false)), &mut h.creg);
+    h.client_actions(a);
+    assert_eq!(h.to_server.len(), 1);
+    h.to_server.clear();
+    let a = h.req.on_receive(raw(&[2, 1, 0, 4, 2]), None, &mut h.creg);
+    h.client_actions(a);
+    assert_eq!(h.req.limit(), 1);
+    assert_eq!(
+        h.to_server.len(),
+        1,
+        "the next call goes out on the one remaining credit"
+    );
 }
 
 #[test]
@@ -676,13 +738,35 @@ fn backchannel_interleaved_with_forward_calls() {
         assert!(h.done.remove(&(1000 + i)).unwrap().is_ok());
     }
     assert!(h.resp.stats().back_max_outstanding <= 2);
-    // Reverse calls are RDMA_MSG with empty chunk lists (5666bis §7.3.4).
+    // Reverse calls are RDMA_MSG, version one, empty chunk lists, non-zero credits, with
+    // the RPC CALL carrying the same XID right after the header (5666bis §7.3.4, §7.2.1).
+    let mut seen = 0;
     for s in &h.server_sends {
         let (hd, n) = Header::decode(s).unwrap();
-        if oncrpc::MessageHeader::decode_message(&s.slice(n..))
-            .is_ok_and(|(m, _)| matches!(m, oncrpc::MessageHeader::Call(_)))
+        assert!(hd.credits >= 1);
+        if let Ok((oncrpc::MessageHeader::Call(c), _)) =
+            oncrpc::MessageHeader::decode_message(&s.slice(n..))
         {
             assert_eq!(hd.body, Body::Msg(Chunks::default()));
+            assert_eq!((hd.vers, c.xid), (1, hd.xid));
+            seen += 1;
         }
     }
+    assert_eq!(seen, 10);
+    // Backward replies from the client: the same rules, with a REPLY (5666bis §7.3.5).
+    let r = oncrpc::service::accepted(42, AcceptStat::Success, None);
+    let Some(rpcrdma::requester::Action::Send { data, .. }) =
+        h.req.back_reply(42, r.message.to_bytes())
+    else {
+        panic!()
+    };
+    let (hd, n) = Header::decode(&data).unwrap();
+    assert_eq!(
+        (hd.xid, hd.vers, hd.body),
+        (42, 1, Body::Msg(Chunks::default()))
+    );
+    assert!(hd.credits >= 1);
+    assert!(
+        matches!(oncrpc::MessageHeader::decode_message(&data.slice(n..)).unwrap().0, oncrpc::MessageHeader::Reply(r) if r.xid() == 42)
+    );
 }
