@@ -176,7 +176,7 @@ ix_capture_summary() {
     echo "--- $(basename "$(dirname "$f")")/$(basename "$f")"
     if command -v tshark >/dev/null; then
         # tibia: Wireshark's game dissector claims tcp/7171 (and our test ports must not be it)
-        tshark --disable-protocol tibia -r "$f" -q -z io,phs 2>/dev/null | grep -v -e '^=' -e '^Filter:' -e '^ *$' | sed 's/^/    /'
+        tshark --disable-protocol tibia -r "$f" -q -z io,phs 2>/dev/null | grep -v -e '^=' -e '^Filter:' -e '^ *$' | head -12 | sed 's/^/    /'
         n=$(tshark -r "$f" 2>/dev/null | wc -l)
         mal=$(tshark --disable-protocol tibia -r "$f" -Y '_ws.malformed || _ws.expert.severity >= error' 2>/dev/null | wc -l)
         echo "    frames: $n   malformed/error-expert frames: $mal"

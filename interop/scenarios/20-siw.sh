@@ -56,12 +56,17 @@ for m in $H2G; do
     esac
     ok=1 note=""
     for sz in $SIZES; do
-        for try in $(seq 60); do          # hostfwd accepts before the guest listens: retry
+        # hostfwd accepts before the guest listens, and the guest restarts its server between
+        # connections: retry, for up to 90 s until the first connection, then 5 times
+        t0=$SECONDS
+        while :; do
             timeout 120 "$OXRDMA" "${SUB[@]}" client 127.0.0.1 "$FP" "${opt[@]}" --size "$sz" --iters 3 \
                 --ops send,sendinv,write,read > "$IX_SCN_OUT/host-client.tmp" 2>&1
             rc=$?
-            grep -q '^CONNECTED' "$IX_SCN_OUT/host-client.tmp" && break
+            grep -q '^CONNECTED' "$IX_SCN_OUT/host-client.tmp" && { seen=1; break; }
             kill -0 $gpid 2>/dev/null || break
+            if [ "${seen:-0}" = 1 ]; then [ $((SECONDS - t0)) -lt 6 ] || break
+            else [ $((SECONDS - t0)) -lt 90 ] || break; fi
             sleep 1
         done
         { echo "---- $m size $sz rc=$rc"; cat "$IX_SCN_OUT/host-client.tmp"; } >> "$IX_SCN_OUT/host-client.log"
