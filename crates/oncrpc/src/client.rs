@@ -132,3 +132,76 @@ pub trait RpcTransport: Send + Sync + 'static {
     /// A short description ("tcp://127.0.0.1:2049").
     fn describe(&self) -> String;
 }
+
+/// A client for one program and version over any [`RpcTransport`], with a fixed credential.
+#[derive(Clone)]
+pub struct RpcClient {
+    transport: Arc<dyn RpcTransport>,
+    prog: u32,
+    vers: u32,
+    cred: OpaqueAuth,
+    timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for RpcClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcClient")
+            .field("transport", &self.transport.describe())
+            .field("prog", &self.prog)
+            .field("vers", &self.vers)
+            .field("cred_flavor", &self.cred.flavor)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RpcClient {
+    /// Calls to `prog`/`vers` with AUTH_NONE over `transport`.
+    pub fn new(transport: Arc<dyn RpcTransport>, prog: u32, vers: u32) -> Self {
+        RpcClient {
+            transport,
+            prog,
+            vers,
+            cred: OpaqueAuth::none(),
+            timeout: None,
+        }
+    }
+
+    /// Use this credential (for example [`OpaqueAuth::sys`]) on every call.
+    pub fn with_cred(mut self, cred: OpaqueAuth) -> Self {
+        self.cred = cred;
+        self
+    }
+
+    /// Per-call timeout (the transport's default otherwise).
+    pub fn with_timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &Arc<dyn RpcTransport> {
+        &self.transport
+    }
+
+    /// Call procedure `proc_`; `args` writes the arguments. Returns the results (the XDR after
+    /// the reply header) of a successful reply.
+    pub async fn call(
+        &self,
+        proc_: u32,
+        args: impl Fn(&mut Encoder) + Send + Sync + 'static,
+        reply: ReplyExpectation,
+    ) -> Result<Bytes, RpcError> {
+        let mut req = CallRequest::new(self.prog, self.vers, proc_, args)
+            .with_cred(self.cred.clone())
+            .with_reply(reply);
+        req.timeout = self.timeout;
+        self.transport.call(req).await
+    }
+
+    /// Call the NULL procedure (0). Any results are ignored.
+    pub async fn null(&self) -> Result<(), RpcError> {
+        self.call(0, |_| {}, ReplyExpectation::default())
+            .await
+            .map(drop)
+    }
+}

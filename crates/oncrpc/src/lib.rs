@@ -9,17 +9,30 @@
 //! - [`service`]: the transport-neutral server side. A [`service::Program`] handles calls; the
 //!   [`service::Dispatcher`] routes them and produces PROG_UNAVAIL, PROG_MISMATCH, PROC_UNAVAIL,
 //!   GARBAGE_ARGS, SYSTEM_ERR, RPC_MISMATCH and AUTH_ERROR replies.
-//! - [`client`]: the transport-neutral client side ([`client::RpcTransport`], [`client::CallRequest`]).
+//! - [`client`]: the transport-neutral client side ([`client::RpcTransport`], [`client::CallRequest`])
+//!   and [`client::RpcClient`], a per-program convenience wrapper over any transport.
+//! - [`record`]: TCP record marking (RFC 5531 §11), a sans-IO decoder and a zero-copy framer.
+//! - [`tcp`]: thin tokio drivers: [`tcp::TcpServer`] (concurrent calls per connection, bounded,
+//!   graceful shutdown) and [`tcp::TcpClient`] (pipelined, XID matching, timeouts, reconnect
+//!   and retransmit with the same XID).
+//! - [`null`]: a program that answers only NULL, for `rpcinfo`, benchmarks and tests.
 //!
 //! What it does not do: RPC-over-RDMA (crate `rpcrdma` implements the same traits over RDMA),
-//! RPCSEC_GSS context establishment or wrapping, and UDP.
+//! RPCSEC_GSS context establishment or wrapping, UDP, a duplicate request cache, and portmap
+//! registration (crate `nfs`).
 
 pub mod auth;
 pub mod client;
 pub mod message;
+pub mod null;
+pub mod record;
 pub mod service;
+pub mod tcp;
 
 pub use auth::{AuthSys, Credential, OpaqueAuth};
-pub use client::{CallRequest, ReplyExpectation, RpcError, RpcTransport};
+pub use client::{CallRequest, ReplyExpectation, RpcClient, RpcError, RpcTransport};
 pub use message::{AcceptStat, AuthStat, CallHeader, MessageHeader, RejectedReply, ReplyHeader};
+pub use null::null_program;
+pub use record::{RecordDecoder, RecordError};
 pub use service::{Call, CallContext, Dispatcher, Outcome, Program, ReplyMessage, TransportKind};
+pub use tcp::{ClientConfig, ServerConfig, TcpClient, TcpServer, serve_tcp};

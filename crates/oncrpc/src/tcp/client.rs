@@ -1,0 +1,456 @@
+//! The TCP client: pipelined calls on one connection, replies matched by XID, reconnection with
+//! retransmission of outstanding calls under their original XIDs.
+//!
+//! One driver task owns the connection. A call encodes its message once, registers it in the
+//! pending table under a fresh XID and hands the XID to the driver, which writes it. The driver's
+//! reader completes pending calls as replies arrive, in any order. When the connection breaks,
+//! the driver reconnects and writes every outstanding call again with the same XID and the same
+//! bytes, so a server with a duplicate request cache can recognise it (RFC 5531 §9 on XIDs; the
+//! retransmission rule is the one NFS clients follow over TCP, RFC 7530 §3.1.1 / RFC 1813 §4.4).
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use xdr::{Encoded, Encoder};
+
+use super::{lock, reserve_for_read};
+use crate::client::{CallRequest, RpcError, RpcTransport};
+use crate::message::{AcceptStat, CallHeader, MessageHeader, ReplyHeader};
+use crate::record::{DEFAULT_MAX_RECORD, MAX_FRAGMENT_LEN, RecordDecoder, frame, write_all_parts};
+use crate::service::BoxFuture;
+
+/// Client behaviour.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClientConfig {
+    /// Timeout of a call whose [`CallRequest::timeout`] is `None`, covering any retransmissions.
+    pub timeout: Duration,
+    /// How many times one call may be retransmitted after connection losses before it fails
+    /// with [`RpcError::Transport`].
+    pub max_retransmits: u32,
+    /// Consecutive failed connection attempts before the outstanding calls are failed.
+    pub reconnect_attempts: u32,
+    /// Delay before the second connection attempt; it doubles up to one second.
+    pub reconnect_backoff: Duration,
+    /// Timeout of one connection attempt.
+    pub connect_timeout: Duration,
+    /// Largest reply record accepted; a larger one breaks the connection.
+    pub max_record: usize,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            timeout: Duration::from_secs(30),
+            max_retransmits: 3,
+            reconnect_attempts: 5,
+            reconnect_backoff: Duration::from_millis(20),
+            connect_timeout: Duration::from_secs(5),
+            max_record: DEFAULT_MAX_RECORD,
+        }
+    }
+}
+
+impl ClientConfig {
+    /// Set the default per-call timeout.
+    pub fn with_timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+
+    /// Set the per-call retransmission cap.
+    pub fn with_max_retransmits(mut self, n: u32) -> Self {
+        self.max_retransmits = n;
+        self
+    }
+
+    /// Set the number of consecutive connection attempts.
+    pub fn with_reconnect_attempts(mut self, n: u32) -> Self {
+        self.reconnect_attempts = n.max(1);
+        self
+    }
+
+    /// Set the maximum reply record size.
+    pub fn with_max_record(mut self, n: usize) -> Self {
+        self.max_record = n;
+        self
+    }
+}
+
+struct Pending {
+    message: Encoded,
+    /// The connection generation this call was last written on (0: never written).
+    sent_gen: u64,
+    transmissions: u32,
+    done: oneshot::Sender<Result<Bytes, RpcError>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    pending: Mutex<HashMap<u32, Pending>>,
+}
+
+impl Shared {
+    fn complete(&self, xid: u32, result: Result<Bytes, RpcError>) {
+        if let Some(p) = lock(&self.pending).remove(&xid) {
+            let _ = p.done.send(result);
+        }
+    }
+
+    fn fail_all(&self, why: &str) {
+        let drained: Vec<Pending> = lock(&self.pending).drain().map(|(_, p)| p).collect();
+        for p in drained {
+            let _ = p.done.send(Err(RpcError::Transport(why.to_owned())));
+        }
+    }
+}
+
+/// Removes a call's pending entry however the call ends (reply, timeout, or the caller
+/// dropping the future).
+struct PendingGuard<'a> {
+    shared: &'a Shared,
+    xid: u32,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.shared.pending).remove(&self.xid);
+    }
+}
+
+/// An ONC RPC client over one TCP connection (re-established when lost). Cheap to share:
+/// wrap it in an `Arc` and call it from many tasks; calls are pipelined.
+pub struct TcpClient {
+    shared: Arc<Shared>,
+    to_driver: mpsc::UnboundedSender<u32>,
+    next_xid: AtomicU32,
+    peer: SocketAddr,
+    config: ClientConfig,
+    driver: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for TcpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpClient")
+            .field("peer", &self.peer)
+            .field("in_flight", &self.in_flight())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for TcpClient {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+impl TcpClient {
+    /// Connect to `peer` with the default configuration.
+    pub async fn connect(peer: SocketAddr) -> io::Result<Self> {
+        Self::connect_with(peer, ClientConfig::default()).await
+    }
+
+    /// Connect to `peer`. The first connection must succeed; later losses are handled by
+    /// reconnecting.
+    pub async fn connect_with(peer: SocketAddr, config: ClientConfig) -> io::Result<Self> {
+        let stream = connect_once(peer, &config).await?;
+        let shared = Arc::new(Shared::default());
+        let (to_driver, rx) = mpsc::unbounded_channel();
+        let driver = tokio::spawn(drive(peer, shared.clone(), rx, stream, config.clone()));
+        Ok(TcpClient {
+            shared,
+            to_driver,
+            // RFC 5531 §9: the XID only has to be unique among the client's outstanding calls;
+            // a random start makes reuse across client restarts unlikely.
+            next_xid: AtomicU32::new(rand::random()),
+            peer,
+            config,
+            driver,
+        })
+    }
+
+    /// The server's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Calls sent (or waiting to be sent) and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        lock(&self.shared.pending).len()
+    }
+
+    async fn call_inner(&self, req: CallRequest) -> Result<Bytes, RpcError> {
+        let (done, result) = oneshot::channel();
+        let mut pending = Pending {
+            message: Encoded::default(),
+            sent_gen: 0,
+            transmissions: 0,
+            done,
+        };
+        let xid = {
+            let mut table = lock(&self.shared.pending);
+            let mut xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
+            while table.contains_key(&xid) {
+                xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
+            }
+            let header = CallHeader {
+                xid,
+                prog: req.prog,
+                vers: req.vers,
+                proc_: req.proc_,
+                cred: req.cred.clone(),
+                verf: req.verf.clone(),
+            };
+            // TCP carries everything inline (the encoder's default policy).
+            let mut enc = Encoder::with_capacity(header.encoded_len() + 128);
+            header.encode(&mut enc);
+            (req.args)(&mut enc);
+            pending.message = enc.finish();
+            table.insert(xid, pending);
+            xid
+        };
+        let _guard = PendingGuard {
+            shared: &self.shared,
+            xid,
+        };
+        if self.to_driver.send(xid).is_err() {
+            return Err(RpcError::Closed);
+        }
+        let timeout = req.timeout.unwrap_or(self.config.timeout);
+        match tokio::time::timeout(timeout, result).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(RpcError::Closed),
+            Err(_) => Err(RpcError::Timeout),
+        }
+    }
+}
+
+impl RpcTransport for TcpClient {
+    fn call(&self, req: CallRequest) -> BoxFuture<'_, Result<Bytes, RpcError>> {
+        Box::pin(self.call_inner(req))
+    }
+
+    fn describe(&self) -> String {
+        format!("tcp://{}", self.peer)
+    }
+}
+
+async fn connect_once(peer: SocketAddr, config: &ClientConfig) -> io::Result<TcpStream> {
+    let stream = tokio::time::timeout(config.connect_timeout, TcpStream::connect(peer))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+async fn reconnect(peer: SocketAddr, config: &ClientConfig) -> io::Result<TcpStream> {
+    let mut delay = config.reconnect_backoff;
+    let mut last = io::Error::other("no connection attempt made");
+    for attempt in 0..config.reconnect_attempts.max(1) {
+        if attempt > 0 {
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+        }
+        match connect_once(peer, config).await {
+            Ok(s) => return Ok(s),
+            Err(e) => {
+                tracing::debug!(%peer, attempt, error = %e, "RPC/TCP reconnect failed");
+                last = e;
+            }
+        }
+    }
+    Err(last)
+}
+
+enum Exit {
+    /// The client was dropped.
+    Closed,
+    /// The connection broke.
+    Lost(io::Error),
+}
+
+async fn drive(
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    mut rx: mpsc::UnboundedReceiver<u32>,
+    first: TcpStream,
+    config: ClientConfig,
+) {
+    let mut stream = Some(first);
+    let mut generation: u64 = 0;
+    loop {
+        let s = match stream.take() {
+            Some(s) => s,
+            None => {
+                // Reconnect only when there is something to send. A queued XID needs no
+                // handling here: every pending call is written after reconnecting.
+                if lock(&shared.pending).is_empty() && rx.recv().await.is_none() {
+                    return;
+                }
+                match reconnect(peer, &config).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        shared.fail_all(&format!("cannot reconnect to {peer}: {e}"));
+                        continue;
+                    }
+                }
+            }
+        };
+        generation += 1;
+        match run_connection(s, generation, &shared, &mut rx, &config).await {
+            Exit::Closed => return,
+            Exit::Lost(e) => {
+                tracing::debug!(%peer, error = %e, "RPC/TCP connection lost; reconnecting");
+            }
+        }
+    }
+}
+
+/// Queue `xid` for writing on connection `generation` unless it was already written there.
+/// Returns an error to deliver when the call has used up its retransmissions.
+fn queue_call(
+    pending: &mut Pending,
+    generation: u64,
+    config: &ClientConfig,
+    parts: &mut VecDeque<Bytes>,
+) -> Option<RpcError> {
+    if pending.sent_gen == generation {
+        return None;
+    }
+    if pending.transmissions > config.max_retransmits {
+        return Some(RpcError::Transport(format!(
+            "connection lost {} times; retransmission limit reached",
+            pending.transmissions
+        )));
+    }
+    pending.sent_gen = generation;
+    pending.transmissions += 1;
+    parts.extend(frame(&pending.message, MAX_FRAGMENT_LEN));
+    None
+}
+
+fn queue_all(shared: &Shared, generation: u64, config: &ClientConfig, parts: &mut VecDeque<Bytes>) {
+    let mut failed = Vec::new();
+    {
+        let mut table = lock(&shared.pending);
+        for (xid, p) in table.iter_mut() {
+            if let Some(e) = queue_call(p, generation, config, parts) {
+                failed.push((*xid, e));
+            }
+        }
+    }
+    for (xid, e) in failed {
+        shared.complete(xid, Err(e));
+    }
+}
+
+async fn run_connection(
+    stream: TcpStream,
+    generation: u64,
+    shared: &Shared,
+    rx: &mut mpsc::UnboundedReceiver<u32>,
+    config: &ClientConfig,
+) -> Exit {
+    let (mut rd, mut wr) = stream.into_split();
+
+    let writer = async {
+        let mut parts = VecDeque::new();
+        // Everything outstanding: calls made while disconnected, and retransmissions of calls
+        // written on a previous connection (same XID, same bytes).
+        queue_all(shared, generation, config, &mut parts);
+        write_all_parts(&mut wr, &mut parts).await?;
+        loop {
+            let Some(first) = rx.recv().await else {
+                return Ok(());
+            };
+            let mut batch = vec![first];
+            while batch.len() < 64 {
+                match rx.try_recv() {
+                    Ok(x) => batch.push(x),
+                    Err(_) => break,
+                }
+            }
+            let mut failed = Vec::new();
+            {
+                let mut table = lock(&shared.pending);
+                for xid in batch {
+                    // Absent: already answered, timed out, or cancelled.
+                    if let Some(p) = table.get_mut(&xid)
+                        && let Some(e) = queue_call(p, generation, config, &mut parts)
+                    {
+                        failed.push((xid, e));
+                    }
+                }
+            }
+            for (xid, e) in failed {
+                shared.complete(xid, Err(e));
+            }
+            write_all_parts(&mut wr, &mut parts).await?;
+        }
+    };
+
+    let reader = async {
+        let mut decoder = RecordDecoder::new(config.max_record);
+        let mut buf = BytesMut::new();
+        loop {
+            while let Some(record) = decoder
+                .decode(&mut buf)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?
+            {
+                deliver(shared, record);
+            }
+            reserve_for_read(&mut buf, &decoder);
+            if rd.read_buf(&mut buf).await? == 0 {
+                return Err::<(), io::Error>(io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+    };
+
+    tokio::select! {
+        r = writer => match r {
+            Ok(()) => Exit::Closed,
+            Err(e) => Exit::Lost(e),
+        },
+        r = reader => match r {
+            Ok(()) => Exit::Lost(io::ErrorKind::UnexpectedEof.into()),
+            Err(e) => Exit::Lost(e),
+        },
+    }
+}
+
+/// Match a reply record to its call and complete it.
+fn deliver(shared: &Shared, record: Bytes) {
+    let Some(xid) = record
+        .get(..4)
+        .map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]]))
+    else {
+        tracing::debug!("discarding RPC reply shorter than an XID");
+        return;
+    };
+    let result = match MessageHeader::decode_message(&record) {
+        Ok((MessageHeader::Reply(ReplyHeader::Accepted { stat, .. }), body)) => match stat {
+            AcceptStat::Success => Ok(body),
+            other => Err(RpcError::Accepted(other)),
+        },
+        Ok((MessageHeader::Reply(ReplyHeader::Denied { reason, .. }), _)) => {
+            Err(RpcError::Rejected(reason))
+        }
+        Ok((MessageHeader::Call(_), _)) => {
+            // Backchannel calls (RFC 8167) are not supported over TCP here.
+            tracing::debug!(xid, "ignoring RPC CALL received by a client");
+            return;
+        }
+        Err(e) => Err(RpcError::BadReply(e.to_string())),
+    };
+    shared.complete(xid, result);
+}

@@ -1,0 +1,28 @@
+//! ONC RPC over TCP (RFC 5531 §11 record marking): an async server and an async client.
+//!
+//! Both are thin tokio drivers around the sans-IO [`crate::record::RecordDecoder`] and the
+//! transport-neutral [`crate::Dispatcher`] / [`crate::RpcTransport`].
+
+mod client;
+mod server;
+
+pub use client::{ClientConfig, TcpClient};
+pub use server::{ServerConfig, TcpServer, serve_connection, serve_tcp};
+
+use bytes::BytesMut;
+
+/// Smallest read the drivers ask the socket for.
+const READ_CHUNK: usize = 64 * 1024;
+/// Largest single reservation the drivers make for a fragment that is still arriving: a peer
+/// announcing a huge fragment does not make us allocate it up front.
+const MAX_RESERVE: usize = 1 << 20;
+
+/// Make room in `buf` for the next read, guided by how much the decoder still wants.
+fn reserve_for_read(buf: &mut BytesMut, decoder: &crate::record::RecordDecoder) {
+    let wanted = decoder.wanted(buf);
+    buf.reserve(wanted.clamp(READ_CHUNK, MAX_RESERVE));
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
