@@ -189,7 +189,7 @@ impl RxAssembler {
                         if h.len == 0 {
                             f(h, Bytes::new());
                         } else {
-                            self.payload.reserve(h.len as usize);
+                            self.payload.reserve((h.len as usize).min(64 * 1024));
                             self.header = Some(h);
                         }
                     }

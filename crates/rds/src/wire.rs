@@ -510,7 +510,15 @@ impl CongMap {
 
     /// Ports marked congested, ascending.
     pub fn congested_ports(&self) -> impl Iterator<Item = u16> + '_ {
-        (0..=u16::MAX).filter(move |p| self.get(*p))
+        self.bits
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b != 0)
+            .flat_map(|(i, b)| {
+                (0..8u16)
+                    .filter(move |bit| b & (1 << bit) != 0)
+                    .map(move |bit| (i as u16) * 8 + bit)
+            })
     }
 
     /// The 8192-byte payload.
