@@ -615,7 +615,8 @@ impl RdmaClient {
         let (recv_bufs, send_bufs) = pools(
             &pd,
             nrecv,
-            cfg.inline_recv as usize,
+            // 5666bis §4.3.3: receivers support at least 1024-byte messages.
+            cfg.inline_recv.max(crate::privdata::DEFAULT_INLINE) as usize,
             nrecv,
             cfg.inline_send as usize,
         )?;

@@ -102,12 +102,12 @@ impl Negotiated {
         match peer {
             Some(p) => Negotiated {
                 send_inline: own_send.min(p.recv_size),
-                recv_inline: own_recv,
+                recv_inline: own_recv.max(DEFAULT_INLINE),
                 peer_remote_invalidate: p.remote_invalidate,
             },
             None => Negotiated {
                 send_inline: own_send.min(DEFAULT_INLINE),
-                recv_inline: own_recv,
+                recv_inline: own_recv.max(DEFAULT_INLINE),
                 peer_remote_invalidate: false,
             },
         }
