@@ -19,6 +19,23 @@
 //! `h_ack` / `ACK_REQUIRED` / ack-only bookkeeping for it, but no verbs driver), RDMA
 //! operations and their extension headers beyond encoding/decoding, IB credits and
 //! fragmentation, IPv6, and TCP-AO.
+//!
+//! Behaviour worth knowing:
+//! - Delivery over TCP is confirmed by TCP's acknowledgement of a message's last byte, as in
+//!   the kernel. If the peer *process* dies with bytes still unread in its socket, those
+//!   messages are gone; the peer comes back with a new generation number, and RDS semantics
+//!   treat that as a new incarnation (spec "RDS Generation Number"). Without SIOCOUTQ (non-Linux)
+//!   nothing is confirmed early and messages are only released by a clean connection end.
+//! - Every connect on path 0 (by either side) sends a probe carrying NPATHS and GEN_NUM, so a
+//!   restarted peer is noticed on the first reconnect. The probe takes a new sequence number and
+//!   is therefore queued after retransmissions, never ahead of them.
+//! - Our congestion maps carry a SPORT_IDX extension naming the path, so an accepting oxrdma
+//!   node binds each TCP connection to the right path even after reconnects. Linux 6.1 ignores
+//!   extensions on congestion maps, and as acceptor binds connections to paths in accept order
+//!   (`rds_tcp_accept_one_path`); against such a peer a reconnect of one path among several can
+//!   land on a different path index, which kernel-to-kernel 6.1 shares.
+//! - When a peer reconnects a path before we saw its old connection end, the old connection is
+//!   read to its end (at most 5 s) before bytes of the new one are processed.
 
 pub mod engine;
 pub mod error;

@@ -21,7 +21,7 @@ pub const MAX_MSG_LEN: usize = 1 << 20;
 pub const CONG_MAP_LEN: usize = 8192;
 /// Fragment size of the IB transport (spec 3.1 "Fragmented messages").
 pub const FRAG_SIZE: usize = 4096;
-/// IANA port of the RDS-over-TCP service (spec 3.1, [RDGS]).
+/// IANA port of the RDS-over-TCP service (spec 3.1, "RDGS").
 pub const RDS_TCP_PORT: u16 = 16385;
 /// The reserved port multipath probes are sent from (`RDS_FLAG_PROBE_PORT`).
 pub const PROBE_PORT: u16 = 1;
