@@ -1,15 +1,40 @@
 //! # nfs — NFS on RPC-over-RDMA for oxrdma
 //!
-//! (overview completed below with the crate)
+//! What it does:
+//! - [`nfs3`], [`mount`], [`portmap`]: the NFSv3 (RFC 1813), MOUNT v3 (RFC 1813 Appendix I)
+//!   and port mapper v2 / rpcbind v3-v4 (RFC 1833) protocol types, with checked decoding (never
+//!   panics, bounded lengths) and exact encoding.
+//! - [`ulb`]: the NFS Upper-Layer Binding for RPC-over-RDMA (RFC 8267): which items are
+//!   DDP-eligible for NFSv2/v3 and NFSv4.x (with a COMPOUND scanner that skips every
+//!   operation's arguments), Write-chunk pairing, chunk-complexity limits, reply-size
+//!   estimation and the short Reply chunk retry policy. [`ulb::NfsBinding`] implements
+//!   `rpcrdma::ulb::UpperLayerBinding`.
+//! - [`vfs`] and [`server`]: an NFSv3 server over a local directory, served as
+//!   `oncrpc::Program`s (NFS 100003 v3, MOUNT 100005 v3). Stateless file handles that survive
+//!   a restart, paths confined to the export (no `..` or symlink escape), AUTH_SYS permission
+//!   checks, real `fsync` for COMMIT and stable WRITEs.
+//! - [`portmap::Portmapper`]: a port mapper / rpcbind registry served as a program.
+//! - [`client`]: NFSv3, MOUNT and port mapper clients over any `oncrpc::RpcTransport`, with
+//!   the binding applied (WRITE data and SYMLINK paths DDP-eligible; READ and READLINK calls
+//!   announce their reply's Write chunk and maximum size).
+//! - [`serve`]: the entry point the CLI uses (NFS + MOUNT + port mapper over TCP), with the
+//!   documented place where the RPC-over-RDMA listener joins.
+//!
+//! What it does not do: NFSv4 service (only its RDMA binding), NLM/NSM locking, NFSACL,
+//! RPCSEC_GSS, UDP, or device nodes for non-root callers. MKNOD of devices needs a root caller
+//! and a server running as root.
 
 #![forbid(unsafe_code)]
 
 mod xdr_util;
 
+pub mod client;
 pub mod mount;
 pub mod nfs3;
 pub mod portmap;
+pub mod serve;
 pub mod server;
+pub mod ulb;
 pub mod vfs;
 
 pub use xdr_util::{Void, decode_exact, encode_to_bytes};

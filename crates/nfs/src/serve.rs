@@ -1,0 +1,210 @@
+//! The server entry point: NFSv3 + MOUNT v3 + port mapper over TCP, for the CLI.
+//!
+//! [`start`] binds the listeners, registers every service with its own port mapper, and
+//! returns a [`Served`] handle. NFS and MOUNT are both served on the NFS port; MOUNT also gets
+//! a listener of its own when [`ServeConfig::mount`] is set (RFC 8267 §5.1: MOUNT stays on TCP).
+//!
+//! ## Adding the RPC-over-RDMA listener
+//! RPC-over-RDMA is a second transport for the *same* NFS dispatcher: the RDMA server (crate
+//! `rpcrdma`) serves [`Served::nfs_dispatcher`] with [`crate::ulb::NfsBinding`] as the
+//! program's Upper-Layer Binding, normally on port [`crate::ulb::NFS_RDMA_PORT`] (RFC 8267
+//! §4.2, §9), and the caller then records it with [`Served::register_rdma`] so that
+//! rpcbind GETADDR for netid "rdma"/"rdma6" finds it. Nothing in this module depends on the
+//! RDMA transport.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use oncrpc::{Dispatcher, ServerConfig, TcpServer};
+
+use crate::portmap::{PortmapProgram, Portmapper, Registration};
+use crate::server::{ExportOptions, NfsServer};
+use crate::{mount, nfs3};
+
+/// What to serve and where.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The directory to export.
+    pub export: PathBuf,
+    /// The path clients pass to MNT (default: the export's canonical path; "/" also works
+    /// when set so).
+    pub export_name: Option<String>,
+    /// Refuse modifications with NFS3ERR_ROFS.
+    pub read_only: bool,
+    /// NFS (and MOUNT) over TCP; `None` disables TCP (nothing to serve then but the port
+    /// mapper). The conventional port is 2049.
+    pub tcp: Option<SocketAddr>,
+    /// A separate MOUNT listener (mountd); MOUNT is always served on the NFS port as well.
+    pub mount: Option<SocketAddr>,
+    /// The port mapper / rpcbind listener (conventionally port 111).
+    pub portmap: Option<SocketAddr>,
+}
+
+impl ServeConfig {
+    /// Serve `export` on 0.0.0.0:2049 with a port mapper on 0.0.0.0:111.
+    pub fn new(export: impl Into<PathBuf>) -> Self {
+        ServeConfig {
+            export: export.into(),
+            export_name: None,
+            read_only: false,
+            tcp: Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 2049)),
+            mount: None,
+            portmap: Some(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                crate::portmap::PORT,
+            )),
+        }
+    }
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct Served {
+    server: Arc<NfsServer>,
+    portmapper: Arc<Portmapper>,
+    nfs_dispatcher: Arc<Dispatcher>,
+    /// Where NFS (and MOUNT) listen.
+    pub nfs_addr: Option<SocketAddr>,
+    /// Where the separate MOUNT listener is.
+    pub mount_addr: Option<SocketAddr>,
+    /// Where the port mapper listens.
+    pub portmap_addr: Option<SocketAddr>,
+    listeners: Vec<TcpServer>,
+}
+
+impl Served {
+    /// The NFS server state (export, write verifier).
+    pub fn server(&self) -> &Arc<NfsServer> {
+        &self.server
+    }
+
+    /// The registry behind the port mapper.
+    pub fn portmapper(&self) -> &Arc<Portmapper> {
+        &self.portmapper
+    }
+
+    /// The dispatcher with the NFS and MOUNT programs: what another transport (RPC-over-RDMA)
+    /// serves.
+    pub fn nfs_dispatcher(&self) -> Arc<Dispatcher> {
+        self.nfs_dispatcher.clone()
+    }
+
+    /// Record an RPC-over-RDMA listener for NFSv3 in the port mapper (netid "rdma" or "rdma6",
+    /// RFC 8267 §4.2 / RFC 5665).
+    pub fn register_rdma(&self, addr: SocketAddr) {
+        self.portmapper.set(Registration {
+            prog: nfs3::PROGRAM,
+            vers: nfs3::VERSION,
+            netid: if addr.is_ipv6() { "rdma6" } else { "rdma" }.into(),
+            addr,
+            owner: "oxrdma".into(),
+        });
+    }
+
+    /// Stop every listener and wait for open connections to finish.
+    pub async fn shutdown(self) {
+        for l in self.listeners {
+            l.shutdown().await;
+        }
+    }
+}
+
+fn tcp_netid(addr: &SocketAddr) -> String {
+    if addr.is_ipv6() { "tcp6" } else { "tcp" }.into()
+}
+
+/// Largest RPC record accepted: a 1 MiB WRITE plus headers, with room to spare.
+const MAX_RECORD: usize = 4 << 20;
+
+/// Bind and start everything; see the module documentation.
+pub async fn start(config: ServeConfig) -> io::Result<Served> {
+    let export = config.export.clone();
+    let name = match &config.export_name {
+        Some(n) => n.clone(),
+        None => export.canonicalize()?.to_string_lossy().into_owned(),
+    };
+    let read_only = config.read_only;
+    let server = tokio::task::spawn_blocking(move || {
+        NfsServer::new(&export, ExportOptions { read_only, name })
+    })
+    .await
+    .map_err(io::Error::other)??;
+    let portmapper = Portmapper::new();
+    let nfs_dispatcher = Arc::new(
+        Dispatcher::new()
+            .with(server.nfs_program())
+            .with(server.mount_program())
+            .with(Arc::new(PortmapProgram(portmapper.clone()))),
+    );
+    let scfg = ServerConfig::default().with_max_record(MAX_RECORD);
+    let mut listeners = Vec::new();
+    let mut nfs_addr = None;
+    let mut mount_addr = None;
+    let mut portmap_addr = None;
+    if let Some(addr) = config.tcp {
+        let l = TcpServer::bind(addr, nfs_dispatcher.clone(), scfg.clone()).await?;
+        let a = l.local_addr();
+        nfs_addr = Some(a);
+        listeners.push(l);
+        for (prog, vers) in [
+            (nfs3::PROGRAM, nfs3::VERSION),
+            (mount::PROGRAM, mount::VERSION),
+        ] {
+            portmapper.set(Registration {
+                prog,
+                vers,
+                netid: tcp_netid(&a),
+                addr: a,
+                owner: "oxrdma".into(),
+            });
+        }
+    }
+    if let Some(addr) = config.mount {
+        let d = Arc::new(Dispatcher::new().with(server.mount_program()));
+        let l = TcpServer::bind(addr, d, ServerConfig::default()).await?;
+        let a = l.local_addr();
+        mount_addr = Some(a);
+        listeners.push(l);
+        portmapper.set(Registration {
+            prog: mount::PROGRAM,
+            vers: mount::VERSION,
+            netid: tcp_netid(&a),
+            addr: a,
+            owner: "oxrdma".into(),
+        });
+    }
+    if let Some(addr) = config.portmap {
+        let d = Arc::new(Dispatcher::new().with(Arc::new(PortmapProgram(portmapper.clone()))));
+        let l = TcpServer::bind(addr, d, ServerConfig::default()).await?;
+        let a = l.local_addr();
+        portmap_addr = Some(a);
+        listeners.push(l);
+        portmapper.register_self(a);
+    }
+    tracing::info!(
+        export = %server.export().root_path().display(),
+        nfs = ?nfs_addr,
+        mount = ?mount_addr,
+        portmap = ?portmap_addr,
+        "NFSv3 server started"
+    );
+    Ok(Served {
+        server,
+        portmapper,
+        nfs_dispatcher,
+        nfs_addr,
+        mount_addr,
+        portmap_addr,
+        listeners,
+    })
+}
+
+/// Start and serve until Ctrl-C, then shut down gracefully.
+pub async fn serve(config: ServeConfig) -> io::Result<()> {
+    let served = start(config).await?;
+    tokio::signal::ctrl_c().await?;
+    served.shutdown().await;
+    Ok(())
+}
