@@ -36,9 +36,11 @@ use crate::ulb::UpperLayerBinding;
 pub enum DriverError {
     #[error("verbs: {0}")]
     Verbs(#[from] verbs::VerbsError),
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
     #[error("bad address {0}")]
     Address(String),
-    #[error("unsupported URL scheme in {0} (use rdma://host:port)")]
+    #[error("unsupported URL scheme in {0} (use rdma://host:port or tcp://host:port)")]
     Scheme(String),
 }
 
@@ -329,6 +331,105 @@ struct ServerShared {
     /// XIDs whose replies were lost, per peer host (5666bis §5.5.3).
     lost: Mutex<HashMap<IpAddr, HashSet<u32>>>,
     counters: ServerCounters,
+    conns: Mutex<HashMap<u64, Arc<ServerConn>>>,
+    next_conn: AtomicU64,
+}
+
+/// Per-connection state shared by the receive loop, the call tasks and [`ServerConnection`].
+struct ServerConn {
+    link: Arc<Link>,
+    resp: Arc<Mutex<Responder>>,
+    peer: SocketAddr,
+    back_waiters: Mutex<HashMap<u32, oneshot::Sender<Bytes>>>,
+    next_xid: AtomicU32,
+}
+
+/// A handle on one accepted connection, for backward-direction calls (RFC 8167).
+#[derive(Clone)]
+pub struct ServerConnection {
+    conn: Arc<ServerConn>,
+}
+
+impl std::fmt::Debug for ServerConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConnection")
+            .field("peer", &self.conn.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerConnection {
+    /// The client's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.conn.peer
+    }
+
+    /// The Upper Layer learnt that the client handles backward calls (for NFSv4.1, a
+    /// CREATE_SESSION or BIND_CONN_TO_SESSION asking for the back channel): 5666bis §7.3.1.
+    pub fn enable_backchannel(&self) {
+        lock(&self.conn.resp).enable_backchannel();
+    }
+
+    /// Make a backward-direction call and wait for its results. Fails with
+    /// [`RpcError::Transport`] before [`ServerConnection::enable_backchannel`].
+    pub async fn back_call(
+        &self,
+        prog: u32,
+        vers: u32,
+        proc_: u32,
+        args: impl FnOnce(&mut Encoder),
+        timeout: Duration,
+    ) -> Result<Bytes, RpcError> {
+        let c = &self.conn;
+        let xid = c.next_xid.fetch_add(1, Ordering::Relaxed);
+        let mut e = Encoder::new();
+        CallHeader {
+            xid,
+            prog,
+            vers,
+            proc_,
+            cred: oncrpc::OpaqueAuth::none(),
+            verf: oncrpc::OpaqueAuth::none(),
+        }
+        .encode(&mut e);
+        args(&mut e);
+        let (tx, rx) = oneshot::channel();
+        lock(&c.back_waiters).insert(xid, tx);
+        let sent = lock(&c.resp).back_call(xid, e.into_bytes());
+        let actions = match sent {
+            Ok(a) => a,
+            Err(err) => {
+                lock(&c.back_waiters).remove(&xid);
+                return Err(RpcError::Transport(err.to_string()));
+            }
+        };
+        run_server_actions(actions, &c.link, &c.resp, None).await;
+        let msg = match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(m)) => m,
+            Ok(Err(_)) => return Err(RpcError::Closed),
+            Err(_) => {
+                lock(&c.back_waiters).remove(&xid);
+                let a = lock(&c.resp).cancel_back(xid);
+                run_server_actions(a, &c.link, &c.resp, None).await;
+                return Err(RpcError::Timeout);
+            }
+        };
+        let (h, results) = oncrpc::MessageHeader::decode_message(&msg)
+            .map_err(|e| RpcError::BadReply(e.to_string()))?;
+        match h {
+            oncrpc::MessageHeader::Reply(oncrpc::ReplyHeader::Accepted {
+                stat: oncrpc::AcceptStat::Success,
+                ..
+            }) => Ok(results),
+            oncrpc::MessageHeader::Reply(oncrpc::ReplyHeader::Accepted { stat, .. }) => {
+                Err(RpcError::Accepted(stat))
+            }
+            oncrpc::MessageHeader::Reply(oncrpc::ReplyHeader::Denied { reason, .. }) => {
+                Err(RpcError::Rejected(reason))
+            }
+            oncrpc::MessageHeader::Call(_) => Err(RpcError::BadReply("CALL as reply".into())),
+        }
+    }
 }
 
 /// An RPC-over-RDMA server.
@@ -370,6 +471,8 @@ impl RdmaServer {
             cfg: config,
             lost: Mutex::new(HashMap::new()),
             counters: ServerCounters::default(),
+            conns: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(0),
         });
         let sh = shared.clone();
         let task = tokio::spawn(async move {
@@ -398,6 +501,14 @@ impl RdmaServer {
     /// Counters.
     pub fn counters(&self) -> &ServerCounters {
         &self.shared.counters
+    }
+
+    /// The connections currently established.
+    pub fn connections(&self) -> Vec<ServerConnection> {
+        lock(&self.shared.conns)
+            .values()
+            .map(|c| ServerConnection { conn: c.clone() })
+            .collect()
     }
 }
 
@@ -439,6 +550,15 @@ async fn serve_connection(
         router,
     });
     let resp = Arc::new(Mutex::new(resp));
+    let conn_id = sh.next_conn.fetch_add(1, Ordering::Relaxed);
+    let sc = Arc::new(ServerConn {
+        link: link.clone(),
+        resp: resp.clone(),
+        peer,
+        back_waiters: Mutex::new(HashMap::new()),
+        next_xid: AtomicU32::new(rand::random::<u32>()),
+    });
+    lock(&sh.conns).insert(conn_id, sc.clone());
     let ctx = Arc::new(CallContext {
         peer: Some(peer),
         local: Some(link.conn.local_addr()),
@@ -456,11 +576,13 @@ async fn serve_connection(
         let msg = mr.read(0, c.byte_len as usize)?;
         link.post_recv(i)?;
         let inc = lock(&resp).on_receive(msg);
-        let (link, resp, sh, ctx) = (link.clone(), resp.clone(), sh.clone(), ctx.clone());
+        let (sc, sh, ctx) = (sc.clone(), sh.clone(), ctx.clone());
         tokio::spawn(async move {
-            handle_incoming(inc, &link, &resp, &sh, ctx).await;
+            handle_incoming(inc, &sc, &sh, ctx).await;
         });
     }
+    lock(&sh.conns).remove(&conn_id);
+    lock(&sc.back_waiters).clear();
     let lost = lock(&resp).take_lost();
     if !lost.is_empty() {
         lock(&sh.lost).entry(peer.ip()).or_default().extend(lost);
@@ -472,14 +594,23 @@ async fn serve_connection(
 
 async fn handle_incoming(
     mut inc: Incoming,
-    link: &Link,
-    resp: &Mutex<Responder>,
+    sc: &ServerConn,
     sh: &ServerShared,
     ctx: Arc<CallContext>,
 ) {
+    let (link, resp) = (&*sc.link, &*sc.resp);
     loop {
         match inc {
-            Incoming::Nothing | Incoming::BackReply { .. } => return,
+            Incoming::Nothing => return,
+            Incoming::BackReply { xid, message } => {
+                if let Some(tx) = lock(&sc.back_waiters).remove(&xid) {
+                    let _ = tx.send(message);
+                }
+                // A backward credit came back: queued backward calls may go now.
+                let a = lock(resp).poll_back();
+                run_server_actions(a, link, resp, None).await;
+                return;
+            }
             Incoming::Respond(actions) => {
                 run_server_actions(actions, link, resp, None).await;
                 return;
@@ -826,12 +957,17 @@ impl RpcTransport for RdmaClient {
     }
 }
 
-/// Connect to `rdma://host:port` (RPC-over-RDMA over soft-iWARP, or the device in `config`).
+/// Connect to `rdma://host:port` (RPC-over-RDMA over soft-iWARP, or the device in `config`)
+/// or `tcp://host:port` (ONC RPC over TCP with record marking, `oncrpc::TcpClient`).
 pub async fn connect(
     url: &str,
     config: TransportConfig,
 ) -> Result<Arc<dyn RpcTransport>, DriverError> {
-    let Some(rest) = url.strip_prefix("rdma://") else {
+    let (tcp, rest) = if let Some(r) = url.strip_prefix("rdma://") {
+        (false, r)
+    } else if let Some(r) = url.strip_prefix("tcp://") {
+        (true, r)
+    } else {
         return Err(DriverError::Scheme(url.to_string()));
     };
     let addr = tokio::net::lookup_host(rest)
@@ -839,5 +975,9 @@ pub async fn connect(
         .map_err(|e| DriverError::Address(e.to_string()))?
         .next()
         .ok_or_else(|| DriverError::Address(rest.to_string()))?;
+    if tcp {
+        let c = oncrpc::TcpClient::connect(addr).await?;
+        return Ok(Arc::new(c));
+    }
     Ok(Arc::new(RdmaClient::connect(addr, config).await?))
 }

@@ -17,4 +17,4 @@ pub mod requester;
 pub mod responder;
 pub mod ulb;
 
-pub use driver::{RdmaClient, RdmaServer, TransportConfig, connect};
+pub use driver::{RdmaClient, RdmaServer, ServerConnection, TransportConfig, connect};

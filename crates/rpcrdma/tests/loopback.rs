@@ -224,3 +224,101 @@ async fn connect_url_schemes() {
     .unwrap();
     t.call(CallRequest::null(PROG, VERS)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_backchannel_interleaved_with_forward_calls() {
+    let fabric = LoopbackFabric::new();
+    let dev = Device::loopback(&fabric);
+    let cfg = |credits| TransportConfig {
+        rpc: Config {
+            credits,
+            back_credits: 2,
+            ..Config::default()
+        },
+        device: Some(dev.clone()),
+        ..TransportConfig::default()
+    };
+    let srv = RdmaServer::bind(
+        "10.0.0.4:20049".parse().unwrap(),
+        dispatcher(),
+        ulb_list(),
+        cfg(32),
+    )
+    .await
+    .unwrap();
+    // The client offers a callback service (RFC 8167): a NULL-only program.
+    let back =
+        oncrpc::Dispatcher::new().with(Arc::new(oncrpc::null::NullProgram::new(0x4000_0000, 1, 1)));
+    let cl = Arc::new(
+        RdmaClient::connect_with(srv.local_addr(), cfg(64), ulb_list(), Some(back))
+            .await
+            .unwrap(),
+    );
+    // The first forward call guarantees the server has registered the connection.
+    cl.call(CallRequest::null(PROG, VERS)).await.unwrap();
+    let conns = srv.connections();
+    assert_eq!(conns.len(), 1);
+    let sc = conns[0].clone();
+    // 5666bis §7.3.1: refused until the Upper Layer says the client is ready.
+    assert!(
+        sc.back_call(0x4000_0000, 1, 0, |_| {}, Duration::from_secs(5))
+            .await
+            .is_err()
+    );
+    sc.enable_backchannel();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..50u32 {
+        let cl = cl.clone();
+        set.spawn(async move {
+            let data = pattern((i as usize * 101) % 5000, i as u8);
+            let got = cl
+                .call(echo_req(i, data.clone(), Bytes::new(), true))
+                .await
+                .unwrap();
+            assert_eq!(got, echo_results_bytes(i, &data, &[]));
+        });
+        let sc = sc.clone();
+        set.spawn(async move {
+            let r = sc
+                .back_call(0x4000_0000, 1, 0, |_| {}, Duration::from_secs(20))
+                .await;
+            assert_eq!(r.unwrap(), Bytes::new());
+        });
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(50);
+    while let Some(r) = tokio::time::timeout_at(deadline, set.join_next())
+        .await
+        .expect("no deadlock")
+    {
+        r.unwrap();
+    }
+    // An unknown callback program is answered by the client's dispatcher.
+    assert!(matches!(
+        sc.back_call(0x4000_0001, 1, 0, |_| {}, Duration::from_secs(5))
+            .await,
+        Err(RpcError::Accepted(AcceptStat::ProgUnavail))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_url_tcp() {
+    let srv = oncrpc::TcpServer::bind(
+        "127.0.0.1:0",
+        Arc::new(dispatcher()),
+        oncrpc::ServerConfig::default(),
+    )
+    .await
+    .unwrap();
+    let t = rpcrdma::connect(
+        &format!("tcp://{}", srv.local_addr()),
+        TransportConfig::default(),
+    )
+    .await
+    .unwrap();
+    let data = pattern(5000, 1);
+    let got = t
+        .call(echo_req(5, data.clone(), Bytes::new(), true))
+        .await
+        .unwrap();
+    assert_eq!(got, echo_results_bytes(5, &data, &[]));
+}
