@@ -38,6 +38,10 @@ pub struct StackConfig {
     pub default_rcvbuf: usize,
     /// Seed for the engine's random numbers (tests); `None` = from the OS.
     pub seed: Option<u64>,
+    /// Where to dial a peer when it is not `peer:tcp_port` (NAT, port forwarding: e.g. a QEMU
+    /// guest 10.0.2.15 reached through 127.0.0.1:HOSTPORT). Connections arriving from such a
+    /// socket address's IP are taken as coming from the peer.
+    pub peer_addrs: HashMap<Ipv4Addr, SocketAddrV4>,
 }
 
 impl StackConfig {
@@ -49,6 +53,7 @@ impl StackConfig {
             max_paths: 8,
             default_rcvbuf: 256 * 1024,
             seed: None,
+            peer_addrs: HashMap::new(),
         }
     }
 }
@@ -222,14 +227,20 @@ async fn accept_loop(inner: std::sync::Weak<Inner>, listener: TcpListener) {
         let SocketAddr::V4(addr) = addr else {
             continue;
         };
-        let outcome = lock(&inner.engine).accept(Instant::now(), *addr.ip());
+        let peer = inner
+            .cfg
+            .peer_addrs
+            .iter()
+            .find(|(_, a)| a.ip() == addr.ip())
+            .map_or(*addr.ip(), |(p, _)| *p);
+        let outcome = lock(&inner.engine).accept(Instant::now(), peer);
         match outcome {
             AcceptOutcome::Reject => {
                 // Reset it (facts: the smaller side resets and connects itself).
                 let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
                 drop(stream);
             }
-            AcceptOutcome::Accept(tok) => start_conn(&inner, stream, *addr.ip(), tok),
+            AcceptOutcome::Accept(tok) => start_conn(&inner, stream, peer, tok),
         }
         pump(&inner);
     }
@@ -274,17 +285,19 @@ async fn connect_task(inner: std::sync::Weak<Inner>, path: PathId) {
         return;
     };
     let local = i.cfg.local;
-    let port = i.cfg.tcp_port;
+    let target = i
+        .cfg
+        .peer_addrs
+        .get(&path.peer)
+        .copied()
+        .unwrap_or(SocketAddrV4::new(path.peer, i.cfg.tcp_port));
     drop(i);
     let res = async {
         let sock = TcpSocket::new_v4()?;
         sock.bind(SocketAddr::V4(SocketAddrV4::new(local, 0)))?;
-        let s = tokio::time::timeout(
-            Duration::from_secs(5),
-            sock.connect(SocketAddr::V4(SocketAddrV4::new(path.peer, port))),
-        )
-        .await
-        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+        let s = tokio::time::timeout(Duration::from_secs(5), sock.connect(SocketAddr::V4(target)))
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
         set_opts(&s)?;
         io::Result::Ok(s)
     }
