@@ -17,16 +17,19 @@ sleep 1; flag ready
 # phase 1: host pings our echo (host-to-guest); then we ping the host's echo (guest-to-host)
 wait_host echo-up 300 || { echo "host never came up"; exit 0; }
 for sz in 256 8192; do
-    timeout 120 python3 $B/rds-peer.py ping 10.0.2.15 $((4100 + sz % 100)) 10.0.2.2 4001 "$N" "$sz" 60 > /tmp/p.log 2>&1
+    timeout 120 python3 $B/rds-peer.py ping 10.0.2.15 $((4100 + sz % 100)) 10.0.2.2 4001 "$N" "$sz" 30 > /tmp/p.log 2>&1
     cat /tmp/p.log; res "guest-to-host/ping-$sz" /tmp/p.log
 done
 flag pinged
-# phase 2: congestion: the host blasts 8 KiB datagrams at port 4020, which starts reading late
-wait $cong; cat /tmp/cong.log; res congestion/delivered-in-order /tmp/cong.log
+# phase 2: congestion: the host blasts 8 KiB datagrams at port 4020, which starts reading late;
+# once the host says its sends are done, the receiver gets 60 s more
+wait_host cong-sent 400
+for i in $(seq 60); do kill -0 $cong 2>/dev/null || break; sleep 1; done
+kill $cong 2>/dev/null; wait $cong; cat /tmp/cong.log; res congestion/delivered-in-order /tmp/cong.log
 flag cong-done
 # phase 3: the host restarts (drops its connection and dials again); ping it again
 wait_host restarted 120 && {
-    timeout 120 python3 $B/rds-peer.py ping 10.0.2.15 4200 10.0.2.2 4001 "$N" 256 60 > /tmp/p.log 2>&1
+    timeout 120 python3 $B/rds-peer.py ping 10.0.2.15 4200 10.0.2.2 4001 "$N" 256 30 > /tmp/p.log 2>&1
     cat /tmp/p.log; res restart/guest-to-host /tmp/p.log
 }
 flag done

@@ -18,6 +18,7 @@ for v in $VARIANTS; do
         done
         echo "---- variant $v size $sz rc=$rc (attempt $try)"; sed 's/^/  iwpeer: /' /tmp/cli.log
         [ $rc = 0 ] || { ok=0; notes+=" size $sz: $(grep -m1 FAIL /tmp/cli.log)"; }
+        grep -q '^CONNECTED' /tmp/cli.log || { notes+=" (never connected; other sizes skipped)"; break; }
     done
     [ $ok = 1 ] && echo "CELL guest-to-host/$v pass $OPS both ways, sizes $SIZES" || echo "CELL guest-to-host/$v fail$notes"
 done

@@ -1,14 +1,22 @@
 #!/bin/bash
 # siw-serve-host.sh (guest) - kernel siw as the responder for the host's oxrdma iWARP peer:
-# runs COUNT iwpeer servers on 10.0.2.15:GPORT, one after the other (the host reaches it
-# through run.sh -p HOSTPORT:GPORT).  env: COUNT, GPORT, MAXSIZE.
-B=/mnt/host/bin
+# runs up to COUNT iwpeer servers on 10.0.2.15:GPORT, one after the other (the host reaches
+# it through run.sh -p HOSTPORT:GPORT), until the host drops /mnt/host/tmp/siw-host-done.
+# env: COUNT, GPORT, MAXSIZE.
+B=/mnt/host/bin; done_flag=/mnt/host/tmp/siw-host-done
 ulimit -l unlimited
 $B/siw-load.sh stock
 echo "GUEST-READY"
 for i in $(seq "${COUNT:-1}"); do
-    $B/iwpeer server 10.0.2.15 "${GPORT:-19872}" --size "${MAXSIZE:-1048576}" --timeout 120 > /tmp/srv.log 2>&1
-    rc=$?
+    [ -e $done_flag ] && break
+    $B/iwpeer server 10.0.2.15 "${GPORT:-19872}" --size "${MAXSIZE:-1048576}" --timeout 120 > /tmp/srv.log 2>&1 &
+    s=$!
+    while kill -0 $s 2>/dev/null; do
+        if [ -e $done_flag ] && ! grep -q '^CONNECTED' /tmp/srv.log; then kill $s; break; fi
+        sleep 0.5
+    done
+    wait $s; rc=$?
+    grep -q '^CONNECTED' /tmp/srv.log || { echo "---- guest server #$i: no connection"; continue; }
     echo "---- guest server #$i rc=$rc"; sed 's/^/  iwpeer: /' /tmp/srv.log
     echo "SERVER $i rc=$rc $(grep -m1 FAIL /tmp/srv.log)"
 done

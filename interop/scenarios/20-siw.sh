@@ -45,6 +45,7 @@ grep -q '^CELL guest-to-host' "$log" || cell guest-to-host fail "guest run gave 
 # ---- B: oxrdma initiates, kernel siw responds in the guest
 nsz=$(wc -w <<<"$SIZES"); nm=$(wc -w <<<"$H2G")
 log=$IX_SCN_OUT/guest-b.log
+rm -f "$IX_SHARE/tmp/siw-host-done"
 ix_guest "$log" -t 420 -p "$FP:19872" -d "$IX_SHARE" -f "$IX_HERE/guest/siw-serve-host.sh" \
     COUNT=$((nsz * nm)) GPORT=19872 MAXSIZE=1048576 & gpid=$!
 pids+=($gpid)
@@ -65,15 +66,18 @@ for m in $H2G; do
             rc=$?
             grep -q '^CONNECTED' "$IX_SCN_OUT/host-client.tmp" && { seen=1; break; }
             kill -0 $gpid 2>/dev/null || break
-            if [ "${seen:-0}" = 1 ]; then [ $((SECONDS - t0)) -lt 6 ] || break
+            if [ "${seen:-0}" = 1 ] || [ "${tried:-0}" = 1 ]; then [ $((SECONDS - t0)) -lt 6 ] || break
             else [ $((SECONDS - t0)) -lt 90 ] || break; fi
             sleep 1
         done
         { echo "---- $m size $sz rc=$rc"; cat "$IX_SCN_OUT/host-client.tmp"; } >> "$IX_SCN_OUT/host-client.log"
+        tried=1
         [ $rc = 0 ] || { ok=0; note+=" size $sz rc $rc: $(grep -m1 FAIL "$IX_SCN_OUT/host-client.tmp")"; }
+        grep -q '^CONNECTED' "$IX_SCN_OUT/host-client.tmp" || { note+=" (never connected; other sizes skipped)"; break; }
     done
     [ $ok = 1 ] && cell "host-to-guest/$m" pass "sizes $SIZES" || cell "host-to-guest/$m" fail "$note"
 done
+touch "$IX_SHARE/tmp/siw-host-done"
 wait $gpid
 # the guest's own verdicts (its iwpeer server checks the data oxrdma wrote/sent/read)
 bad=$(grep -a '^SERVER ' "$log" | tr -d '\r' | grep -v 'rc=0')

@@ -43,6 +43,7 @@ if wait_guest ready 120; then
     wait_guest pinged 300
     timeout 300 "${peer[@]}" send --port 4003 --to 4020 --count "$CONG_N" --size 8192 > "$IX_SCN_OUT/host-cong.log" 2>&1
     hcell congestion/host-send $? "$IX_SCN_OUT/host-cong.log"
+    touch "$F/host-cong-sent"
     wait_guest cong-done 300
     # restart: drop every host-side RDS process (and with them the TCP connection), start over
     kill "$echo_pid"; wait "$echo_pid" 2>/dev/null
