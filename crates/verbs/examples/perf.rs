@@ -18,7 +18,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cfg = PerfConfig {
         op,
         transport,
-        sizes: if sizes.is_empty() { vec![4096, 65536, 1 << 20] } else { sizes },
+        sizes: if sizes.is_empty() {
+            vec![4096, 65536, 1 << 20]
+        } else {
+            sizes
+        },
         iterations: 2000,
         latency_iterations: 200,
         ..Default::default()
@@ -27,7 +31,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("{:?} over {:?}", r.op, r.transport);
     println!(
         "{:>10} {:>8} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12} {:>6}",
-        "#bytes", "#iters", "BW peak", "BW avg", "t_min", "t_typ", "t_max", "t_p99", "TCP MB/s", "ratio"
+        "#bytes",
+        "#iters",
+        "BW peak",
+        "BW avg",
+        "t_min",
+        "t_typ",
+        "t_max",
+        "t_p99",
+        "TCP MB/s",
+        "ratio"
     );
     for row in r.rows {
         let tcp = row.tcp_mbs.unwrap_or(f64::NAN);

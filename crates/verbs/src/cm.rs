@@ -12,7 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
+use tokio::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf, ReadHalf, WriteHalf,
+};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
@@ -21,10 +24,11 @@ use crate::VerbsError;
 use crate::cq::{CompletionQueue, RecvWr, SendWr};
 use crate::engine::{Engine, EngineEvent, EngineParams, QpState};
 use crate::handshake::{self, LocalSetup, Negotiated, SetupError};
-use crate::mem::{ProtectionDomain, StagTable, lock};
+use crate::mem::{MrInner, ProtectionDomain, StagTable, lock};
 use crate::pcap::{Capture, Dir};
+use crate::wire::ddp::TAGGED_HDR_LEN;
 use crate::wire::ddp::{Terminate, term};
-use crate::wire::mpa::{FpduDecoder, MpaFrame, frame_parts};
+use crate::wire::mpa::{FpduDecoder, MpaFrame, fpdu_len, frame_parts, pad_len};
 
 /// Largest FPDU we ever transmit: the 16-bit ULPDU length bounds it (multiple of 8).
 pub const MAX_FPDU: usize = 65528;
@@ -855,6 +859,9 @@ async fn start_connection(
     }
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = watch::channel(false);
+    // Writes straight from registered memory: TCP only, and only without CRC (the CRC would be
+    // computed over bytes the application may still change).
+    let zero_copy_tx = matches!(t, Transport::Tcp(_)) && !neg.crc;
     {
         let mut e = lock(&qp.shared.engine);
         e.start(EngineParams {
@@ -864,6 +871,7 @@ async fn start_connection(
             max_ulpdu: max_fpdu - 6,
             send_rtr: neg.send_rtr,
             await_rtr: neg.await_rtr,
+            zero_copy_tx,
         });
     }
     let capture = capture.map(|c| Arc::new(Mutex::new(c)));
@@ -876,11 +884,11 @@ async fn start_connection(
     match t {
         Transport::Tcp(s) => {
             let (r, w) = s.into_split();
-            spawn_driver(r, w, leftover, ctx, done_tx);
+            spawn_driver(In::Tcp(r), Out::Tcp(w), leftover, ctx, done_tx);
         }
         Transport::Mem(s) => {
             let (r, w) = tokio::io::split(s);
-            spawn_driver(r, w, leftover, ctx, done_tx);
+            spawn_driver(In::Mem(r), Out::Mem(w), leftover, ctx, done_tx);
         }
     }
     qp.shared.wake.notify_one();
@@ -931,16 +939,49 @@ impl DriverCtx {
     }
 }
 
-fn spawn_driver<R, W>(
-    r: R,
-    w: W,
-    leftover: BytesMut,
-    ctx: Arc<DriverCtx>,
-    done: watch::Sender<bool>,
-) where
-    R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
-{
+/// Read half of a connection.
+enum In {
+    Tcp(OwnedReadHalf),
+    Mem(ReadHalf<DuplexStream>),
+}
+
+/// Write half of a connection.
+enum Out {
+    Tcp(OwnedWriteHalf),
+    Mem(WriteHalf<DuplexStream>),
+}
+
+/// A piece of the outgoing byte stream: owned bytes, or bytes still in a registered region.
+enum Piece {
+    B(Bytes),
+    M(Arc<MrInner>, usize, usize),
+}
+
+impl Piece {
+    fn len(&self) -> usize {
+        match self {
+            Piece::B(b) => b.len(),
+            Piece::M(_, _, n) => *n,
+        }
+    }
+    fn advance(&mut self, n: usize) {
+        match self {
+            Piece::B(b) => b.advance(n),
+            Piece::M(_, off, len) => {
+                *off += n;
+                *len -= n;
+            }
+        }
+    }
+    fn to_bytes(&self) -> Bytes {
+        match self {
+            Piece::B(b) => b.clone(),
+            Piece::M(m, off, len) => Bytes::copy_from_slice(&lock(&m.data)[*off..*off + *len]),
+        }
+    }
+}
+
+fn spawn_driver(r: In, w: Out, leftover: BytesMut, ctx: Arc<DriverCtx>, done: watch::Sender<bool>) {
     let wctx = ctx.clone();
     let writer = tokio::spawn(async move {
         if let Err(e) = writer_loop(w, &wctx).await {
@@ -970,12 +1011,15 @@ fn spawn_driver<R, W>(
     });
 }
 
-async fn reader_loop<R: AsyncRead + Unpin>(
-    mut r: R,
-    mut buf: BytesMut,
-    ctx: &DriverCtx,
-) -> io::Result<()> {
+/// Below this payload size a tagged segment is not worth placing directly from the socket.
+const DIRECT_MIN: usize = 8192;
+
+async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -> io::Result<()> {
     let mut dec = FpduDecoder::new(ctx.crc);
+    // Direct placement needs the raw socket, no CRC (the CRC must be checked before placing,
+    // RFC 5044 §4.1) and no capture (which records the bytes it reads).
+    let direct = matches!(r, In::Tcp(_)) && !ctx.crc && ctx.capture.is_none();
+    let mut skip = 0usize;
     loop {
         {
             let mut eng = lock(&ctx.qp.engine);
@@ -998,16 +1042,30 @@ async fn reader_loop<R: AsyncRead + Unpin>(
                 ctx.qp.wake.notify_one();
             }
         }
+        if let (true, In::Tcp(tcp)) = (direct, &r) {
+            if let Some(s) = place_direct(tcp.as_ref(), &mut buf, ctx).await? {
+                skip = s;
+                continue;
+            }
+        }
         if buf.capacity() - buf.len() < 64 * 1024 {
             buf.reserve(256 * 1024);
         }
         let before = buf.len();
-        let n = r.read_buf(&mut buf).await?;
+        let n = match &mut r {
+            In::Tcp(t) => t.read_buf(&mut buf).await?,
+            In::Mem(m) => m.read_buf(&mut buf).await?,
+        };
         if n == 0 {
             return Ok(());
         }
         if let Some(c) = &ctx.capture {
             let _ = lock(c).record(Dir::In, &buf[before..]);
+        }
+        if skip > 0 {
+            let k = skip.min(buf.len());
+            buf.advance(k);
+            skip -= k;
         }
         // After a Terminate nothing more is placed; keep reading until the peer closes.
         if lock(&ctx.qp.engine).closing {
@@ -1016,44 +1074,173 @@ async fn reader_loop<R: AsyncRead + Unpin>(
     }
 }
 
-async fn writer_loop<W: AsyncWrite + Unpin>(mut w: W, ctx: &DriverCtx) -> io::Result<()> {
-    let mut chunks: VecDeque<Bytes> = VecDeque::new();
+/// If `buf` starts with the header of a large tagged segment whose payload has not fully arrived,
+/// read that payload from the socket straight into the target region. Returns the number of
+/// trailer bytes (pad + CRC) still to be skipped, or `None` if the normal path applies.
+async fn place_direct(
+    s: &TcpStream,
+    buf: &mut BytesMut,
+    ctx: &DriverCtx,
+) -> io::Result<Option<usize>> {
+    const H: usize = 2 + TAGGED_HDR_LEN;
+    if buf.len() < H || buf[2] & 0x80 == 0 {
+        return Ok(None);
+    }
+    let ulen = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
+    if ulen < TAGGED_HDR_LEN + DIRECT_MIN || buf.len() >= fpdu_len(ulen) {
+        return Ok(None);
+    }
+    let plen = ulen - TAGGED_HDR_LEN;
+    let have = (buf.len() - H).min(plen);
+    let hdr: [u8; TAGGED_HDR_LEN] = match buf[2..H].try_into() {
+        Ok(h) => h,
+        Err(_) => return Ok(None),
+    };
+    let Some((mr, off)) = lock(&ctx.qp.engine).direct_target(&hdr, plen) else {
+        return Ok(None);
+    };
+    lock(&mr.data)[off..off + have].copy_from_slice(&buf[H..H + have]);
+    let trailer_have = buf.len() - H - have;
+    buf.clear();
+    let (mut at, mut left) = (off + have, plen - have);
+    while left > 0 {
+        s.readable().await?;
+        loop {
+            let r = {
+                let mut d = lock(&mr.data);
+                s.try_read(&mut d[at..at + left])
+            };
+            match r {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(k) => {
+                    at += k;
+                    left -= k;
+                    if left == 0 {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    let mut eng = lock(&ctx.qp.engine);
+    eng.on_placed(&hdr, plen);
+    ctx.drain(&mut eng);
+    if eng.has_tx() {
+        ctx.qp.wake.notify_one();
+    }
+    Ok(Some(pad_len(ulen) + 4 - trailer_have))
+}
+
+async fn writer_loop(mut w: Out, ctx: &DriverCtx) -> io::Result<()> {
+    let mut pieces: VecDeque<Piece> = VecDeque::new();
     loop {
         let notified = ctx.qp.wake.notified();
         let closing;
         {
             let mut eng = lock(&ctx.qp.engine);
             let mut bytes = 0usize;
-            while chunks.len() < 1000 && bytes < (2 << 20) {
+            while pieces.len() < 1000 && bytes < (2 << 20) {
                 let Some(s) = eng.poll_transmit() else { break };
-                let (prefix, (trailer, tl)) = frame_parts(&[&s.hdr, &s.payload], ctx.crc);
+                let (prefix, trailer) = match &s.mr_payload {
+                    // Zero-copy segments are only produced without CRC: the CRC field is zero.
+                    Some(_) => {
+                        let l = s.len();
+                        ((l as u16).to_be_bytes(), ([0u8; 8], pad_len(l) + 4))
+                    }
+                    None => frame_parts(&[&s.hdr, &s.payload], ctx.crc),
+                };
+                let (trailer, tl) = trailer;
                 bytes += s.len() + 2 + tl;
                 let mut head = BytesMut::with_capacity(2 + s.hdr.len());
                 head.extend_from_slice(&prefix);
                 head.extend_from_slice(&s.hdr);
-                chunks.push_back(head.freeze());
-                if !s.payload.is_empty() {
-                    chunks.push_back(s.payload);
+                pieces.push_back(Piece::B(head.freeze()));
+                if let Some((m, off, n)) = s.mr_payload {
+                    pieces.push_back(Piece::M(m, off, n));
+                } else if !s.payload.is_empty() {
+                    pieces.push_back(Piece::B(s.payload));
                 }
-                chunks.push_back(Bytes::copy_from_slice(&trailer[..tl]));
+                pieces.push_back(Piece::B(Bytes::copy_from_slice(&trailer[..tl])));
             }
             closing = eng.closing;
             ctx.drain(&mut eng);
         }
-        if chunks.is_empty() {
+        if pieces.is_empty() {
             if closing {
-                w.shutdown().await?;
+                match &mut w {
+                    Out::Tcp(t) => t.shutdown().await?,
+                    Out::Mem(m) => m.shutdown().await?,
+                }
                 return Ok(());
             }
             notified.await;
             continue;
         }
         if let Some(c) = &ctx.capture {
-            let parts: Vec<&[u8]> = chunks.iter().map(|b| &b[..]).collect();
+            let owned: Vec<Bytes> = pieces.iter().map(Piece::to_bytes).collect();
+            let parts: Vec<&[u8]> = owned.iter().map(|b| &b[..]).collect();
             let _ = lock(c).record_parts(Dir::Out, &parts);
         }
-        write_chunks(&mut w, &mut chunks).await?;
+        match &mut w {
+            Out::Tcp(t) => write_pieces_tcp(t.as_ref(), &mut pieces).await?,
+            Out::Mem(m) => {
+                let mut chunks: VecDeque<Bytes> = pieces.drain(..).map(|p| p.to_bytes()).collect();
+                write_chunks(m, &mut chunks).await?;
+            }
+        }
     }
+}
+
+fn advance_pieces(pieces: &mut VecDeque<Piece>, mut n: usize) {
+    while n > 0 {
+        let Some(f) = pieces.front_mut() else { break };
+        if n >= f.len() {
+            n -= f.len();
+            pieces.pop_front();
+        } else {
+            f.advance(n);
+            n = 0;
+        }
+    }
+}
+
+/// Vectored, non-blocking writes straight from registered memory: the region's lock is held only
+/// for the duration of one `try_write_vectored`, never across an await.
+async fn write_pieces_tcp(s: &TcpStream, pieces: &mut VecDeque<Piece>) -> io::Result<()> {
+    while !pieces.is_empty() {
+        s.writable().await?;
+        while !pieces.is_empty() {
+            let res = {
+                let region = pieces.iter().take(512).find_map(|p| match p {
+                    Piece::M(m, ..) => Some(m.clone()),
+                    Piece::B(_) => None,
+                });
+                let guard = region.as_ref().map(|m| lock(&m.data));
+                let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(64);
+                for p in pieces.iter().take(512) {
+                    match p {
+                        Piece::B(b) => slices.push(IoSlice::new(b)),
+                        Piece::M(m, off, len) => match (&region, &guard) {
+                            (Some(r), Some(g)) if Arc::ptr_eq(r, m) => {
+                                slices.push(IoSlice::new(&g[*off..*off + *len]))
+                            }
+                            _ => break,
+                        },
+                    }
+                }
+                s.try_write_vectored(&slices)
+            };
+            match res {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => advance_pieces(pieces, n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn write_chunks<W: AsyncWrite + Unpin>(

@@ -55,12 +55,15 @@ pub struct TxSegment {
     pub hdr: Bytes,
     /// Payload.
     pub payload: Bytes,
+    /// Zero-copy payload still in registered memory (region, offset, length); when set,
+    /// `payload` is empty and the driver writes straight from the region.
+    pub(crate) mr_payload: Option<(Arc<MrInner>, usize, usize)>,
 }
 
 impl TxSegment {
     /// ULPDU length.
     pub fn len(&self) -> usize {
-        self.hdr.len() + self.payload.len()
+        self.hdr.len() + self.payload.len() + self.mr_payload.as_ref().map_or(0, |m| m.2)
     }
     /// True if the ULPDU is empty (never for valid segments).
     pub fn is_empty(&self) -> bool {
@@ -78,6 +81,8 @@ pub(crate) struct EngineParams {
     /// Initiator: RTR to send. Responder: RTR to wait for.
     pub send_rtr: Option<RtrKind>,
     pub await_rtr: bool,
+    /// The driver can write payload straight from registered memory.
+    pub zero_copy_tx: bool,
 }
 
 type Resolved = Vec<(Arc<MrInner>, usize, usize)>;
@@ -172,6 +177,7 @@ impl Engine {
                 max_ulpdu: 1024,
                 send_rtr: None,
                 await_rtr: false,
+                zero_copy_tx: false,
             },
             awaiting_rtr: false,
             sq: VecDeque::new(),
@@ -410,7 +416,13 @@ impl Engine {
         let max = self.params.max_ulpdu - TAGGED_HDR_LEN;
         let r = self.inbound.front_mut()?;
         let n = (r.len - r.sent).min(max as u64) as usize;
+        let zc = self.params.zero_copy_tx;
+        let mut mr_payload = None;
         let payload = match &r.src {
+            Some((mr, off)) if zc && n > 0 => {
+                mr_payload = Some((mr.clone(), off + r.sent as usize, n));
+                Bytes::new()
+            }
             Some((mr, off)) => {
                 let d = lock(&mr.data);
                 let s = off + r.sent as usize;
@@ -431,7 +443,9 @@ impl Engine {
         if last {
             self.inbound.pop_front();
         }
-        Some(seg(&h, &[], payload))
+        let mut sg = seg(&h, &[], payload);
+        sg.mr_payload = mr_payload;
+        Some(sg)
     }
 
     fn resolve(&self, sgl: &[crate::Sge], need: Access) -> Result<Resolved, AccessFault> {
@@ -553,9 +567,19 @@ impl Engine {
             };
             let max = (self.params.max_ulpdu - hdr_len) as u64;
             let n = (total - e.off).min(max) as usize;
+            let mut mr_payload = None;
             let payload = match &e.wr.payload {
                 Payload::Inline(b) => b.slice(e.off as usize..e.off as usize + n),
-                Payload::Sgl(_) => gather(e.resolved.as_deref().unwrap_or(&[]), e.off as usize, n),
+                Payload::Sgl(_) => {
+                    let r = e.resolved.as_deref().unwrap_or(&[]);
+                    match single_region(r, e.off as usize, n) {
+                        Some(m) if self.params.zero_copy_tx => {
+                            mr_payload = Some(m);
+                            Bytes::new()
+                        }
+                        _ => gather(r, e.off as usize, n),
+                    }
+                }
             };
             let last = e.off + n as u64 == total;
             if opcode != Opcode::Write && e.off == 0 {
@@ -590,7 +614,9 @@ impl Engine {
                     ));
                 }
             }
-            return Some(seg(&h, &[], payload));
+            let mut sg = seg(&h, &[], payload);
+            sg.mr_payload = mr_payload;
+            return Some(sg);
         }
     }
 
@@ -1006,6 +1032,75 @@ impl Engine {
         self.closing = true;
     }
 
+    /// Direct placement, step 1: for a tagged segment whose header has arrived but whose payload
+    /// has not, return where its `len` payload bytes go if the segment is valid. The driver then
+    /// reads the payload from the socket straight into the region and calls [`Self::on_placed`].
+    /// `None` means "take the normal path" (which reports any error with a Terminate).
+    pub(crate) fn direct_target(
+        &mut self,
+        hdr: &[u8],
+        len: usize,
+    ) -> Option<(Arc<MrInner>, usize)> {
+        if self.closing || self.state != QpState::Rts || self.awaiting_rtr || len == 0 {
+            return None;
+        }
+        let (h, n) = DdpHeader::decode(hdr).ok()?;
+        let BufferModel::Tagged { stag, to } = h.model else {
+            return None;
+        };
+        if n != hdr.len() {
+            return None;
+        }
+        match h.opcode {
+            Opcode::Write => {
+                let mr = self
+                    .table
+                    .check(stag, self.pd, Access::REMOTE_WRITE, to, len as u64)
+                    .ok()?;
+                let off = (to - mr.base) as usize;
+                Some((mr, off))
+            }
+            Opcode::ReadResponse => {
+                let r = self.reads_out.front()?;
+                let ok = stag == r.sink_stag
+                    && to == r.sink_to.wrapping_add(r.got)
+                    && r.got + len as u64 <= r.len
+                    && (!h.last || r.got + len as u64 == r.len);
+                let (mr, off) = r.sink.as_ref().filter(|_| ok)?;
+                Some((mr.clone(), off + r.got as usize))
+            }
+            _ => None,
+        }
+    }
+
+    /// Direct placement, step 2: the payload of the segment with header `hdr` (validated by
+    /// [`Self::direct_target`]) has been placed; do the bookkeeping (Read completion).
+    pub(crate) fn on_placed(&mut self, hdr: &[u8], len: usize) {
+        let Ok((h, _)) = DdpHeader::decode(hdr) else {
+            return;
+        };
+        if h.opcode != Opcode::ReadResponse {
+            return;
+        }
+        let Some(r) = self.reads_out.front_mut() else {
+            return;
+        };
+        r.got += len as u64;
+        if h.last {
+            let Some(r) = self.reads_out.pop_front() else {
+                return;
+            };
+            if !r.rtr && r.signaled {
+                self.scq.push(self.wc(
+                    r.wr_id,
+                    WcOpcode::RdmaRead,
+                    WcStatus::Success,
+                    r.got as u32,
+                ));
+            }
+        }
+    }
+
     /// A CRC or framing error was detected by the MPA layer (RFC 5044 §8).
     pub(crate) fn on_llp_error(&mut self, code: u8) {
         self.terminate(2, term::LLP_ETYPE_MPA, code, None);
@@ -1041,12 +1136,32 @@ fn seg(h: &DdpHeader, body: &[u8], payload: Bytes) -> TxSegment {
     TxSegment {
         hdr: b.freeze(),
         payload,
+        mr_payload: None,
     }
 }
 
 fn place(mr: &MrInner, off: usize, data: &[u8]) {
     let mut d = lock(&mr.data);
     d[off..off + data.len()].copy_from_slice(data);
+}
+
+/// The (region, offset, length) holding `[off, off+n)` of a gather list if one SGE covers it.
+fn single_region(
+    sges: &[(Arc<MrInner>, usize, usize)],
+    mut off: usize,
+    n: usize,
+) -> Option<(Arc<MrInner>, usize, usize)> {
+    if n == 0 {
+        return None;
+    }
+    for (mr, base, len) in sges {
+        if off >= *len {
+            off -= len;
+            continue;
+        }
+        return (off + n <= *len).then(|| (mr.clone(), base + off, n));
+    }
+    None
 }
 
 fn gather(sges: &[(Arc<MrInner>, usize, usize)], mut off: usize, mut n: usize) -> Bytes {
@@ -1115,6 +1230,7 @@ impl RxHarness {
             max_ulpdu: 1024,
             send_rtr: None,
             await_rtr,
+            zero_copy_tx: false,
         });
         for i in 0..4 {
             engine.post_recv(RecvWr {

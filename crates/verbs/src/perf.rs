@@ -211,7 +211,11 @@ pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
         let (mut posted, mut completed) = (0usize, 0usize);
         let mut recvd = 0usize;
         while completed < iters || (cfg.op == PerfOp::Send && recvd < iters) {
-            while posted < iters && posted - completed < window {
+            // Sends also wait for receive credits: iWARP has no RNR retry.
+            while posted < iters
+                && posted - completed < window
+                && (cfg.op != PerfOp::Send || posted - recvd < nslots)
+            {
                 qpc.post_send(mk(posted as u64))?;
                 posted += 1;
             }
@@ -253,7 +257,12 @@ pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
         }
         let total = start.elapsed();
         let mut peak = 0f64;
-        let w = window.min(done_times.len().saturating_sub(1)).max(1);
+        // Peak over spans of a tenth of the run (at least `window` messages): completions come
+        // in bursts, shorter spans would measure the burst, not the link.
+        let w = window
+            .max(iters / 10)
+            .min(done_times.len().saturating_sub(1))
+            .max(1);
         for i in w..done_times.len() {
             let d = done_times[i] - done_times[i - w];
             peak = peak.max(mbs((w * size) as u64, d));

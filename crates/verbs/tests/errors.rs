@@ -95,6 +95,19 @@ async fn write_out_of_range_to() {
     }
 }
 
+/// Large enough for the driver's direct-placement path to be consulted first.
+#[tokio::test]
+async fn large_write_out_of_range_to() {
+    for kind in KINDS {
+        within(write_violation(
+            kind,
+            |e| (e.s.pd.register_len(50_000, RW).unwrap(), 40_000, 100_000),
+            (1, 1, 1),
+        ))
+        .await;
+    }
+}
+
 #[tokio::test]
 async fn write_wrong_pd() {
     for kind in KINDS {
