@@ -1042,11 +1042,11 @@ async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -> io::Resul
                 ctx.qp.wake.notify_one();
             }
         }
-        if let (true, In::Tcp(tcp)) = (direct, &r) {
-            if let Some(s) = place_direct(tcp.as_ref(), &mut buf, ctx).await? {
-                skip = s;
-                continue;
-            }
+        if let (true, In::Tcp(tcp)) = (direct, &r)
+            && let Some(s) = place_direct(tcp.as_ref(), &mut buf, ctx).await?
+        {
+            skip = s;
+            continue;
         }
         if buf.capacity() - buf.len() < 64 * 1024 {
             buf.reserve(256 * 1024);
