@@ -55,6 +55,8 @@ pub struct TransportConfig {
     pub call_timeout: Duration,
     /// Capture connections to pcap files in this directory.
     pub capture_dir: Option<std::path::PathBuf>,
+    /// Client: how many times to try to reconnect after losing the connection.
+    pub reconnect_attempts: u32,
 }
 
 impl Default for TransportConfig {
@@ -64,6 +66,7 @@ impl Default for TransportConfig {
             device: None,
             call_timeout: Duration::from_secs(30),
             capture_dir: None,
+            reconnect_attempts: 5,
         }
     }
 }
@@ -191,6 +194,13 @@ struct Link {
     send_bufs: Vec<MemoryRegion>,
     free_send: Mutex<Vec<usize>>,
     router: Arc<Router>,
+    router_task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.router_task.abort();
+    }
 }
 
 impl Link {
@@ -362,6 +372,11 @@ impl ServerConnection {
     /// The client's address.
     pub fn peer(&self) -> SocketAddr {
         self.conn.peer
+    }
+
+    /// Close this connection (the client reconnects and retransmits).
+    pub async fn disconnect(&self) {
+        self.conn.link.conn.disconnect().await;
     }
 
     /// The Upper Layer learnt that the client handles backward calls (for NFSv4.1, a
@@ -540,7 +555,7 @@ async fn serve_connection(
     let conn = req.accept(&qp, sh.cfg.conn_params()).await?;
     sh.counters.connections.fetch_add(1, Ordering::Relaxed);
     let router = Arc::new(Router::default());
-    let rt = tokio::spawn(router.clone().run(scq));
+    let router_task = tokio::spawn(router.clone().run(scq));
     let link = Arc::new(Link {
         qp,
         conn,
@@ -548,6 +563,7 @@ async fn serve_connection(
         send_bufs,
         free_send,
         router,
+        router_task,
     });
     let resp = Arc::new(Mutex::new(resp));
     let conn_id = sh.next_conn.fetch_add(1, Ordering::Relaxed);
@@ -575,7 +591,15 @@ async fn serve_connection(
         };
         let msg = mr.read(0, c.byte_len as usize)?;
         link.post_recv(i)?;
-        let inc = lock(&resp).on_receive(msg);
+        // Replies lost on an earlier connection of this peer (5666bis §5.5.3).
+        let lost = lock(&sh.lost).remove(&peer.ip());
+        let inc = {
+            let mut r = lock(&resp);
+            if let Some(l) = lost {
+                r.note_lost(l);
+            }
+            r.on_receive(msg)
+        };
         let (sc, sh, ctx) = (sc.clone(), sh.clone(), ctx.clone());
         tokio::spawn(async move {
             handle_incoming(inc, &sc, &sh, ctx).await;
@@ -588,7 +612,7 @@ async fn serve_connection(
         lock(&sh.lost).entry(peer.ip()).or_default().extend(lost);
     }
     link.conn.disconnect().await;
-    rt.abort();
+    link.router_task.abort();
     Ok(())
 }
 
@@ -649,6 +673,10 @@ async fn handle_incoming(
                 let xid = call.token.xid;
                 let actions = lock(resp).reply(call.token, reply);
                 run_server_actions(actions, link, resp, Some(xid)).await;
+                let lost = lock(resp).take_lost();
+                if !lost.is_empty() {
+                    lock(&sh.lost).entry(sc.peer.ip()).or_default().extend(lost);
+                }
                 return;
             }
         }
@@ -693,9 +721,62 @@ struct ClientInner {
     addr: SocketAddr,
     cfg: TransportConfig,
     state: Mutex<ClientState>,
-    link: Link,
+    link: Mutex<Arc<Link>>,
     next_xid: AtomicU32,
     back: Option<Dispatcher>,
+    reconnects: AtomicU64,
+}
+
+impl ClientInner {
+    fn link(&self) -> Arc<Link> {
+        lock(&self.link).clone()
+    }
+}
+
+/// A connected queue pair for a client, with its receive buffers posted.
+async fn open_client_link(
+    addr: SocketAddr,
+    config: &TransportConfig,
+    nrecv: usize,
+) -> Result<(Arc<Link>, CompletionQueue, Params, ProtectionDomain), DriverError> {
+    let dev = config.device();
+    let cfg = &config.rpc;
+    let pd = dev.alloc_pd();
+    let scq = dev.create_cq();
+    let rcq = dev.create_cq();
+    let qp = dev.create_qp(&pd, &scq, &rcq);
+    let (recv_bufs, send_bufs) = pools(
+        &pd,
+        nrecv,
+        // 5666bis §4.3.3: receivers support at least 1024-byte messages.
+        cfg.inline_recv.max(crate::privdata::DEFAULT_INLINE) as usize,
+        nrecv,
+        cfg.inline_send as usize,
+    )?;
+    // 5666bis §7.2.2.1: receives for replies and for backward calls go up before connecting.
+    for (i, mr) in recv_bufs.iter().enumerate() {
+        qp.post_recv(RecvWr {
+            wr_id: i as u64,
+            sgl: vec![mr.sge(0, mr.len() as u32)],
+        })?;
+    }
+    let conn = dev.connect(&qp, addr, config.conn_params()).await?;
+    let params: Params = cfg
+        .negotiate(PrivateData::decode(conn.peer_private_data()))
+        .into();
+    let router = Arc::new(Router::default());
+    let router_task = tokio::spawn(router.clone().run(scq));
+    let free_send = Mutex::new((0..send_bufs.len()).collect());
+    let link = Arc::new(Link {
+        qp,
+        conn,
+        recv_bufs,
+        send_bufs,
+        free_send,
+        router,
+        router_task,
+    });
+    Ok((link, rcq, params, pd))
 }
 
 /// An RPC-over-RDMA client (one connection).
@@ -732,38 +813,13 @@ impl RdmaClient {
         ulbs: Vec<Arc<dyn UpperLayerBinding>>,
         backchannel: Option<Dispatcher>,
     ) -> Result<Self, DriverError> {
-        let dev = config.device();
-        let pd = dev.alloc_pd();
-        let scq = dev.create_cq();
-        let rcq = dev.create_cq();
-        let qp = dev.create_qp(&pd, &scq, &rcq);
         let cfg = config.rpc.clone();
         let req = Requester::new(
             cfg.clone(),
             Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect()),
         );
-        let nrecv = req.receives_needed();
-        let (recv_bufs, send_bufs) = pools(
-            &pd,
-            nrecv,
-            // 5666bis §4.3.3: receivers support at least 1024-byte messages.
-            cfg.inline_recv.max(crate::privdata::DEFAULT_INLINE) as usize,
-            nrecv,
-            cfg.inline_send as usize,
-        )?;
-        for (i, mr) in recv_bufs.iter().enumerate() {
-            qp.post_recv(RecvWr {
-                wr_id: i as u64,
-                sgl: vec![mr.sge(0, mr.len() as u32)],
-            })?;
-        }
-        let conn = dev.connect(&qp, addr, config.conn_params()).await?;
-        let params: Params = cfg
-            .negotiate(PrivateData::decode(conn.peer_private_data()))
-            .into();
-        let router = Arc::new(Router::default());
-        tokio::spawn(router.clone().run(scq));
-        let free_send = Mutex::new((0..send_bufs.len()).collect());
+        let (link, rcq, params, pd) =
+            open_client_link(addr, &config, req.receives_needed()).await?;
         let mut state = ClientState {
             req,
             reg: VerbsRegistrar::new(pd),
@@ -779,16 +835,10 @@ impl RdmaClient {
             addr,
             cfg: config,
             state: Mutex::new(state),
-            link: Link {
-                qp,
-                conn,
-                recv_bufs,
-                send_bufs,
-                free_send,
-                router,
-            },
+            link: Mutex::new(link),
             next_xid: AtomicU32::new(rand::random::<u32>() | 1),
             back: backchannel,
+            reconnects: AtomicU64::new(0),
         });
         let task = tokio::spawn(client_recv_loop(inner.clone(), rcq));
         Ok(RdmaClient { inner, task })
@@ -797,6 +847,11 @@ impl RdmaClient {
     /// Requester counters (credits, message forms).
     pub fn stats(&self) -> requester::RequesterStats {
         lock(&self.inner.state).req.stats().clone()
+    }
+
+    /// Reconnections so far.
+    pub fn reconnects(&self) -> u64 {
+        self.inner.reconnects.load(Ordering::Relaxed)
     }
 
     /// Registrations still alive (all fenced once calls complete).
@@ -812,9 +867,9 @@ fn apply_client(inner: &Arc<ClientInner>, actions: Vec<requester::Action>) {
                 let inner2 = inner.clone();
                 // Posting is synchronous and ordered; the completion is awaited elsewhere.
                 let fut = async move {
-                    if inner2.link.send(data, None).await.is_err() {
-                        fail_all(&inner2, "send failed");
-                    }
+                    // A failed Send means the connection is gone; the receive loop sees the
+                    // flush and reconnects.
+                    let _ = inner2.link().send(data, None).await;
                 };
                 tokio::spawn(fut);
             }
@@ -829,7 +884,7 @@ fn apply_client(inner: &Arc<ClientInner>, actions: Vec<requester::Action>) {
                     let Some(d) = &inner2.back else { return };
                     let ctx = Arc::new(CallContext {
                         peer: Some(inner2.addr),
-                        local: Some(inner2.link.conn.local_addr()),
+                        local: Some(inner2.link().conn.local_addr()),
                         transport: oncrpc::TransportKind::Rdma,
                     });
                     // RFC 8167 §5: nothing is reduced in the backward direction.
@@ -861,30 +916,70 @@ fn fail_all(inner: &Arc<ClientInner>, why: &str) {
     }
 }
 
-async fn client_recv_loop(inner: Arc<ClientInner>, rcq: CompletionQueue) {
+async fn client_recv_loop(inner: Arc<ClientInner>, mut rcq: CompletionQueue) {
+    loop {
+        pump_receives(&inner, &rcq).await;
+        // The connection is gone: fence every registration, then reconnect and retransmit
+        // the outstanding calls with their XIDs (5666bis §7.2.2.1: fresh receive buffers).
+        let old = inner.link();
+        {
+            let mut st = lock(&inner.state);
+            let ClientState { req, reg, .. } = &mut *st;
+            let _ = req.on_disconnect(reg);
+        }
+        old.conn.disconnect().await;
+        drop(old);
+        let mut next = None;
+        for attempt in 0..inner.cfg.reconnect_attempts {
+            tokio::time::sleep(Duration::from_millis(50 << attempt.min(6))).await;
+            let nrecv = lock(&inner.state).req.receives_needed();
+            if let Ok(x) = open_client_link(inner.addr, &inner.cfg, nrecv).await {
+                next = Some(x);
+                break;
+            }
+        }
+        let Some((link, cq, params, pd)) = next else {
+            fail_all(&inner, "connection lost");
+            return;
+        };
+        inner.reconnects.fetch_add(1, Ordering::Relaxed);
+        *lock(&inner.link) = link;
+        rcq = cq;
+        let actions = {
+            let mut st = lock(&inner.state);
+            st.reg = VerbsRegistrar::new(pd);
+            let ClientState { req, reg, .. } = &mut *st;
+            req.on_connect(params, reg)
+        };
+        apply_client(&inner, actions);
+    }
+}
+
+/// Handle receive completions until the connection fails.
+async fn pump_receives(inner: &Arc<ClientInner>, rcq: &CompletionQueue) {
+    let link = inner.link();
     loop {
         let c = rcq.next().await;
         if c.status != WcStatus::Success {
-            break;
+            return;
         }
         let i = c.wr_id as usize;
-        let Some(mr) = inner.link.recv_bufs.get(i) else {
-            break;
+        let Some(mr) = link.recv_bufs.get(i) else {
+            return;
         };
         let Ok(msg) = mr.read(0, c.byte_len as usize) else {
-            break;
+            return;
         };
-        if inner.link.post_recv(i).is_err() {
-            break;
+        if link.post_recv(i).is_err() {
+            return;
         }
         let actions = {
             let mut st = lock(&inner.state);
             let ClientState { req, reg, .. } = &mut *st;
             req.on_receive(msg, c.invalidated_rkey, reg)
         };
-        apply_client(&inner, actions);
+        apply_client(inner, actions);
     }
-    fail_all(&inner, "connection lost");
 }
 
 impl RpcTransport for RdmaClient {

@@ -524,6 +524,15 @@ impl Responder {
         vec![Action::Close]
     }
 
+    /// Add XIDs whose replies were lost on another connection from the same peer.
+    pub fn note_lost(&mut self, xids: impl IntoIterator<Item = u32>) {
+        for x in xids {
+            if self.lost.len() < 4096 {
+                self.lost.insert(x);
+            }
+        }
+    }
+
     /// XIDs to carry to the next connection from the same peer.
     pub fn take_lost(&mut self) -> HashSet<u32> {
         std::mem::take(&mut self.lost)

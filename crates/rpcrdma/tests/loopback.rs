@@ -322,3 +322,66 @@ async fn connect_url_tcp() {
         .unwrap();
     assert_eq!(got, echo_results_bytes(5, &data, &[]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_reconnect_after_server_disconnect() {
+    let fabric = LoopbackFabric::new();
+    let dev = Device::loopback(&fabric);
+    let (srv, cl) = pair(
+        dev,
+        "10.0.0.5:20049".parse().unwrap(),
+        Config::default(),
+        Config::default(),
+    )
+    .await;
+    let cl = Arc::new(cl);
+    cl.call(CallRequest::null(PROG, VERS)).await.unwrap();
+    // Five calls held inside the server while the connection drops.
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..5 {
+        let cl = cl.clone();
+        set.spawn(async move { cl.call(CallRequest::new(PROG, VERS, HOLD, |_| {})).await });
+    }
+    let calls = || {
+        srv.counters()
+            .calls
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    for _ in 0..2000 {
+        if calls() >= 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(calls(), 6, "the held calls reached the program");
+    let sent_before = cl.stats().sent;
+    srv.connections()[0].disconnect().await;
+    // Let every held call (and any retransmission) finish.
+    HOLD_GATE.add_permits(100);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(50);
+    while let Some(r) = tokio::time::timeout_at(deadline, set.join_next())
+        .await
+        .expect("every call ends")
+    {
+        match r.unwrap() {
+            Ok(_) => {}
+            // 5666bis §5.5.3: a reply lost to the broken connection is answered with
+            // RDMA_ERR_CHUNK when the call is retransmitted.
+            Err(RpcError::Transport(s)) => assert!(s.contains("ERR_CHUNK"), "{s}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(cl.reconnects(), 1);
+    assert!(
+        cl.stats().sent >= sent_before + 5,
+        "outstanding calls were retransmitted"
+    );
+    // The client works on the new connection.
+    let data = pattern(7000, 9);
+    let got = cl
+        .call(echo_req(99, data.clone(), Bytes::new(), true))
+        .await
+        .unwrap();
+    assert_eq!(got, echo_results_bytes(99, &data, &[]));
+    assert_eq!(cl.live_registrations(), 0);
+}

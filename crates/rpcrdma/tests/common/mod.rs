@@ -23,6 +23,11 @@ pub const VERS: u32 = 1;
 pub const ECHO: u32 = 1;
 /// PAIR: args `opaque a<> (DDP); opaque b<> (DDP)`; results `opaque a<> (DDP); opaque b<> (DDP)`.
 pub const PAIR: u32 = 2;
+/// HOLD: no arguments; waits for a permit from [`HOLD_GATE`], then returns nothing.
+pub const HOLD: u32 = 3;
+
+/// Releases HOLD calls (tests add permits).
+pub static HOLD_GATE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
 
 /// The echo program.
 #[derive(Debug)]
@@ -64,6 +69,12 @@ impl Program for EchoProgram {
         Box::pin(async move {
             match call.header.proc_ {
                 0 => Outcome::Success(Encoded::default()),
+                HOLD => {
+                    if let Ok(p) = HOLD_GATE.acquire().await {
+                        p.forget();
+                    }
+                    Outcome::Success(Encoded::default())
+                }
                 ECHO | PAIR => match echo_results(&call) {
                     Some(r) => Outcome::Success(r),
                     None => Outcome::GarbageArgs,
@@ -107,7 +118,7 @@ impl UpperLayerBinding for EchoUlb {
                 let b = opaque_at(args, xdr::padded(a.end))?;
                 Ok(vec![a, b])
             }
-            0 => Ok(vec![]),
+            0 | HOLD => Ok(vec![]),
             _ => Err(UlbError::Unknown { vers, proc_ }),
         }
     }
