@@ -2,12 +2,32 @@
 //!
 //! What it does:
 //! - [`header`]: the transport header codec (RDMA_MSG, RDMA_NOMSG, RDMA_ERROR; RDMA_MSGP and
-//!   RDMA_DONE recognised so they can be refused), checked and never panicking.
-//! - [`privdata`]: RFC 8797 connection private data (inline sizes, Send With Invalidate).
-//! - [`ulb`]: the Upper-Layer Binding contract (DDP-eligibility, maximum reply size, chunk limits).
+//!   RDMA_DONE recognised so they can be refused with RDMA_ERR_CHUNK). The decoder never
+//!   panics; every error says how to answer it (ERR_VERS, ERR_CHUNK or silent discard).
+//! - [`privdata`]: RFC 8797 connection private data (inline sizes, Send With Invalidate), as
+//!   Linux sends it.
+//! - [`requester`] and [`responder`]: sans-IO engines. They take received messages, completions
+//!   and `now`, and return actions (Send, RDMA Write, deliver, complete, close). Memory
+//!   registration goes through the [`engine::Registrar`] trait, implemented by the verbs driver
+//!   (and by an in-memory registrar for tests and fuzzing). They implement credits (one until
+//!   the first reply, never above min(requested, granted), reset on reconnect), inline
+//!   thresholds, every message form (Short, Chunked with Read and Write chunks, Long Call via a
+//!   Position-Zero Read chunk, Long Reply via the Reply chunk), XDR round-up, DDP-eligibility
+//!   checks against the [`ulb::UpperLayerBinding`], chunk-complexity limits, fencing of memory
+//!   before an RPC completes (also on timeout), RPCSEC_GSS integrity/privacy (no reduction),
+//!   the error rules of 5666bis §5.5 (including RDMA_ERR_CHUNK for XIDs whose reply was lost),
+//!   retransmission with the same XID after a reconnect, and the backward direction (RFC 8167)
+//!   with its own XIDs and credits, only after the Upper Layer enabled it.
+//! - [`driver`]: thin tokio drivers over the `verbs` crate: [`RdmaServer`] serves an
+//!   `oncrpc::Dispatcher`, [`RdmaClient`] implements `oncrpc::RpcTransport`, [`connect`] opens
+//!   `rdma://` (this crate) or `tcp://` (`oncrpc::TcpClient`) URLs.
+//! - [`ulb`]: the Upper-Layer Binding contract (DDP-eligibility, maximum reply size, chunk
+//!   limits, reply item positions).
 //!
 //! What it does not do: RPC-over-RDMA version 2, the Read-Read transfer model, RDMA_MSGP
-//! padding; it never reduces an item its Upper-Layer Binding did not mark DDP-eligible.
+//! padding, Write chunks in the backward direction, or reduction of any item its Upper-Layer
+//! Binding did not mark DDP-eligible. Requesters send calls of programs without a binding
+//! inline (5666bis §8 asks that they not be sent at all; see `CONFORMANCE.md`).
 
 pub mod driver;
 pub mod engine;
