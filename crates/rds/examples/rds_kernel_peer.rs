@@ -3,8 +3,8 @@
 //!
 //! `rds_kernel_peer PEER_IP VIA_ADDR COUNT [LISTEN_PORT]`, e.g.
 //! `rds_kernel_peer 10.0.2.15 127.0.0.1:16400 100 16385` where 127.0.0.1:16400 is forwarded to
-//! the guest's 16385. Our node is 127.0.0.1 (the guest sees 10.0.2.2): the smaller address, so
-//! we dial.
+//! the guest's 16385. Our node is 10.0.2.2 (what the guest sees; sockets on 127.0.0.1): the
+//! smaller address, so we dial.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
@@ -21,7 +21,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let peer: Ipv4Addr = a[0].parse()?;
     let via: SocketAddrV4 = a[1].parse()?;
     let count: u32 = a[2].parse()?;
-    let mut cfg = StackConfig::new(Ipv4Addr::LOCALHOST);
+    // The guest sees the host as 10.0.2.2 (smaller than 10.0.2.15: we connect); our sockets
+    // live on 127.0.0.1.
+    let mut cfg = StackConfig::new(Ipv4Addr::new(10, 0, 2, 2));
+    cfg.bind_ip = Some(Ipv4Addr::LOCALHOST);
     cfg.tcp_port = a.get(3).map(|p| p.parse()).transpose()?.unwrap_or(16385);
     cfg.peer_addrs.insert(peer, via);
     let stack = RdsStack::start(cfg).await?;

@@ -28,8 +28,12 @@ use crate::wire::RDS_TCP_PORT;
 /// Settings of an [`RdsStack`].
 #[derive(Debug, Clone)]
 pub struct StackConfig {
-    /// Local address (the RDS node address).
+    /// The RDS node address: the one peers know us by, and the one compared with theirs to
+    /// decide who connects.
     pub local: Ipv4Addr,
+    /// The IP the listener and outgoing connections bind to, when it differs from `local`
+    /// (behind NAT, e.g. 127.0.0.1 on a host whose QEMU guests see it as 10.0.2.2).
+    pub bind_ip: Option<Ipv4Addr>,
     /// TCP port the RDS/TCP service listens on and dials (16385).
     pub tcp_port: u16,
     /// Paths supported (1..=8).
@@ -49,6 +53,7 @@ impl StackConfig {
     pub fn new(local: Ipv4Addr) -> Self {
         StackConfig {
             local,
+            bind_ip: None,
             tcp_port: RDS_TCP_PORT,
             max_paths: 8,
             default_rcvbuf: 256 * 1024,
@@ -101,7 +106,8 @@ impl RdsStack {
     pub async fn start(cfg: StackConfig) -> io::Result<RdsStack> {
         let sock = TcpSocket::new_v4()?;
         sock.set_reuseaddr(true)?;
-        sock.bind(SocketAddr::V4(SocketAddrV4::new(cfg.local, cfg.tcp_port)))?;
+        let ip = cfg.bind_ip.unwrap_or(cfg.local);
+        sock.bind(SocketAddr::V4(SocketAddrV4::new(ip, cfg.tcp_port)))?;
         let listener = sock.listen(128)?;
         let mut ecfg = EngineConfig::tcp(cfg.local);
         ecfg.max_paths = cfg.max_paths;
@@ -284,7 +290,7 @@ async fn connect_task(inner: std::sync::Weak<Inner>, path: PathId) {
     let Some(i) = inner.upgrade() else {
         return;
     };
-    let local = i.cfg.local;
+    let local = i.cfg.bind_ip.unwrap_or(i.cfg.local);
     let target = i
         .cfg
         .peer_addrs
