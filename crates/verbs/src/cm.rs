@@ -209,6 +209,7 @@ impl Device {
                     rx,
                     local_addr: local,
                     task,
+                    fabric: None,
                 })
             }
             Provider::Loopback(fabric, _) => {
@@ -239,6 +240,7 @@ impl Device {
                     rx,
                     local_addr: local,
                     task,
+                    fabric: Some(fabric.clone()),
                 })
             }
         }
@@ -540,11 +542,15 @@ pub struct Listener {
     rx: mpsc::UnboundedReceiver<ConnectRequest>,
     local_addr: SocketAddr,
     task: JoinHandle<()>,
+    fabric: Option<LoopbackFabric>,
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(f) = &self.fabric {
+            lock(&f.inner.listeners).remove(&self.local_addr);
+        }
     }
 }
 
@@ -782,6 +788,17 @@ impl fmt::Debug for Connection {
     }
 }
 
+impl Drop for Connection {
+    /// Dropping the connection disconnects it (like destroying an rdma_cm id): the QP goes to
+    /// the error state, outstanding WRs are flushed, and the stream is closed.
+    fn drop(&mut self) {
+        if !*self.done.borrow() {
+            lock(&self.qp.shared.engine).on_disconnect();
+            self.qp.shared.wake.notify_one();
+        }
+    }
+}
+
 impl Connection {
     /// The connected QP.
     pub fn qp(&self) -> &QueuePair {
@@ -901,12 +918,13 @@ async fn start_connection(
         done: done_rx,
     };
     // Wait for Established (immediately, or after the RTR for a peer-to-peer responder).
+    // A peer-to-peer responder waits for the RTR; give up like the MPA timers do.
     let established = {
         let mut rx = conn.events.lock().await;
-        match rx.recv().await {
-            Some(CmEvent::Established) => Ok(()),
-            Some(other) => Err(other),
-            None => Err(CmEvent::Disconnected),
+        match tokio::time::timeout(handshake::INITIATOR_TIMEOUT, rx.recv()).await {
+            Ok(Some(CmEvent::Established)) => Ok(()),
+            Ok(Some(other)) => Err(other),
+            Ok(None) | Err(_) => Err(CmEvent::Disconnected),
         }
     };
     match established {
