@@ -725,6 +725,9 @@ struct ClientInner {
     next_xid: AtomicU32,
     back: Option<Dispatcher>,
     reconnects: AtomicU64,
+    /// Programs with an Upper-Layer Binding: only their calls may use Read or Write chunks
+    /// for DDP-eligible items (5666bis §8).
+    bound: HashSet<u32>,
 }
 
 impl ClientInner {
@@ -814,6 +817,7 @@ impl RdmaClient {
         backchannel: Option<Dispatcher>,
     ) -> Result<Self, DriverError> {
         let cfg = config.rpc.clone();
+        let bound: HashSet<u32> = ulbs.iter().map(|u| u.program()).collect();
         let req = Requester::new(
             cfg.clone(),
             Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect()),
@@ -839,6 +843,7 @@ impl RdmaClient {
             next_xid: AtomicU32::new(rand::random::<u32>() | 1),
             back: backchannel,
             reconnects: AtomicU64::new(0),
+            bound,
         });
         let task = tokio::spawn(client_recv_loop(inner.clone(), rcq));
         Ok(RdmaClient { inner, task })
@@ -987,7 +992,11 @@ impl RpcTransport for RdmaClient {
         Box::pin(async move {
             let inner = &self.inner;
             let xid = inner.next_xid.fetch_add(1, Ordering::Relaxed);
-            let no_reduction = Credential::parse(&req.cred).is_ok_and(|c| c.forbids_reduction());
+            // Nothing is reduced under RPCSEC_GSS integrity or privacy (5666bis §10.2.2.3), nor
+            // for a program without an Upper-Layer Binding (5666bis §8.1: only items a binding
+            // marks DDP-eligible may be reduced). Long messages still use chunks.
+            let no_reduction = Credential::parse(&req.cred).is_ok_and(|c| c.forbids_reduction())
+                || !inner.bound.contains(&req.prog);
             let cfg = &inner.cfg.rpc;
             let policy = if no_reduction {
                 DdpPolicy::Inline

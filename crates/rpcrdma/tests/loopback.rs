@@ -385,3 +385,35 @@ async fn loopback_reconnect_after_server_disconnect() {
     assert_eq!(got, echo_results_bytes(99, &data, &[]));
     assert_eq!(cl.live_registrations(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_without_binding_never_reduces() {
+    let fabric = LoopbackFabric::new();
+    let dev = Device::loopback(&fabric);
+    let tc = TransportConfig {
+        device: Some(dev.clone()),
+        ..TransportConfig::default()
+    };
+    let srv = RdmaServer::bind(
+        "10.0.0.6:20049".parse().unwrap(),
+        dispatcher(),
+        ulb_list(),
+        tc.clone(),
+    )
+    .await
+    .unwrap();
+    // No Upper-Layer Binding on the client: the DDP-eligible item travels inline (or in a
+    // Position-Zero chunk when long), and no Write chunk is offered.
+    let cl = RdmaClient::connect(srv.local_addr(), tc).await.unwrap();
+    for n in [100usize, 2000, 9000] {
+        let data = pattern(n, 4);
+        let got = cl
+            .call(echo_req(1, data.clone(), Bytes::new(), true))
+            .await
+            .unwrap();
+        assert_eq!(got, echo_results_bytes(1, &data, &[]));
+    }
+    let s = cl.stats();
+    assert_eq!(s.chunked, 0, "{s:?}");
+    assert!(s.long_call >= 1);
+}
