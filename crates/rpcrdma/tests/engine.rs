@@ -770,3 +770,66 @@ fn backchannel_interleaved_with_forward_calls() {
         matches!(oncrpc::MessageHeader::decode_message(&data.slice(n..)).unwrap().0, oncrpc::MessageHeader::Reply(r) if r.xid() == 42)
     );
 }
+
+/// A registrar whose invalidations fail.
+struct StuckRegistrar(rpcrdma::engine::MemRegistrar);
+
+impl rpcrdma::engine::Registrar for StuckRegistrar {
+    fn register_source(
+        &mut self,
+        data: Bytes,
+    ) -> Result<rpcrdma::engine::Region, rpcrdma::engine::RegError> {
+        self.0.register_source(data)
+    }
+    fn register_sink(
+        &mut self,
+        len: usize,
+    ) -> Result<rpcrdma::engine::Region, rpcrdma::engine::RegError> {
+        self.0.register_sink(len)
+    }
+    fn sink_contents(&mut self, id: u64, len: usize) -> Result<Bytes, rpcrdma::engine::RegError> {
+        self.0.sink_contents(id, len)
+    }
+    fn invalidate(&mut self, _id: u64, _remote: bool) -> Result<(), rpcrdma::engine::RegError> {
+        Err(rpcrdma::engine::RegError::Invalidate("device error".into()))
+    }
+}
+
+#[test]
+fn failed_invalidation_closes_the_connection_before_completion() {
+    let mut reg = StuckRegistrar(rpcrdma::engine::MemRegistrar::new(3));
+    let mut q = rpcrdma::requester::Requester::new(cfg(8), ulbs());
+    let _ = q.on_connect(rpcrdma::engine::Params::default(), &mut reg);
+    let d = pattern(3000, 1);
+    let m = echo_message(8, OpaqueAuth::none(), reduce(1), 8, &d, &Bytes::new());
+    let a = q.submit(out_call(8, ECHO, m, expect(3000, 0, true)), &mut reg);
+    assert_eq!(a.len(), 1);
+    let out = q.on_receive(raw(&[8, 1, 8, 4, 2]), None, &mut reg);
+    let close = out
+        .iter()
+        .position(|a| matches!(a, rpcrdma::requester::Action::Close));
+    let done = out
+        .iter()
+        .position(|a| matches!(a, rpcrdma::requester::Action::Complete { .. }));
+    // 5666bis §5.5.4: the connection is closed to fence the memory before the RPC completes.
+    assert!(close.unwrap() < done.unwrap());
+}
+
+#[test]
+fn read_chunk_length_must_match_the_byte_count() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    let d = pattern(3000, 2);
+    let mut m = echo_message(12, OpaqueAuth::none(), reduce(1), 12, &d, &Bytes::new());
+    // The stream says 3000 bytes, the Read chunk carries 2999 (5666bis §4.4.4.1).
+    m.reduced[0].data = m.reduced[0].data.slice(..2999);
+    let a = h
+        .req
+        .submit(out_call(12, ECHO, m, expect(3000, 0, true)), &mut h.creg);
+    h.client_actions(a);
+    h.run();
+    assert!(matches!(
+        h.done.remove(&12),
+        Some(Err(RpcError::Accepted(AcceptStat::GarbageArgs)))
+    ));
+    assert_eq!(h.resp.stats().garbage_args, 1);
+}
