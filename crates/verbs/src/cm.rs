@@ -689,6 +689,8 @@ pub enum CmEvent {
     TerminateSent(Terminate),
     /// The peer sent a Terminate.
     TerminateReceived(Terminate),
+    /// The stream failed (I/O error); a `Disconnected` follows.
+    Error(String),
     /// RDMA_CM_EVENT_DISCONNECTED: the stream is closed and all WRs were flushed.
     Disconnected,
 }
@@ -774,6 +776,8 @@ pub struct Connection {
     local: SocketAddr,
     peer: SocketAddr,
     events: tokio::sync::Mutex<mpsc::UnboundedReceiver<CmEvent>>,
+    /// Established, consumed by setup, is handed out again as the first event.
+    first: Mutex<Option<CmEvent>>,
     done: watch::Receiver<bool>,
 }
 
@@ -835,6 +839,9 @@ impl Connection {
 
     /// Next connection event; `None` once the connection is gone and all events were read.
     pub async fn next_event(&self) -> Option<CmEvent> {
+        if let Some(e) = lock(&self.first).take() {
+            return Some(e);
+        }
         self.events.lock().await.recv().await
     }
 
@@ -915,6 +922,7 @@ async fn start_connection(
         local,
         peer,
         events: tokio::sync::Mutex::new(ev_rx),
+        first: Mutex::new(None),
         done: done_rx,
     };
     // Wait for Established (immediately, or after the RTR for a peer-to-peer responder).
@@ -928,7 +936,10 @@ async fn start_connection(
         }
     };
     match established {
-        Ok(()) => Ok(conn),
+        Ok(()) => {
+            *lock(&conn.first) = Some(CmEvent::Established);
+            Ok(conn)
+        }
         Err(ev) => {
             tracing::debug!("connection failed during setup: {ev:?}");
             Err(VerbsError::Protocol(
@@ -1004,6 +1015,7 @@ fn spawn_driver(r: In, w: Out, leftover: BytesMut, ctx: Arc<DriverCtx>, done: wa
     let writer = tokio::spawn(async move {
         if let Err(e) = writer_loop(w, &wctx).await {
             tracing::debug!("writer ended: {e}");
+            let _ = wctx.ev.send(CmEvent::Error(e.to_string()));
             let mut eng = lock(&wctx.qp.engine);
             eng.on_disconnect();
             wctx.drain(&mut eng);
@@ -1012,6 +1024,7 @@ fn spawn_driver(r: In, w: Out, leftover: BytesMut, ctx: Arc<DriverCtx>, done: wa
     tokio::spawn(async move {
         if let Err(e) = reader_loop(r, leftover, &ctx).await {
             tracing::debug!("reader ended: {e}");
+            let _ = ctx.ev.send(CmEvent::Error(e.to_string()));
         }
         {
             let mut eng = lock(&ctx.qp.engine);

@@ -260,11 +260,12 @@ async fn disconnect_flushes_and_reports() {
                 let r = e.s.rcq.next().await;
                 assert_eq!((r.wr_id, r.status), (i, WcStatus::WrFlushError));
             }
-            let mut saw = false;
+            let mut evs = Vec::new();
             while let Some(ev) = k.s.next_event().await {
-                saw |= ev == CmEvent::Disconnected;
+                evs.push(ev);
             }
-            assert!(saw);
+            assert_eq!(evs.first(), Some(&CmEvent::Established));
+            assert_eq!(evs.last(), Some(&CmEvent::Disconnected));
         })
         .await;
     }
