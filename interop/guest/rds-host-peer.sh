@@ -7,7 +7,10 @@ flag() { touch "$F/guest-$1"; }
 wait_host() { for i in $(seq "${2:-120}"); do [ -e "$F/host-$1" ] && return 0; [ -e "$F/host-abort" ] && return 1; sleep 1; done; return 1; }
 res() {  # res CELL LOGFILE : CELL pass if the log has OK and no FAIL
     if grep -q '^OK' "$2" && ! grep -q '^FAIL' "$2"; then echo "CELL $1 pass $(grep -m1 '^OK' "$2")"
-    else echo "CELL $1 fail $(grep -m1 -E '^FAIL|Error|error' "$2")"; fi
+    else
+        local why; why=$(grep -m1 -E '^FAIL|Error|error' "$2")
+        echo "CELL $1 fail ${why:-no complete result (stopped after the host finished)}"
+    fi
 }
 modprobe rds; modprobe rds_tcp
 python3 $B/rds-peer.py echo 10.0.2.15 4000 100000 600 > /tmp/echo.log 2>&1 &

@@ -34,7 +34,7 @@ MB=${IX_NFS_MB:-64}
 run_cell() {  # cell opts
     local log=$IX_SCN_OUT/guest-${1//\//-}.log
     ix_guest "$log" -t 400 -d "$IX_SHARE" -f "$IX_HERE/guest/nfs-roundtrip.sh" \
-        SERVER=10.0.2.2 EXPORT=/ OPTS="$2" CELL="$1" MAXMB="$MB" SIW=1
+        SERVER=10.0.2.2 EXPORT="${OX_NFS_EXPORT:-/}" OPTS="$2" CELL="$1" MAXMB="$MB" SIW=1
     cells_from_log "$log"
     grep -q "^CELL $1" "$log" || cell "$1" fail "guest gave no result: $(tail -2 "$log" | tr '\n' ' ')"
 }
