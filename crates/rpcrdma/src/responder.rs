@@ -376,10 +376,13 @@ impl Responder {
                 Ok(i) => i,
                 Err(_) => return self.garbage(xid),
             };
+            // The chunk holds the item's contents, with or without its XDR round-up
+            // (5666bis §4.4.5.1: the requester MAY omit the padding).
             let ok = others.iter().all(|(pos, d)| {
-                items
-                    .iter()
-                    .any(|r| r.start + args_at == *pos && r.len() == d.len())
+                items.iter().any(|r| {
+                    r.start + args_at == *pos
+                        && (r.len() == d.len() || xdr::padded(r.len()) == d.len())
+                })
             });
             if !ok {
                 return self.garbage(xid);

@@ -833,3 +833,24 @@ fn read_chunk_length_must_match_the_byte_count() {
     ));
     assert_eq!(h.resp.stats().garbage_args, 1);
 }
+
+#[test]
+fn read_chunk_with_round_up_included_is_accepted() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    let d = pattern(3001, 2);
+    let mut m = echo_message(13, OpaqueAuth::none(), reduce(1), 13, &d, &Bytes::new());
+    // This requester sends the XDR pad in the Read chunk (5666bis §4.4.5.1 makes omitting it
+    // optional).
+    let mut padded = m.reduced[0].data.to_vec();
+    padded.extend([0, 0, 0]);
+    m.reduced[0].data = Bytes::from(padded);
+    let a = h
+        .req
+        .submit(out_call(13, ECHO, m, expect(3001, 0, true)), &mut h.creg);
+    h.client_actions(a);
+    h.run();
+    assert_eq!(
+        h.done.remove(&13).unwrap().unwrap(),
+        echo_results_bytes(13, &d, &[])
+    );
+}
