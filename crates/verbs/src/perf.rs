@@ -357,7 +357,8 @@ pub async fn tcp_ceiling(size: usize, iterations: usize) -> Result<f64, VerbsErr
     let reader = tokio::spawn(async move {
         let (mut s, _) = l.accept().await?;
         tune(&s);
-        let mut buf = vec![0u8; 256 * 1024];
+        // Read into a message-sized buffer, as the soft-iWARP side reads into the region.
+        let mut buf = vec![0u8; size.clamp(64 * 1024, 4 << 20)];
         let mut got = 0;
         while got < total {
             let n = s.read(&mut buf).await?;

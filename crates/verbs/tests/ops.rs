@@ -301,3 +301,80 @@ async fn crc_on_tcp() {
 async fn crc_on_mem() {
     within(crc_and_many_fpdus(Kind::Mem)).await
 }
+
+/// Both directions at once, Writes and Reads interleaved with Sends: no deadlock, data intact.
+async fn bidirectional(kind: Kind) {
+    let (e, _k) = up(kind).await;
+    let n = 2 << 20;
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let (ca, sa) = (pattern(n, 1), pattern(n, 2));
+    let c_src = e.c.pd.register(ca.clone(), all).unwrap();
+    let s_src = e.s.pd.register(sa.clone(), all).unwrap();
+    let c_dst = e.c.pd.register_len(n, all).unwrap();
+    let s_dst = e.s.pd.register_len(n, all).unwrap();
+    let c_rd = e.c.pd.register_len(n, all).unwrap();
+    let s_rd = e.s.pd.register_len(n, all).unwrap();
+    let half = (n / 2) as u32;
+    for (side, src, dst, rd, peer_src) in [
+        (&e.c, &c_src, &s_dst, &c_rd, &s_src),
+        (&e.s, &s_src, &c_dst, &s_rd, &c_src),
+    ] {
+        side.qp
+            .post_send_list([
+                SendWr::new(
+                    1,
+                    SendOp::RdmaWrite {
+                        remote_addr: 0,
+                        rkey: dst.rkey(),
+                    },
+                    vec![src.sge(0, half)],
+                ),
+                SendWr::new(
+                    2,
+                    SendOp::RdmaRead {
+                        remote_addr: 0,
+                        rkey: peer_src.rkey(),
+                    },
+                    vec![rd.sge(0, n as u32)],
+                ),
+                SendWr::new(
+                    3,
+                    SendOp::RdmaWrite {
+                        remote_addr: u64::from(half),
+                        rkey: dst.rkey(),
+                    },
+                    vec![src.sge(u64::from(half), half)],
+                ),
+                SendWr::new(
+                    4,
+                    SendOp::RdmaRead {
+                        remote_addr: 0,
+                        rkey: dst.rkey(),
+                    },
+                    vec![],
+                ),
+            ])
+            .unwrap();
+    }
+    for cq in [&e.c.scq, &e.s.scq] {
+        let mut ids = Vec::new();
+        for _ in 0..4 {
+            let c = cq.next().await;
+            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            ids.push(c.wr_id);
+        }
+        ids.sort();
+        assert_eq!(ids, vec![1, 2, 3, 4]);
+    }
+    assert!(s_dst.read(0, n).unwrap() == ca && c_dst.read(0, n).unwrap() == sa);
+    assert!(c_rd.read(0, n).unwrap() == sa && s_rd.read(0, n).unwrap() == ca);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bidirectional_tcp() {
+    within(bidirectional(Kind::Tcp)).await
+}
+#[tokio::test]
+async fn bidirectional_mem() {
+    within(bidirectional(Kind::Mem)).await
+}
