@@ -1,8 +1,8 @@
 //! Sans-IO RDMAP/DDP engine of one queue pair.
 //!
-//! The engine takes received ULPDUs ([`Engine::on_ulpdu`]) and work requests, places data into
+//! The engine takes received ULPDUs (`Engine::on_ulpdu`) and work requests, places data into
 //! registered memory, pushes completions, and hands out the next DDP segment to transmit
-//! ([`Engine::poll_transmit`]). It never touches a socket; MPA framing is the driver's job.
+//! (`Engine::poll_transmit`). It never touches a socket; MPA framing is the driver's job.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -730,8 +730,10 @@ impl Engine {
     }
 
     fn tagged_fault(&mut self, f: AccessFault, u: &[u8]) {
-        // Faults found while placing a tagged segment: DDP tagged-buffer errors, except access
-        // rights which RFC 5040 §4.8 reports at the RDMAP layer.
+        // Faults found while placing a tagged segment: DDP tagged-buffer errors (RFC 5041 §7.2),
+        // except access rights: RFC 5041 has no code for them, RFC 5040 §4.8 has "access rights
+        // violation" at the RDMAP layer, which we use. (Linux siw instead reports DDP / tagged /
+        // invalid STag for this case; both are decoded the same way by our peers.)
         let (layer, etype, code) = match f {
             AccessFault::InvalidStag => (1, term::DDP_ETYPE_TAGGED, term::DDP_T_INVALID_STAG),
             AccessFault::Bounds => (1, term::DDP_ETYPE_TAGGED, term::DDP_T_BASE_BOUNDS),

@@ -3,48 +3,80 @@
 //! An async, rdma-core-shaped verbs API and the providers that implement it:
 //!
 //! * **soft-iWARP over TCP** ([`Device::soft_iwarp`]): MPA (RFC 5044) with the enhanced
-//!   connection setup of RFC 6581, DDP (RFC 5041) and RDMAP (RFC 5040), interoperable in
-//!   behaviour with Linux `siw`;
+//!   connection setup of RFC 6581, DDP (RFC 5041) and RDMAP (RFC 5040), following the behaviour
+//!   of Linux `siw` (facts in `shared/facts/iwarp-and-linux-siw.md`);
 //! * **in-memory loopback** ([`Device::loopback`]): the same protocol stack over in-process
 //!   pipes of a [`LoopbackFabric`] — no sockets, fast and deterministic, for upper-layer tests.
 //!
 //! ## Shape of the API
 //!
 //! ```text
-//! Device ── alloc_pd() ─► ProtectionDomain ── register(buf, Access) ─► MemoryRegion (lkey/rkey, read/write)
-//!        ── create_cq() ─► CompletionQueue (poll / async next)
-//!        ── create_qp(&pd, &send_cq, &recv_cq) ─► QueuePair (post_send / post_recv)
-//!        ── listen(addr) ─► Listener ── accept() ─► ConnectRequest ── accept(&qp, ConnParams) ─► Connection
-//!                                                                   └─ reject(private_data)
-//!        ── connect(&qp, addr, ConnParams) ─► Connection | Err(VerbsError::Rejected(private_data))
-//! Connection: peer_private_data(), ird()/ord(), next_event() -> CmEvent, disconnect()
+//! Device ─ alloc_pd() ─► ProtectionDomain ─ register(Vec<u8>, Access) / register_len(n, Access)
+//!        │                                   ─► MemoryRegion: lkey() rkey() addr() read() write() invalidate() reregister()
+//!        ├ create_cq() ─► CompletionQueue: poll(max) / try_next() / async next() -> Completion
+//!        ├ create_qp(&pd, &send_cq, &recv_cq) ─► QueuePair: post_send(SendWr) post_recv(RecvWr) state()
+//!        ├ async listen(addr) ─► Listener ─ async accept() ─► ConnectRequest
+//!        │        ConnectRequest: private_data() ird() ord() peer_addr() crc() peer_to_peer()
+//!        │                        async accept(&qp, ConnParams) ─► Connection | async reject(&[u8])
+//!        └ async connect(&qp, addr, ConnParams) ─► Connection | Err(VerbsError::Rejected(private data))
+//! Connection: qp() peer_private_data() ird() ord() async next_event() -> CmEvent
+//!             async disconnect() async closed()
+//! ```
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), verbs::VerbsError> {
+//! use verbs::{Access, ConnParams, Device, RecvWr, SendOp, SendWr};
+//! let dev = Device::soft_iwarp();
+//! let pd = dev.alloc_pd();
+//! let (scq, rcq) = (dev.create_cq(), dev.create_cq());
+//! let qp = dev.create_qp(&pd, &scq, &rcq);
+//! let buf = pd.register_len(4096, Access::LOCAL_WRITE)?;
+//! qp.post_recv(RecvWr { wr_id: 1, sgl: vec![buf.sge(0, 4096)] })?; // before connecting is fine
+//! let conn = dev.connect(&qp, "127.0.0.1:4791".parse().unwrap(), ConnParams::default()).await?;
+//! let src = pd.register(b"hello".to_vec(), Access::LOCAL_WRITE)?;
+//! qp.post_send(SendWr::new(2, SendOp::RdmaWrite { remote_addr: 0, rkey: 0x1234_5601 }, vec![src.sge(0, 5)]))?;
+//! let wc = scq.next().await;
+//! conn.disconnect().await;
+//! # let _ = wc; Ok(()) }
 //! ```
 //!
 //! Semantics follow rdma-core / rdma_cm on iWARP:
 //! * STag = 24-bit random index << 8 | 8-bit key; `lkey == rkey`; [`MemoryRegion::reregister`]
-//!   rotates the key; invalidated, deregistered or foreign-PD STags fail remote access.
-//! * Send and RDMA Write complete when handed to the transport; RDMA Read completes when the
-//!   whole response was placed. Unsignaled WRs complete only on error.
-//! * Receives can be posted before connecting. A Send arriving with no posted receive is a DDP
-//!   "no buffer" error: the receiver sends a Terminate (iWARP has no RNR retry, like siw).
-//! * Any protection or format error produces a Terminate with the RFC 5040/5041/5044 layer, type
-//!   and code, no data is placed, both QPs go to [`QpState::Error`], every outstanding WR
-//!   completes with [`WcStatus::WrFlushError`] (a Read refused by the peer completes with
-//!   [`WcStatus::RemoteAccessError`]), and the stream is closed.
-//! * Private data (≤ 256 bytes) travels in both directions; IRD/ORD ≤ 128 are negotiated with
-//!   RFC 6581 words; Reads beyond ORD wait in the send queue; Read Requests beyond IRD are
-//!   Terminated.
+//!   rotates the key; invalidated, deregistered (dropped) or foreign-PD STags fail remote access.
 //! * Tagged offsets are zero-based: address region bytes as `mr.addr() + offset`.
+//! * Send and RDMA Write complete when handed to the transport; RDMA Read completes when the
+//!   whole response was placed; an RDMA Read takes one local SGE (the sink STag). Unsignaled WRs
+//!   complete only on error.
+//! * Receives can be posted before connecting. A Send arriving with no posted receive is a DDP
+//!   "no buffer" error: the receiver sends a Terminate (iWARP has no RNR retry, like siw), so
+//!   upper layers must use credits.
+//! * Any protection or format error produces a Terminate with the RFC 5040/5041/5044 layer, type
+//!   and code, nothing of the failing segment is placed, both QPs go to [`QpState::Error`], every
+//!   outstanding WR completes with [`WcStatus::WrFlushError`] (a Read refused by the peer
+//!   completes with [`WcStatus::RemoteAccessError`]), both sides see
+//!   [`CmEvent::TerminateSent`] / [`CmEvent::TerminateReceived`] and then
+//!   [`CmEvent::Disconnected`].
+//! * Private data (≤ 256 bytes) travels in both directions; IRD/ORD ≤ 128 are negotiated with
+//!   the RFC 6581 words (ORD never exceeds the peer's IRD); Reads beyond ORD wait in the send
+//!   queue; Read Requests beyond IRD are Terminated. `ConnParams::peer_to_peer` runs the RFC 6581
+//!   RTR exchange (Write, Read or Send RTR); MPA revision 1 peers are accepted.
+//! * Events: [`CmEvent::Established`] first, then Terminate/Error events, then `Disconnected`.
+//!   Dropping a [`Connection`] disconnects it (like destroying the rdma_cm id).
 //!
-//! Protocol logic is sans-IO: [`wire`] holds checked decoders, `handshake` the MPA setup and the
-//! engine the RDMAP/DDP state machine; `cm` is the thin tokio driver (one reader and one writer
-//! task per connection, vectored writes, TCP_NODELAY). Connections can be captured to pcap files
-//! ([`ConnParams::capture_dir`], [`SoftIwarpConfig::capture_dir`] or `OXRDMA_PCAP_DIR`).
+//! ## Structure
+//! Protocol logic is sans-IO: [`wire`] holds the checked decoders, [`handshake`] the MPA setup,
+//! [`engine`] the RDMAP/DDP state machine of one QP. [`cm`] is the thin tokio driver: one reader
+//! and one writer task per connection, TCP_NODELAY, FPDUs of at most the TCP MSS rounded down to
+//! 8, vectored writes straight from registered memory and, without CRC, payload read from the
+//! socket straight into the target region. Connections can be captured to pcap files
+//! ([`ConnParams::capture_dir`], [`SoftIwarpConfig::capture_dir`] or `OXRDMA_PCAP_DIR`) that
+//! tshark decodes as MPA/DDP/RDMAP from the SYN on. [`perf`] measures bandwidth and latency.
 //!
 //! ## What it does not do
-//! No MPA markers (refused, like siw), no memory windows, atomics or immediate data (siw has
-//! none), no shared receive queues, no IPv6 in captures (written as IPv4), and no rdma-core
-//! provider yet (the `rdma-core` feature only pulls in `sideway`).
+//! No MPA markers (refused with R, like siw), no memory windows, atomics or immediate data (siw
+//! has none), no shared receive queues, no multi-SGE Read sinks, IPv6 endpoints are written as
+//! IPv4 in captures, and there is **no rdma-core provider**: the `rdma-core` feature only pulls in
+//! `sideway`; nothing uses it yet.
 
 pub mod cm;
 pub mod cq;
