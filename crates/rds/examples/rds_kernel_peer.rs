@@ -42,7 +42,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!("sent {count}");
-    let got = sock.recv_timeout(Duration::from_secs(120)).await?;
+    let got = sock.recv_timeout(Duration::from_secs(300)).await?;
     match got {
         Some((p, src)) => println!("received {:?} from {src}", String::from_utf8_lossy(&p)),
         None => println!("received nothing"),
