@@ -292,3 +292,56 @@ async fn ping_and_stress_tools() {
     a.shutdown();
     b.shutdown();
 }
+
+/// Congestion over real sockets: a receiver that does not read stops the sender (would-block,
+/// or a waiting `send_to`); reading restarts it, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn congestion_blocks_and_releases_sender() {
+    let (a, b) = pair(1).await;
+    let sa = a.bind(4100).unwrap();
+    let sb = b.bind(4101).unwrap();
+    sb.set_rcvbuf(16 * 1024);
+    let dest = SocketAddrV4::new(B, 4101);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut sent = 0u64;
+    // Send 1 KiB messages until the peer's congestion map stops us.
+    let blocked = loop {
+        assert!(Instant::now() < deadline, "never congested: {:?}", b.info());
+        match sa.try_send_to(dest, payload(4100, sent, 1014)) {
+            Ok(()) => sent += 1,
+            Err(rds::SendError::Congested) => break true,
+            Err(e) if e.is_would_block() => tokio::time::sleep(Duration::from_millis(1)).await,
+            Err(e) => panic!("{e}"),
+        }
+        if sent.is_multiple_of(16) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    assert!(blocked);
+    let port = b.info().ports.into_iter().find(|p| p.port == 4101).unwrap();
+    assert!(port.congested && port.queued > port.rcvbuf, "{port:?}");
+    // A blocking send waits while congested, and completes once the receiver drains.
+    let sa = std::sync::Arc::new(sa);
+    let sa2 = std::sync::Arc::clone(&sa);
+    let waiter = tokio::spawn(async move { sa2.send_to(dest, payload(4100, sent, 10)).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !waiter.is_finished(),
+        "send_to must wait while the port is congested"
+    );
+    let mut got = 0u64;
+    while got < sent + 1 {
+        let r = tokio::time::timeout(Duration::from_secs(10), sb.recv_from()).await;
+        let (mut p, _) = r.expect("receive").unwrap();
+        p.advance(2);
+        assert_eq!(p.get_u64(), got, "in order, nothing lost");
+        got += 1;
+    }
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("sender released")
+        .unwrap()
+        .unwrap();
+    a.shutdown();
+    b.shutdown();
+}
