@@ -7,7 +7,7 @@ use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -45,6 +45,9 @@ pub struct SoftIwarpConfig {
     pub max_fpdu: usize,
     /// SO_SNDBUF / SO_RCVBUF to request (0 = kernel default).
     pub socket_buffer: usize,
+    /// Most bytes taken from the stream per read (large tagged payloads that did not arrive
+    /// in one read are then read straight into their region).
+    pub rx_chunk: usize,
 }
 
 impl Default for SoftIwarpConfig {
@@ -53,6 +56,7 @@ impl Default for SoftIwarpConfig {
             capture_dir: None,
             max_fpdu: MAX_FPDU,
             socket_buffer: 4 << 20,
+            rx_chunk: 256 * 1024,
         }
     }
 }
@@ -313,7 +317,7 @@ impl Device {
         if let Some(c) = capture.as_mut().filter(|_| !buf.is_empty()) {
             let _ = c.record(Dir::In, &buf);
         }
-        let fpdu = self.max_fpdu(&t);
+        let fpdu = (self.max_fpdu(&t), self.config().rx_chunk.max(64));
         start_connection(qp, t, buf, neg, fpdu, capture, local, addr).await
     }
 
@@ -653,7 +657,7 @@ impl ConnectRequest {
             }
         }
         t.write_all(&b).await?;
-        let fpdu = dev.max_fpdu(&t);
+        let fpdu = (dev.max_fpdu(&t), dev.config().rx_chunk.max(64));
         let conn =
             start_connection(qp, t, leftover, neg.clone(), fpdu, capture, local, peer).await?;
         Ok(conn)
@@ -779,6 +783,7 @@ pub struct Connection {
     /// Established, consumed by setup, is handed out again as the first event.
     first: Mutex<Option<CmEvent>>,
     done: watch::Receiver<bool>,
+    stats: Arc<StatsInner>,
 }
 
 impl fmt::Debug for Connection {
@@ -837,6 +842,20 @@ impl Connection {
         self.peer
     }
 
+    /// Driver counters.
+    pub fn stats(&self) -> ConnStats {
+        let s = &self.stats;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ConnStats {
+            fpdus_tx: g(&s.fpdus_tx),
+            fpdus_rx: g(&s.fpdus_rx),
+            bytes_tx: g(&s.bytes_tx),
+            bytes_rx: g(&s.bytes_rx),
+            zero_copy_tx_bytes: g(&s.zero_copy_tx_bytes),
+            direct_rx_bytes: g(&s.direct_rx_bytes),
+        }
+    }
+
     /// Next connection event; `None` once the connection is gone and all events were read.
     pub async fn next_event(&self) -> Option<CmEvent> {
         if let Some(e) = lock(&self.first).take() {
@@ -869,7 +888,7 @@ async fn start_connection(
     t: Transport,
     leftover: BytesMut,
     neg: Negotiated,
-    max_fpdu: usize,
+    (max_fpdu, rx_chunk): (usize, usize),
     capture: Option<Capture>,
     local: SocketAddr,
     peer: SocketAddr,
@@ -899,11 +918,14 @@ async fn start_connection(
         });
     }
     let capture = capture.map(|c| Arc::new(Mutex::new(c)));
+    let stats = Arc::new(StatsInner::default());
     let ctx = Arc::new(DriverCtx {
         qp: qp.shared.clone(),
         ev: ev_tx,
         capture,
         crc: neg.crc,
+        stats: stats.clone(),
+        rx_chunk,
     });
     match t {
         Transport::Tcp(s) => {
@@ -924,6 +946,7 @@ async fn start_connection(
         events: tokio::sync::Mutex::new(ev_rx),
         first: Mutex::new(None),
         done: done_rx,
+        stats,
     };
     // Wait for Established (immediately, or after the RTR for a peer-to-peer responder).
     // A peer-to-peer responder waits for the RTR; give up like the MPA timers do.
@@ -954,6 +977,35 @@ struct DriverCtx {
     ev: mpsc::UnboundedSender<CmEvent>,
     capture: Option<Arc<Mutex<Capture>>>,
     crc: bool,
+    stats: Arc<StatsInner>,
+    rx_chunk: usize,
+}
+
+#[derive(Debug, Default)]
+struct StatsInner {
+    fpdus_tx: AtomicU64,
+    fpdus_rx: AtomicU64,
+    bytes_tx: AtomicU64,
+    bytes_rx: AtomicU64,
+    zero_copy_tx_bytes: AtomicU64,
+    direct_rx_bytes: AtomicU64,
+}
+
+/// Counters of one connection's driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConnStats {
+    /// FPDUs sent.
+    pub fpdus_tx: u64,
+    /// FPDUs received (including directly placed ones).
+    pub fpdus_rx: u64,
+    /// Stream bytes written (after the MPA Reply).
+    pub bytes_tx: u64,
+    /// Stream bytes read (after the MPA Reply).
+    pub bytes_rx: u64,
+    /// Payload bytes written straight from registered memory.
+    pub zero_copy_tx_bytes: u64,
+    /// Payload bytes read from the socket straight into registered memory.
+    pub direct_rx_bytes: u64,
 }
 
 impl DriverCtx {
@@ -1059,7 +1111,10 @@ async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -> io::Resul
                     break;
                 }
                 match dec.decode(&mut buf) {
-                    Ok(Some(u)) => eng.on_ulpdu(&u),
+                    Ok(Some(u)) => {
+                        ctx.stats.fpdus_rx.fetch_add(1, Ordering::Relaxed);
+                        eng.on_ulpdu(&u)
+                    }
                     Ok(None) => break,
                     Err(_) => {
                         // RFC 5044 §8: a CRC error is fatal; report it with a Terminate.
@@ -1079,17 +1134,19 @@ async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -> io::Resul
             skip = s;
             continue;
         }
-        if buf.capacity() - buf.len() < 64 * 1024 {
-            buf.reserve(256 * 1024);
+        if buf.capacity() - buf.len() < ctx.rx_chunk {
+            buf.reserve(ctx.rx_chunk);
         }
         let before = buf.len();
+        let limit = ctx.rx_chunk as u64;
         let n = match &mut r {
-            In::Tcp(t) => t.read_buf(&mut buf).await?,
-            In::Mem(m) => m.read_buf(&mut buf).await?,
+            In::Tcp(t) => t.take(limit).read_buf(&mut buf).await?,
+            In::Mem(m) => m.take(limit).read_buf(&mut buf).await?,
         };
         if n == 0 {
             return Ok(());
         }
+        ctx.stats.bytes_rx.fetch_add(n as u64, Ordering::Relaxed);
         if let Some(c) = &ctx.capture {
             let _ = lock(c).record(Dir::In, &buf[before..]);
         }
@@ -1155,6 +1212,13 @@ async fn place_direct(
             }
         }
     }
+    ctx.stats.fpdus_rx.fetch_add(1, Ordering::Relaxed);
+    ctx.stats
+        .direct_rx_bytes
+        .fetch_add((plen - have) as u64, Ordering::Relaxed);
+    ctx.stats
+        .bytes_rx
+        .fetch_add((plen - have) as u64, Ordering::Relaxed);
     let mut eng = lock(&ctx.qp.engine);
     eng.on_placed(&hdr, plen);
     ctx.drain(&mut eng);
@@ -1184,6 +1248,15 @@ async fn writer_loop(mut w: Out, ctx: &DriverCtx) -> io::Result<()> {
                 };
                 let (trailer, tl) = trailer;
                 bytes += s.len() + 2 + tl;
+                ctx.stats.fpdus_tx.fetch_add(1, Ordering::Relaxed);
+                ctx.stats
+                    .bytes_tx
+                    .fetch_add((s.len() + 2 + tl) as u64, Ordering::Relaxed);
+                if let Some((_, _, n)) = &s.mr_payload {
+                    ctx.stats
+                        .zero_copy_tx_bytes
+                        .fetch_add(*n as u64, Ordering::Relaxed);
+                }
                 let mut head = BytesMut::with_capacity(2 + s.hdr.len());
                 head.extend_from_slice(&prefix);
                 head.extend_from_slice(&s.hdr);

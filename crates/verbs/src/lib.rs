@@ -88,8 +88,8 @@ pub mod perf;
 pub mod wire;
 
 pub use cm::{
-    CmEvent, ConnParams, ConnectRequest, Connection, Device, Listener, LoopbackFabric, Provider,
-    QueuePair, SoftIwarpConfig,
+    CmEvent, ConnParams, ConnStats, ConnectRequest, Connection, Device, Listener, LoopbackFabric,
+    Provider, QueuePair, SoftIwarpConfig,
 };
 pub use cq::{
     Completion, CompletionQueue, Payload, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,

@@ -47,7 +47,7 @@ async fn send_recv_mem() {
 }
 
 async fn write_read_big(kind: Kind) {
-    let (e, _k) = up(kind).await;
+    let (e, k) = up(kind).await;
     let n = (1 << 20) + 3;
     let data = pattern(n, 5);
     let src = e.c.pd.register(data.clone(), Access::LOCAL_WRITE).unwrap();
@@ -92,6 +92,13 @@ async fn write_read_big(kind: Kind) {
     );
     assert!(back.read(0, n).unwrap() == data);
     assert!(dst.read(0, n).unwrap() == data);
+    let (cs, ss) = (k.c.stats(), k.s.stats());
+    // Many FPDUs each way; over TCP without CRC the payload is sent from the region itself.
+    assert!(cs.fpdus_tx >= 16 && ss.fpdus_tx >= 16, "{cs:?} {ss:?}");
+    if kind == Kind::Tcp {
+        assert_eq!(cs.zero_copy_tx_bytes, n as u64, "{cs:?}");
+        assert_eq!(ss.zero_copy_tx_bytes, n as u64, "{ss:?}");
+    }
 }
 
 #[tokio::test]
@@ -291,6 +298,11 @@ async fn crc_and_many_fpdus(kind: Kind) {
     let c = e.c.scq.next().await;
     assert_eq!((c.wr_id, c.status), (2, WcStatus::Success));
     assert!(back.read(0, n).unwrap() == data);
+    // With CRC every byte is copied and checked before it is placed.
+    assert_eq!(
+        k.c.stats().zero_copy_tx_bytes + k.s.stats().direct_rx_bytes,
+        0
+    );
 }
 
 #[tokio::test]
@@ -377,4 +389,75 @@ async fn bidirectional_tcp() {
 #[tokio::test]
 async fn bidirectional_mem() {
     within(bidirectional(Kind::Mem)).await
+}
+
+/// Small reads force the direct-placement path (payload read from the socket into the region)
+/// for Writes and Read Responses.
+#[tokio::test]
+async fn direct_placement_small_reads() {
+    within(async {
+        let cfg = verbs::SoftIwarpConfig {
+            rx_chunk: 4096,
+            ..Default::default()
+        };
+        let dev = || verbs::Device::open(verbs::Provider::SoftIwarp(cfg.clone()));
+        let (dc, ds) = (dev(), dev());
+        let (pc, ps) = (dc.alloc_pd(), ds.alloc_pd());
+        let (c_cq, s_cq) = (dc.create_cq(), ds.create_cq());
+        let qc = dc.create_qp(&pc, &c_cq, &c_cq);
+        let qs = ds.create_qp(&ps, &s_cq, &s_cq);
+        let mut l = ds.listen(any_addr()).await.unwrap();
+        let addr = l.local_addr();
+        let qs2 = qs.clone();
+        let srv = tokio::spawn(async move {
+            l.accept()
+                .await
+                .unwrap()
+                .accept(&qs2, Default::default())
+                .await
+                .unwrap()
+        });
+        let kc = dc.connect(&qc, addr, Default::default()).await.unwrap();
+        let ks = srv.await.unwrap();
+        let n = (1 << 20) + 3;
+        let data = pattern(n, 7);
+        let src = pc.register(data.clone(), Access::LOCAL_WRITE).unwrap();
+        let dst = ps
+            .register_len(
+                n,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            )
+            .unwrap();
+        let back = pc.register_len(n, Access::LOCAL_WRITE).unwrap();
+        qc.post_send_list([
+            SendWr::new(
+                1,
+                SendOp::RdmaWrite {
+                    remote_addr: 0,
+                    rkey: dst.rkey(),
+                },
+                vec![src.sge(0, n as u32)],
+            ),
+            SendWr::new(
+                2,
+                SendOp::RdmaRead {
+                    remote_addr: 0,
+                    rkey: dst.rkey(),
+                },
+                vec![back.sge(0, n as u32)],
+            ),
+        ])
+        .unwrap();
+        assert_eq!(c_cq.next().await.status, WcStatus::Success);
+        let c = c_cq.next().await;
+        assert_eq!(
+            (c.wr_id, c.status, c.byte_len),
+            (2, WcStatus::Success, n as u32)
+        );
+        assert!(dst.read(0, n).unwrap() == data && back.read(0, n).unwrap() == data);
+        let (cs, ss) = (kc.stats(), ks.stats());
+        assert!(ss.direct_rx_bytes > n as u64 / 2, "{ss:?}");
+        assert!(cs.direct_rx_bytes > n as u64 / 2, "{cs:?}");
+    })
+    .await
 }
