@@ -20,18 +20,26 @@ for v in $VARIANTS; do
             python3 $B/pcapture.py lo $H/cap/siw-$v.pcap $PORT > /tmp/cap.log 2>&1 & cap=$!
             sleep 1
         fi
-        taskset -c 1 $B/iwpeer server 10.0.2.15 $PORT --size $sz --timeout 90 > /tmp/srv.log 2>&1 & srv=$!
-        sleep 0.5
-        taskset -c 0 $B/iwpeer client 10.0.2.15 $PORT --size $sz --iters $ITERS --timeout 90 > /tmp/cli.log 2>&1; crc=$?
-        wait $srv; src=$?
+        for attempt in 1 2; do
+            dmesg -C 2>/dev/null
+            taskset -c 1 $B/iwpeer server 10.0.2.15 $PORT --size $sz --timeout 60 > /tmp/srv.log 2>&1 & srv=$!
+            sleep 0.5
+            taskset -c 0 $B/iwpeer client 10.0.2.15 $PORT --size $sz --iters $ITERS --timeout 60 > /tmp/cli.log 2>&1; crc=$?
+            wait $srv; src=$?
+            echo "---- variant $v size $sz attempt $attempt: client rc=$crc server rc=$src"
+            sed 's/^/  client: /' /tmp/cli.log; sed 's/^/  server: /' /tmp/srv.log
+            [ $crc = 0 ] && [ $src = 0 ] && break
+            dmesg | tail -15 | sed 's/^/  dmesg: /'
+            # rc 2 = connection/setup failure (retried once, and reported); rc 1 = data verdict
+            { [ $crc = 1 ] || [ $src = 1 ]; } && break
+            notes+=" [size $sz attempt $attempt setup failure: $(grep -h -m1 FAIL /tmp/cli.log /tmp/srv.log)]"
+        done
         [ -n "$cap" ] && { sleep 0.3; kill $cap; wait $cap; }
-        echo "---- variant $v size $sz: client rc=$crc server rc=$src"
-        sed 's/^/  client: /' /tmp/cli.log; sed 's/^/  server: /' /tmp/srv.log
         if [ $crc != 0 ] || [ $src != 0 ]; then ok=0; notes+=" size $sz: $(grep -h -m1 FAIL /tmp/cli.log /tmp/srv.log)"; fi
         first=0
     done
     if [ $ok = 1 ]; then
-        echo "CELL kernel-kernel/$v pass send,sendinv,write,read both ways, sizes $SIZES x$ITERS"
+        echo "CELL kernel-kernel/$v pass send,sendinv,write,read both ways, sizes $SIZES x$ITERS$notes"
     else
         echo "CELL kernel-kernel/$v fail$notes"
     fi
