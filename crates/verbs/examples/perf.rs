@@ -25,6 +25,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         iterations: 2000,
         latency_iterations: 200,
+        soft: verbs::SoftIwarpConfig {
+            rx_chunk: std::env::var("RX_CHUNK")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(256 * 1024),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let r = run(&cfg).await?;

@@ -1210,6 +1210,7 @@ pub struct RxHarness {
     dec: crate::wire::mpa::FpduDecoder,
     buf: BytesMut,
     _mrs: Vec<Arc<MrInner>>,
+    direct: bool,
 }
 
 impl RxHarness {
@@ -1249,7 +1250,15 @@ impl RxHarness {
             dec: crate::wire::mpa::FpduDecoder::new(crc),
             buf: BytesMut::new(),
             _mrs: mrs,
+            direct: false,
         }
+    }
+
+    /// Also exercise the driver's direct-placement calls (`direct_target` / `on_placed`) for
+    /// tagged segments, as the TCP driver does without CRC.
+    pub fn with_direct_placement(mut self) -> Self {
+        self.direct = true;
+        self
     }
 
     /// Feed stream bytes; returns the number of segments the engine then wanted to send.
@@ -1260,7 +1269,23 @@ impl RxHarness {
                 break;
             }
             match self.dec.decode(&mut self.buf) {
-                Ok(Some(u)) => self.engine.on_ulpdu(&u),
+                Ok(Some(u)) => {
+                    let tagged = u.len() >= TAGGED_HDR_LEN && u[0] & 0x80 != 0;
+                    let target = if self.direct && tagged {
+                        self.engine
+                            .direct_target(&u[..TAGGED_HDR_LEN], u.len() - TAGGED_HDR_LEN)
+                    } else {
+                        None
+                    };
+                    match target {
+                        Some((mr, off)) => {
+                            place(&mr, off, &u[TAGGED_HDR_LEN..]);
+                            self.engine
+                                .on_placed(&u[..TAGGED_HDR_LEN], u.len() - TAGGED_HDR_LEN);
+                        }
+                        None => self.engine.on_ulpdu(&u),
+                    }
+                }
                 Ok(None) => break,
                 Err(_) => {
                     self.engine.on_llp_error(term::MPA_CRC);

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{
-    Access, ConnParams, Device, LoopbackFabric, RecvWr, SendOp, SendWr, VerbsError, WcStatus,
+    Access, ConnParams, Device, LoopbackFabric, Provider, RecvWr, SendOp, SendWr, SoftIwarpConfig,
+    VerbsError, WcStatus,
 };
 
 /// Which operation to measure.
@@ -60,6 +61,8 @@ pub struct PerfConfig {
     pub crc: bool,
     /// Also measure raw TCP for each size.
     pub tcp_ceiling: bool,
+    /// Provider settings (socket buffers, FPDU cap, read size, capture).
+    pub soft: SoftIwarpConfig,
 }
 
 impl Default for PerfConfig {
@@ -73,6 +76,7 @@ impl Default for PerfConfig {
             transport: PerfTransport::Tcp,
             crc: false,
             tcp_ceiling: true,
+            soft: SoftIwarpConfig::default(),
         }
     }
 }
@@ -120,10 +124,14 @@ fn mbs(bytes: u64, d: Duration) -> f64 {
 /// Run the sweep.
 pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
     let (dc, ds) = match cfg.transport {
-        PerfTransport::Tcp => (Device::soft_iwarp(), Device::soft_iwarp()),
+        PerfTransport::Tcp => {
+            let d = || Device::open(Provider::SoftIwarp(cfg.soft.clone()));
+            (d(), d())
+        }
         PerfTransport::Loopback => {
             let f = LoopbackFabric::new();
-            (Device::loopback(&f), Device::loopback(&f))
+            let d = || Device::open(Provider::Loopback(f.clone(), cfg.soft.clone()));
+            (d(), d())
         }
     };
     if cfg.sizes.contains(&0) || cfg.sizes.iter().any(|s| *s > u32::MAX as usize) {
@@ -404,6 +412,7 @@ mod tests {
                     transport,
                     crc: false,
                     tcp_ceiling: true,
+                    soft: SoftIwarpConfig::default(),
                 };
                 let r = tokio::time::timeout(Duration::from_secs(20), run(&cfg))
                     .await

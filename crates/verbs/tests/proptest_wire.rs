@@ -120,8 +120,11 @@ proptest! {
 
     #[test]
     fn receive_path_never_panics(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..96), 0..12),
-                                 crc in any::<bool>(), rtr in any::<bool>()) {
+                                 crc in any::<bool>(), rtr in any::<bool>(), direct in any::<bool>()) {
         let mut h = RxHarness::new(crc, rtr);
+        if direct {
+            h = h.with_direct_placement();
+        }
         for c in &chunks {
             h.feed(c);
         }
@@ -130,7 +133,7 @@ proptest! {
     /// Well-formed FPDUs with random DDP headers reach the engine (not just the framing).
     #[test]
     fn engine_never_panics_on_framed_segments(hs in proptest::collection::vec((header(), proptest::collection::vec(any::<u8>(), 0..64)), 1..10)) {
-        let mut h = RxHarness::new(false, false);
+        let mut h = RxHarness::new(false, false).with_direct_placement();
         for (hd, payload) in hs {
             let mut u = BytesMut::new();
             hd.encode(&mut u);
