@@ -28,8 +28,8 @@ use crate::{mount, nfs3};
 pub struct ServeConfig {
     /// The directory to export.
     pub export: PathBuf,
-    /// The path clients pass to MNT (default: the export's canonical path; "/" also works
-    /// when set so).
+    /// The path clients pass to MNT (default "/", as the interop lab mounts `server:/`);
+    /// the export's canonical path is always accepted too.
     pub export_name: Option<String>,
     /// Refuse modifications with NFS3ERR_ROFS.
     pub read_only: bool,
@@ -121,10 +121,10 @@ const MAX_RECORD: usize = 4 << 20;
 /// Bind and start everything; see the module documentation.
 pub async fn start(config: ServeConfig) -> io::Result<Served> {
     let export = config.export.clone();
-    let name = match &config.export_name {
-        Some(n) => n.clone(),
-        None => export.canonicalize()?.to_string_lossy().into_owned(),
-    };
+    let name = config
+        .export_name
+        .clone()
+        .unwrap_or_else(|| "/".to_string());
     let read_only = config.read_only;
     let server = tokio::task::spawn_blocking(move || {
         NfsServer::new(&export, ExportOptions { read_only, name })

@@ -239,7 +239,14 @@ pub struct Export {
     fsid: u64,
     root_ino: u64,
     index: Mutex<HashMap<u64, PathBuf>>,
+    /// When the last index rebuild walked the whole export without finding its inode: handles
+    /// for unknown inodes then get STALE without another walk for [`FAILED_WALK_HOLDOFF`], so a
+    /// client cannot make the server walk a large export on every call.
+    failed_walk: Mutex<Option<std::time::Instant>>,
 }
+
+/// See [`Export`]'s `failed_walk`.
+const FAILED_WALK_HOLDOFF: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn mix(mut h: u64, v: u64) -> u64 {
     // FNV-1a over the eight bytes: fixed, so fsid is stable across restarts.
@@ -282,6 +289,7 @@ impl Export {
             fsid,
             root_ino: st.stx_ino,
             index: Mutex::new(index),
+            failed_walk: Mutex::new(None),
         })
     }
 
@@ -415,7 +423,14 @@ impl Export {
             }
             self.index().remove(&h.ino);
         }
-        match self.rebuild_until(h.ino) {
+        let mut failed = self.failed_walk.lock().unwrap_or_else(|p| p.into_inner());
+        if failed.is_some_and(|t| t.elapsed() < FAILED_WALK_HOLDOFF) {
+            return Err(Nfsstat3::Stale);
+        }
+        let found = self.rebuild_until(h.ino);
+        *failed = found.is_none().then(std::time::Instant::now);
+        drop(failed);
+        match found {
             Some(rel) => {
                 let st = self.stat_rel(&rel)?;
                 if Self::matches(&h, &st) {

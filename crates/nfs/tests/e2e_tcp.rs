@@ -241,3 +241,25 @@ async fn nfs3_over_tcp_end_to_end() {
     assert_eq!(got.object, f);
     served.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selftest_passes_against_our_server_with_default_export_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = ServeConfig::new(tmp.path());
+    cfg.tcp = Some(local());
+    cfg.portmap = None;
+    let served = start(cfg).await.unwrap();
+    let rpc = connect(served.nfs_addr.unwrap()).await;
+    // MOUNT answers on the NFS port; the default export name is "/".
+    let root = MountClient::new(rpc.clone()).mnt("/").await.unwrap();
+    let c = Nfs3Client::new(rpc).with_auth_sys(0, 0, vec![]);
+    let mut lines = Vec::new();
+    nfs::client::selftest(&c, &root, 3, |l| lines.push(l.to_string()))
+        .await
+        .unwrap();
+    assert!(lines.iter().any(|l| l == "OK read-cmp-3145728"));
+    assert!(lines.last().is_some_and(|l| l == "OK gone"));
+    // Everything it created is gone.
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    served.shutdown().await;
+}
