@@ -138,3 +138,25 @@ impl From<std::io::Error> for VerbsError {
         VerbsError::Io(e.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+
+    /// Upper layers share these across tasks.
+    #[test]
+    fn handles_are_send_and_sync() {
+        send_sync::<Device>();
+        send_sync::<ProtectionDomain>();
+        send_sync::<MemoryRegion>();
+        send_sync::<CompletionQueue>();
+        send_sync::<QueuePair>();
+        send_sync::<Connection>();
+        send::<Listener>();
+        send::<ConnectRequest>();
+        send_sync::<VerbsError>();
+    }
+}
