@@ -4,13 +4,13 @@
 //! returns a [`Served`] handle. NFS and MOUNT are both served on the NFS port; MOUNT also gets
 //! a listener of its own when [`ServeConfig::mount`] is set (RFC 8267 §5.1: MOUNT stays on TCP).
 //!
-//! ## Adding the RPC-over-RDMA listener
-//! RPC-over-RDMA is a second transport for the *same* NFS dispatcher: the RDMA server (crate
-//! `rpcrdma`) serves [`Served::nfs_dispatcher`] with [`crate::ulb::NfsBinding`] as the
-//! program's Upper-Layer Binding, normally on port [`crate::ulb::NFS_RDMA_PORT`] (RFC 8267
-//! §4.2, §9), and the caller then records it with [`Served::register_rdma`] so that
-//! rpcbind GETADDR for netid "rdma"/"rdma6" finds it. Nothing in this module depends on the
-//! RDMA transport.
+//! ## The RPC-over-RDMA listener
+//! With [`ServeConfig::rdma`] set, NFS is also served over RPC-over-RDMA by
+//! `rpcrdma::RdmaServer`, with [`crate::ulb::NfsBinding`] as the program's Upper-Layer Binding,
+//! conventionally on port [`crate::ulb::NFS_RDMA_PORT`] (RFC 8267 §4.2, §9), and registered in
+//! the port mapper under netid "rdma"/"rdma6". Only the NFS program goes over RDMA: MOUNT and
+//! the port mapper stay on TCP (RFC 8267 §5.1). Another transport can serve the same programs
+//! through [`Served::nfs_dispatcher`] and record itself with [`Served::register_rdma`].
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -21,6 +21,7 @@ use oncrpc::{Dispatcher, ServerConfig, TcpServer};
 
 use crate::portmap::{PortmapProgram, Portmapper, Registration};
 use crate::server::{ExportOptions, NfsServer};
+use crate::ulb::NfsBinding;
 use crate::{mount, nfs3};
 
 /// What to serve and where.
@@ -40,6 +41,11 @@ pub struct ServeConfig {
     pub mount: Option<SocketAddr>,
     /// The port mapper / rpcbind listener (conventionally port 111).
     pub portmap: Option<SocketAddr>,
+    /// NFS over RPC-over-RDMA (conventionally port 20049).
+    pub rdma: Option<SocketAddr>,
+    /// RPC-over-RDMA settings (device, credits, inline sizes, capture); soft-iWARP over TCP
+    /// with the defaults when `None`.
+    pub rdma_config: Option<rpcrdma::TransportConfig>,
 }
 
 impl ServeConfig {
@@ -55,6 +61,8 @@ impl ServeConfig {
                 IpAddr::V4(Ipv4Addr::UNSPECIFIED),
                 crate::portmap::PORT,
             )),
+            rdma: None,
+            rdma_config: None,
         }
     }
 }
@@ -71,7 +79,10 @@ pub struct Served {
     pub mount_addr: Option<SocketAddr>,
     /// Where the port mapper listens.
     pub portmap_addr: Option<SocketAddr>,
+    /// Where NFS over RPC-over-RDMA listens.
+    pub rdma_addr: Option<SocketAddr>,
     listeners: Vec<TcpServer>,
+    rdma: Option<rpcrdma::RdmaServer>,
 }
 
 impl Served {
@@ -103,8 +114,10 @@ impl Served {
         });
     }
 
-    /// Stop every listener and wait for open connections to finish.
+    /// Stop every listener and wait for open TCP connections to finish (RDMA connections are
+    /// dropped).
     pub async fn shutdown(self) {
+        drop(self.rdma);
         for l in self.listeners {
             l.shutdown().await;
         }
@@ -183,22 +196,42 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
         listeners.push(l);
         portmapper.register_self(a);
     }
-    tracing::info!(
-        export = %server.export().root_path().display(),
-        nfs = ?nfs_addr,
-        mount = ?mount_addr,
-        portmap = ?portmap_addr,
-        "NFSv3 server started"
-    );
-    Ok(Served {
+    let mut rdma = None;
+    let mut rdma_addr = None;
+    if let Some(addr) = config.rdma {
+        // RFC 8267 §5.1: only NFS itself is offered over RPC-over-RDMA.
+        let d = Dispatcher::new().with(server.nfs_program());
+        let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
+        let r =
+            rpcrdma::RdmaServer::bind(addr, d, vec![ulb], config.rdma_config.unwrap_or_default())
+                .await
+                .map_err(io::Error::other)?;
+        rdma_addr = Some(r.local_addr());
+        rdma = Some(r);
+    }
+    let served = Served {
         server,
         portmapper,
         nfs_dispatcher,
         nfs_addr,
         mount_addr,
         portmap_addr,
+        rdma_addr,
         listeners,
-    })
+        rdma,
+    };
+    if let Some(a) = rdma_addr {
+        served.register_rdma(a);
+    }
+    tracing::info!(
+        export = %served.server.export().root_path().display(),
+        nfs = ?nfs_addr,
+        mount = ?mount_addr,
+        portmap = ?portmap_addr,
+        rdma = ?rdma_addr,
+        "NFSv3 server started"
+    );
+    Ok(served)
 }
 
 /// Start and serve until Ctrl-C, then shut down gracefully.

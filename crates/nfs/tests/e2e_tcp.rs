@@ -23,6 +23,8 @@ async fn start_on(dir: &std::path::Path) -> Served {
         tcp: Some(local()),
         mount: Some(local()),
         portmap: Some(local()),
+        rdma: None,
+        rdma_config: None,
     })
     .await
     .unwrap()
