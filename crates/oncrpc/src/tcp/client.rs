@@ -197,28 +197,32 @@ impl TcpClient {
             transmissions: 0,
             done,
         };
+        // XIDs come from a counter; one still in use (only possible after 2^32 calls) is
+        // skipped. fetch_add hands each value to one caller, so checking here and inserting
+        // after encoding cannot race with another call.
         let xid = {
-            let mut table = lock(&self.shared.pending);
+            let table = lock(&self.shared.pending);
             let mut xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
             while table.contains_key(&xid) {
                 xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
             }
-            let header = CallHeader {
-                xid,
-                prog: req.prog,
-                vers: req.vers,
-                proc_: req.proc_,
-                cred: req.cred.clone(),
-                verf: req.verf.clone(),
-            };
-            // TCP carries everything inline (the encoder's default policy).
-            let mut enc = Encoder::with_capacity(header.encoded_len() + 128);
-            header.encode(&mut enc);
-            (req.args)(&mut enc);
-            pending.message = enc.finish();
-            table.insert(xid, pending);
             xid
         };
+        let header = CallHeader {
+            xid,
+            prog: req.prog,
+            vers: req.vers,
+            proc_: req.proc_,
+            cred: req.cred.clone(),
+            verf: req.verf.clone(),
+        };
+        // TCP carries everything inline (the encoder's default policy). The arguments are
+        // encoded once: a retransmission resends the same bytes.
+        let mut enc = Encoder::with_capacity(header.encoded_len() + 128);
+        header.encode(&mut enc);
+        (req.args)(&mut enc);
+        pending.message = enc.finish();
+        lock(&self.shared.pending).insert(xid, pending);
         let _guard = PendingGuard {
             shared: &self.shared,
             xid,
