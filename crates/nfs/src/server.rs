@@ -243,6 +243,13 @@ impl NfsServer {
                 // Linux cannot change a symbolic link's mode.
                 return Err(Nfsstat3::Inval);
             }
+            // As chmod(2): a caller outside the file's group cannot set S_ISGID.
+            let gid_after = s.gid.unwrap_or(n.st.stx_gid);
+            let mode = if cred.uid != 0 && !cred.in_group(gid_after) {
+                mode & !S_ISGID
+            } else {
+                mode
+            };
             rustix::fs::chmodat(
                 &dir,
                 name,
@@ -489,7 +496,9 @@ impl NfsServer {
     }
 
     /// Give a new object its owner (the caller, or the directory's group under set-gid) and
-    /// the requested attributes; then build the CREATE-style result.
+    /// the requested attributes; then build the CREATE-style result. `attrs` is `None` for an
+    /// object that already existed (UNCHECKED or a retransmitted EXCLUSIVE CREATE): it keeps
+    /// its owner and attributes.
     fn finish_create(
         &self,
         cred: &Cred,
@@ -500,24 +509,29 @@ impl NfsServer {
         let rel = dir.rel.join(name);
         let r = (|| {
             let dfd = self.export.open_dir(&dir.rel)?;
-            let uid = attrs.and_then(|s| s.uid).unwrap_or(cred.uid);
-            let gid =
-                attrs
-                    .and_then(|s| s.gid)
-                    .unwrap_or(if u32::from(dir.st.stx_mode) & S_ISGID != 0 {
-                        dir.st.stx_gid
-                    } else {
-                        cred.gid
-                    });
-            // Only possible when the server runs as root; otherwise the server's own identity
-            // owns the object.
-            let _ = rustix::fs::chownat(
-                &dfd,
-                name,
-                Some(self::uid(uid)),
-                Some(self::gid(gid)),
-                AtFlags::SYMLINK_NOFOLLOW,
-            );
+            if let Some(s) = attrs {
+                // Requested owners follow the SETATTR rules: only root gives an object away,
+                // and a group must be one of the caller's.
+                let uid = s.uid.filter(|_| cred.uid == 0).unwrap_or(cred.uid);
+                let default_gid = if u32::from(dir.st.stx_mode) & S_ISGID != 0 {
+                    dir.st.stx_gid
+                } else {
+                    cred.gid
+                };
+                let gid = s
+                    .gid
+                    .filter(|g| cred.uid == 0 || cred.in_group(*g))
+                    .unwrap_or(default_gid);
+                // Only possible when the server runs as root; otherwise the server's own
+                // identity owns the object.
+                let _ = rustix::fs::chownat(
+                    &dfd,
+                    name,
+                    Some(self::uid(uid)),
+                    Some(self::gid(gid)),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                );
+            }
             let st = self.export.stat_at(&dfd, name)?;
             if let Some(s) = attrs {
                 if let Some(mode) = s.mode

@@ -443,6 +443,33 @@ fn auth_sys_permissions() {
         write(&s, &bob, &fh, 0, b"x", StableHow::Unstable).status(),
         Nfsstat3::Acces
     );
+    // UNCHECKED CREATE of alice's existing file by bob keeps alice as the owner, and a
+    // non-root caller cannot create a file owned by someone else.
+    let again: NewObjRes = call(
+        &s,
+        &bob,
+        proc_::CREATE,
+        &CreateArgs {
+            where_: dirop(&home, "af"),
+            how: CreateHow3::Unchecked(Sattr3::default()),
+        },
+    );
+    assert_eq!(again.ok().unwrap().obj_attributes.unwrap().uid, 1000);
+    let given: NewObjRes = call(
+        &s,
+        &bob,
+        proc_::CREATE,
+        &CreateArgs {
+            where_: dirop(&home, "bf"),
+            how: CreateHow3::Guarded(Sattr3 {
+                uid: Some(0),
+                gid: Some(0),
+                ..Sattr3::default()
+            }),
+        },
+    );
+    let ga = given.ok().unwrap().obj_attributes.unwrap();
+    assert_eq!((ga.uid, ga.gid), (1001, 1001));
     // AUTH_NONE is nobody.
     assert_eq!(
         read(&s, &Cred::nobody(), &fh, 0, 4).status(),
