@@ -32,6 +32,9 @@ enum Command {
     /// ONC RPC (RFC 5531): a NULL server and a NULL round-trip benchmark.
     #[command(subcommand)]
     Rpc(cmd::rpc::RpcCommand),
+    /// RDS (Reliable Datagram Sockets): rds-ping, rds-stress, a listening node and info.
+    #[command(subcommand)]
+    Rds(cmd::rds::RdsCommand),
 }
 
 fn init_tracing(verbose: u8) {
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Rpc(c) => cmd::rpc::run(c).await,
+            Command::Rds(c) => cmd::rds::run(c).await,
         }
     });
     match result {

@@ -1,5 +1,6 @@
 //! Command groups, one module each.
 
+pub mod rds;
 pub mod rpc;
 
 /// What every command returns: errors are printed by `main` and give exit status 1.
