@@ -270,3 +270,28 @@ async fn disconnect_flushes_and_reports() {
         .await;
     }
 }
+
+/// siw: a responder waits 5 s for the MPA Request, then drops the connection.
+#[tokio::test]
+async fn responder_gives_up_without_request() {
+    use tokio::io::AsyncReadExt;
+    within(async {
+        let e = ends(Kind::Tcp);
+        let mut l = e.s.dev.listen(any_addr()).await.unwrap();
+        let mut s = tokio::net::TcpStream::connect(l.local_addr())
+            .await
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        let mut rest = Vec::new();
+        // The server closes the stream without ever surfacing a request.
+        s.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+        assert!(
+            t0.elapsed() >= std::time::Duration::from_secs(4),
+            "closed before the 5 s timer"
+        );
+        let none = tokio::time::timeout(std::time::Duration::from_millis(50), l.accept()).await;
+        assert!(none.is_err(), "no ConnectRequest for a silent peer");
+    })
+    .await;
+}
