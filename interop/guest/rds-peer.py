@@ -3,7 +3,9 @@
   rds-peer.py echo   LOCAL_IP PORT [COUNT] [TIMEOUT]        echo COUNT datagrams back to sender
   rds-peer.py ping   LOCAL_IP PORT DEST_IP DPORT COUNT SIZE [TIMEOUT]
                      send COUNT datagrams of SIZE bytes, wait for each echo, verify it
-  rds-peer.py send   LOCAL_IP PORT DEST_IP DPORT COUNT SIZE  blocking sends, no answer expected
+  rds-peer.py send   LOCAL_IP PORT DEST_IP DPORT COUNT SIZE [LINGER]
+                     blocking sends, no answer expected; keeps the socket open LINGER s (10)
+                     afterwards, because closing an RDS socket drops its still-queued messages
   rds-peer.py recv   LOCAL_IP PORT COUNT SIZE [DELAY] [TIMEOUT] [RCVBUF]
                      sleep DELAY s first (lets the sender hit congestion), then receive COUNT
                      datagrams and check they arrive complete and in order
@@ -69,6 +71,10 @@ def main(a):
                     print(f"FAIL ping {size}: echo #{seq} {why} (seq {got})", flush=True); return 1
         dt = max(time.time() - t0, 1e-6)
         print(f"OK {mode} {size} count={n} {n / dt:.0f} msg/s {n * size / dt / 1e6:.2f} MB/s", flush=True)
+        if mode == "send":
+            # A blocking RDS send returns once the message is queued; closing the socket drops
+            # whatever it still has queued (rds_release -> rds_send_drop_to), so linger.
+            time.sleep(float(a[7]) if len(a) > 7 else 10)
         return 0
     if mode == "recv":
         n, size = int(a[3]), int(a[4]); delay = float(a[5]) if len(a) > 5 else 0
