@@ -10,7 +10,41 @@
 #   oxrdma rds peer --connect 127.0.0.1:HP --local 10.0.2.2 --remote 10.0.2.15 echo --port 4001
 #   oxrdma rds peer ... ping --port 4002 --to 4000 --count N --size S
 #   oxrdma rds peer ... send --port 4003 --to 4020 --count N --size 8192
+#
+# Cell rds-ping/kernel uses the rds-ping style command that exists today:
+#   oxrdma rds ping 127.0.0.1 --tport HP -I 127.0.0.0 -c 5
+# The kernel answers pings to RDS port 0 itself, so no guest program is needed. The RDS
+# headers carry no addresses, so what the host stack calls itself does not matter to the kernel,
+# which sees 10.0.2.2. It matters to oxrdma: like Linux, it keeps only connections opened by the
+# lower address. With -I 127.0.0.2 it dialled 127.0.0.1, closed its own connection at once (FIN
+# before any data) and never got a pong. With -I 127.0.0.0 (lower than 127.0.0.1) it keeps the
+# connection, and 5/5 pongs came back.
 . "$(dirname "$0")/../lib/common.sh"
+F=$IX_SHARE/tmp
+if ix_landed rds ping; then
+    HPP=${IX_RDS_PING_HP:-26386}
+    rm -f "$F/guest-ping-ready" "$F/host-ping-done"
+    plog=$IX_SCN_OUT/guest-ping.log
+    ix_capture_start "$IX_SCN_OUT/rds-ping-host-lo.pcap" "$HPP"
+    ix_guest "$plog" -t 200 -p "$HPP:16385" -d "$IX_SHARE" -- '
+modprobe rds_tcp; touch /mnt/host/tmp/guest-ping-ready
+for i in $(seq 150); do [ -e /mnt/host/tmp/host-ping-done ] && break; sleep 1; done
+ss -tn | grep -E "State|16385"; for f in /proc/sys/net/rds/tcp/*; do echo "$f = $(cat $f)"; done' & ppid=$!
+    for i in $(seq 120); do [ -e "$F/guest-ping-ready" ] && break; kill -0 $ppid 2>/dev/null || break; sleep 1; done
+    sleep 2
+    ok=0
+    for try in 1 2 3; do    # hostfwd can accept before rds_tcp listens
+        timeout 90 "$OXRDMA" rds ping 127.0.0.1 --tport "$HPP" -I "${IX_RDS_PING_LOCAL:-127.0.0.0}" -c 5 --timeout 10 \
+            >> "$IX_SCN_OUT/host-rds-ping.log" 2>&1 && { ok=1; break; }
+        sleep 2
+    done
+    touch "$F/host-ping-done"; wait $ppid; ix_capture_stop
+    if [ $ok = 1 ]; then cell rds-ping/kernel pass "$(grep -m1 'rtt' "$IX_SCN_OUT/host-rds-ping.log")"
+    else cell rds-ping/kernel fail "$(tail -1 "$IX_SCN_OUT/host-rds-ping.log")"; fi
+else
+    cell rds-ping/kernel not-landed "oxrdma rds ping missing"
+fi
+
 read -ra SUB <<<"${OX_RDS_CMD:-rds peer}"
 CELLS="host-to-guest/ping-256 host-to-guest/ping-8192 guest-to-host/ping-256 guest-to-host/ping-8192
        congestion/host-send congestion/delivered-in-order restart/host-to-guest restart/guest-to-host"
@@ -18,7 +52,7 @@ if ! ix_landed "${SUB[@]}"; then
     for c in $CELLS; do cell "$c" not-landed "oxrdma ${SUB[*]} missing"; done; exit 0
 fi
 HP=${IX_RDS_HP:-26385} N=${IX_RDS_N:-50} CONG_N=${IX_RDS_CONG_N:-300}
-F=$IX_SHARE/tmp; rm -f "$F"/host-* "$F"/guest-*
+rm -f "$F"/host-* "$F"/guest-*
 peer=("$OXRDMA" "${SUB[@]}" --connect "127.0.0.1:$HP" --local 10.0.2.2 --remote 10.0.2.15)
 pids=()
 cleanup() { touch "$F/host-abort"; for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; ix_capture_stop; }
