@@ -191,8 +191,6 @@ struct Link {
     qp: QueuePair,
     conn: Connection,
     recv_bufs: Vec<MemoryRegion>,
-    send_bufs: Vec<MemoryRegion>,
-    free_send: Mutex<Vec<usize>>,
     router: Arc<Router>,
     router_task: tokio::task::JoinHandle<()>,
 }
@@ -212,45 +210,29 @@ impl Link {
         })
     }
 
-    /// Post a Send from the registered send pool (falls back to owned bytes when the pool is
-    /// momentarily empty).
+    /// Post a Send of `data` (owned bytes, like inline data) and wait for its completion.
+    ///
+    /// Not from a pool of registered buffers reused once the Send completes: soft-iWARP's
+    /// zero-copy transmit completes a Send when its FPDU is built, before the bytes are read
+    /// out of the registered buffer onto the socket, so a reused buffer could put another
+    /// message's bytes on the wire (seen as duplicated replies with the wrong invalidated
+    /// STag; `tests/pipelined_null.rs`). Owned bytes are immutable and cost no extra copy.
     async fn send(&self, data: Bytes, invalidate: Option<u32>) -> Result<(), verbs::VerbsError> {
         let op = match invalidate {
             Some(h) => SendOp::SendWithInvalidate(h),
             None => SendOp::Send,
         };
-        let slot = lock(&self.free_send).pop();
         let id = self.router.id();
         let rx = self.router.wait(id);
-        let wr = match slot {
-            Some(i) if data.len() <= self.send_bufs[i].len() => {
-                self.send_bufs[i].write(0, &data)?;
-                SendWr::new(id, op, vec![self.send_bufs[i].sge(0, data.len() as u32)])
-            }
-            other => {
-                if let Some(i) = other {
-                    lock(&self.free_send).push(i);
-                }
-                SendWr {
-                    payload: Payload::Inline(data),
-                    ..SendWr::new(id, op, Vec::new())
-                }
-            }
+        let wr = SendWr {
+            payload: Payload::Inline(data),
+            ..SendWr::new(id, op, Vec::new())
         };
-        let r = self.qp.post_send(wr);
-        let st = match r {
-            Ok(()) => rx.await.unwrap_or(WcStatus::WrFlushError),
-            Err(e) => {
-                if let Some(i) = slot {
-                    lock(&self.free_send).push(i);
-                }
-                return Err(e);
-            }
-        };
-        if let Some(i) = slot {
-            lock(&self.free_send).push(i);
+        if let Err(e) = self.qp.post_send(wr) {
+            lock(&self.router.waiters).remove(&id);
+            return Err(e);
         }
-        if st == WcStatus::Success {
+        if rx.await.unwrap_or(WcStatus::WrFlushError) == WcStatus::Success {
             Ok(())
         } else {
             Err(verbs::VerbsError::Disconnected)
@@ -303,20 +285,14 @@ impl Link {
     }
 }
 
-fn pools(
+fn recv_pool(
     pd: &ProtectionDomain,
     nrecv: usize,
     recv_size: usize,
-    nsend: usize,
-    send_size: usize,
-) -> Result<(Vec<MemoryRegion>, Vec<MemoryRegion>), verbs::VerbsError> {
-    let recv = (0..nrecv)
+) -> Result<Vec<MemoryRegion>, verbs::VerbsError> {
+    (0..nrecv)
         .map(|_| pd.register_len(recv_size, Access::LOCAL_WRITE))
-        .collect::<Result<Vec<_>, _>>()?;
-    let send = (0..nsend)
-        .map(|_| pd.register_len(send_size, Access::LOCAL_WRITE))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((recv, send))
+        .collect()
 }
 
 // ------------------------------------------------------------------------------------------
@@ -543,8 +519,7 @@ async fn serve_connection(
     let lost = lock(&sh.lost).remove(&peer.ip()).unwrap_or_default();
     let resp = Responder::new(cfg.clone(), params, sh.ulbs.clone(), lost);
     let nrecv = resp.receives_needed();
-    let (recv_bufs, send_bufs) = pools(&pd, nrecv, params.inline_recv, nrecv, params.inline_send)?;
-    let free_send = Mutex::new((0..send_bufs.len()).collect());
+    let recv_bufs = recv_pool(&pd, nrecv, params.inline_recv)?;
     // Receives go up before the connection is accepted: the grant is backed by posted buffers.
     for (i, mr) in recv_bufs.iter().enumerate() {
         qp.post_recv(RecvWr {
@@ -560,8 +535,6 @@ async fn serve_connection(
         qp,
         conn,
         recv_bufs,
-        send_bufs,
-        free_send,
         router,
         router_task,
     });
@@ -748,13 +721,11 @@ async fn open_client_link(
     let scq = dev.create_cq();
     let rcq = dev.create_cq();
     let qp = dev.create_qp(&pd, &scq, &rcq);
-    let (recv_bufs, send_bufs) = pools(
+    let recv_bufs = recv_pool(
         &pd,
         nrecv,
         // 5666bis §4.3.3: receivers support at least 1024-byte messages.
         cfg.inline_recv.max(crate::privdata::DEFAULT_INLINE) as usize,
-        nrecv,
-        cfg.inline_send as usize,
     )?;
     // 5666bis §7.2.2.1: receives for replies and for backward calls go up before connecting.
     for (i, mr) in recv_bufs.iter().enumerate() {
@@ -769,13 +740,10 @@ async fn open_client_link(
         .into();
     let router = Arc::new(Router::default());
     let router_task = tokio::spawn(router.clone().run(scq));
-    let free_send = Mutex::new((0..send_bufs.len()).collect());
     let link = Arc::new(Link {
         qp,
         conn,
         recv_bufs,
-        send_bufs,
-        free_send,
         router,
         router_task,
     });

@@ -1,0 +1,55 @@
+//! Many NULL calls kept in flight on one soft-iWARP connection (what `oxrdma rpc bench`
+//! does): every call succeeds and the connection is never re-established.
+
+use std::sync::Arc;
+
+use oncrpc::{Dispatcher, RpcClient, null_program};
+use rpcrdma::{RdmaClient, RdmaServer, TransportConfig};
+
+const PROG: u32 = 0x2000_0099;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_null_calls_depth_16() {
+    let d = Dispatcher::new().with(null_program(PROG, 1, 1));
+    let srv = RdmaServer::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        d,
+        Vec::new(),
+        TransportConfig::default(),
+    )
+    .await
+    .unwrap();
+    let cl = Arc::new(
+        RdmaClient::connect(srv.local_addr(), TransportConfig::default())
+            .await
+            .unwrap(),
+    );
+    let rpc = RpcClient::new(cl.clone(), PROG, 1);
+    rpc.null().await.unwrap();
+    let mut tasks = Vec::new();
+    for w in 0..16 {
+        let rpc = rpc.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..100 {
+                if let Err(e) = rpc.null().await {
+                    return Err(format!("worker {w} call {i}: {e}"));
+                }
+            }
+            Ok(())
+        }));
+    }
+    let mut failures = Vec::new();
+    for t in tasks {
+        if let Err(e) = t.await.unwrap() {
+            failures.push(e);
+        }
+    }
+    assert_eq!(cl.reconnects(), 0, "stats {:?}; {failures:?}", cl.stats());
+    assert!(failures.is_empty(), "{failures:?}; stats {:?}", cl.stats());
+    assert_eq!(
+        srv.counters()
+            .calls
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1601
+    );
+}
