@@ -1,7 +1,7 @@
 //! Transport selection shared by every command group.
 //!
-//! Each transport has its own flag (`--tcp ADDR` today; `--rdma ADDR` is added by the
-//! RPC-over-RDMA code), and a server may be given several at once. Commands turn the flags into
+//! Each transport has its own flag (`--tcp ADDR`, `--rdma ADDR`), and a server may be given
+//! several at once. Commands turn the flags into
 //! [`Endpoint`]s and call [`serve`] or [`connect`]; adding a transport means one flag in
 //! [`ListenArgs`] / [`ConnectArgs`], one [`Endpoint`] variant, and one arm in each function.
 
@@ -11,18 +11,22 @@ use std::sync::Arc;
 
 use clap::Args;
 use oncrpc::{Dispatcher, RpcTransport, ServerConfig, TcpClient, TcpServer};
+use rpcrdma::{RdmaClient, RdmaServer, TransportConfig};
 
 /// One place to serve on or connect to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
     /// ONC RPC over TCP with record marking (RFC 5531 §11).
     Tcp(SocketAddr),
+    /// RPC-over-RDMA version 1 (RFC 8166) over soft-iWARP (RDMAP/DDP/MPA on TCP).
+    Rdma(SocketAddr),
 }
 
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Endpoint::Tcp(a) => write!(f, "tcp://{a}"),
+            Endpoint::Rdma(a) => write!(f, "rdma://{a}"),
         }
     }
 }
@@ -34,27 +38,39 @@ pub struct ListenArgs {
     /// May be repeated.
     #[arg(long, value_name = "ADDR")]
     pub tcp: Vec<SocketAddr>,
+    /// Serve RPC-over-RDMA (RFC 8166) over soft-iWARP on ADDR (port 0 picks a free port).
+    /// May be repeated, and combined with --tcp: every endpoint serves at once.
+    #[arg(long, value_name = "ADDR")]
+    pub rdma: Vec<SocketAddr>,
 }
 
 impl ListenArgs {
-    /// Every endpoint asked for, in flag order.
+    /// Every endpoint asked for: TCP ones first, then RDMA ones, each in flag order.
     pub fn endpoints(&self) -> Vec<Endpoint> {
-        self.tcp.iter().copied().map(Endpoint::Tcp).collect()
+        let tcp = self.tcp.iter().copied().map(Endpoint::Tcp);
+        tcp.chain(self.rdma.iter().copied().map(Endpoint::Rdma))
+            .collect()
     }
 }
 
-/// Client-side transport flags: give exactly one.
+/// Client-side transport flags.
 #[derive(Debug, Clone, Args)]
 pub struct ConnectArgs {
     /// Call the server over TCP at ADDR.
     #[arg(long, value_name = "ADDR")]
     pub tcp: Option<SocketAddr>,
+    /// Call the server with RPC-over-RDMA over soft-iWARP at ADDR.
+    #[arg(long, value_name = "ADDR")]
+    pub rdma: Option<SocketAddr>,
 }
 
 impl ConnectArgs {
-    /// The endpoint asked for, if any.
-    pub fn endpoint(&self) -> Option<Endpoint> {
-        self.tcp.map(Endpoint::Tcp)
+    /// Every endpoint asked for: TCP first, then RDMA.
+    pub fn endpoints(&self) -> Vec<Endpoint> {
+        let tcp = self.tcp.map(Endpoint::Tcp);
+        tcp.into_iter()
+            .chain(self.rdma.map(Endpoint::Rdma))
+            .collect()
     }
 }
 
@@ -62,6 +78,7 @@ impl ConnectArgs {
 #[derive(Debug)]
 pub enum Server {
     Tcp(TcpServer),
+    Rdma(RdmaServer),
 }
 
 impl Server {
@@ -69,6 +86,7 @@ impl Server {
     pub fn endpoint(&self) -> Endpoint {
         match self {
             Server::Tcp(s) => Endpoint::Tcp(s.local_addr()),
+            Server::Rdma(s) => Endpoint::Rdma(s.local_addr()),
         }
     }
 
@@ -76,6 +94,14 @@ impl Server {
     pub async fn shutdown(self) {
         match self {
             Server::Tcp(s) => s.shutdown().await,
+            Server::Rdma(s) => {
+                // Dropping the server stops accepting; disconnect the established ones.
+                let conns = s.connections();
+                drop(s);
+                for c in conns {
+                    c.disconnect().await;
+                }
+            }
         }
     }
 }
@@ -92,6 +118,18 @@ pub async fn serve(
                 .map_err(|e| format!("cannot listen on tcp://{addr}: {e}"))?;
             Ok(Server::Tcp(s))
         }
+        Endpoint::Rdma(addr) => {
+            // Only NULL is served here, so no program needs an Upper-Layer Binding.
+            let s = RdmaServer::bind(
+                addr,
+                (*dispatcher).clone(),
+                Vec::new(),
+                TransportConfig::default(),
+            )
+            .await
+            .map_err(|e| format!("cannot listen on rdma://{addr}: {e}"))?;
+            Ok(Server::Rdma(s))
+        }
     }
 }
 
@@ -104,6 +142,12 @@ pub async fn connect(
             let c = TcpClient::connect(addr)
                 .await
                 .map_err(|e| format!("cannot connect to tcp://{addr}: {e}"))?;
+            Ok(Arc::new(c))
+        }
+        Endpoint::Rdma(addr) => {
+            let c = RdmaClient::connect(addr, TransportConfig::default())
+                .await
+                .map_err(|e| format!("cannot connect to rdma://{addr}: {e}"))?;
             Ok(Arc::new(c))
         }
     }

@@ -25,6 +25,9 @@ pub enum RpcCommand {
     /// programs PROG_UNAVAIL.
     ServeNull(ServeNullArgs),
     /// Measure NULL round trips: calls per second and latency percentiles at a given depth.
+    ///
+    /// Give --tcp ADDR, --rdma ADDR, or both (each is measured in turn, then the ratio
+    /// RDMA ÷ TCP is printed); --self starts in-process servers on both transports.
     Bench(BenchArgs),
 }
 
@@ -47,16 +50,17 @@ pub struct ServeNullArgs {
 pub struct BenchArgs {
     #[command(flatten)]
     connect: ConnectArgs,
-    /// Start a NULL server in this process on 127.0.0.1 (a free port) and bench it.
-    #[arg(long = "self", conflicts_with = "tcp")]
+    /// Start NULL servers in this process on 127.0.0.1 (free ports), one over TCP and one
+    /// over RPC-over-RDMA, and bench both.
+    #[arg(long = "self", conflicts_with_all = ["tcp", "rdma"])]
     in_process: bool,
     /// Calls kept in flight at once (pipelined on one connection).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
     depth: u32,
-    /// Run for this many seconds (the default is 5 when --calls is not given).
+    /// Run for this many seconds per transport (the default is 5 when --calls is not given).
     #[arg(long, value_name = "SECS", conflicts_with = "calls")]
     duration: Option<f64>,
-    /// Make exactly this many calls.
+    /// Make exactly this many calls per transport.
     #[arg(long)]
     calls: Option<u64>,
     /// Program number (decimal or 0x hex).
@@ -129,20 +133,77 @@ struct BenchResult {
 }
 
 async fn bench(a: BenchArgs) -> CmdResult {
-    let mut local_server = None;
-    let target = match (a.in_process, a.connect.endpoint()) {
-        (true, _) => {
-            let d = Arc::new(Dispatcher::new().with(null_program(a.prog, a.vers, a.vers)));
-            let s = endpoint::serve(Endpoint::Tcp(([127, 0, 0, 1], 0).into()), d).await?;
-            let ep = s.endpoint();
-            local_server = Some(s);
-            ep
+    let mut local_servers = Vec::new();
+    let targets = if a.in_process {
+        let d = Arc::new(Dispatcher::new().with(null_program(a.prog, a.vers, a.vers)));
+        for ep in [
+            Endpoint::Tcp(([127, 0, 0, 1], 0).into()),
+            Endpoint::Rdma(([127, 0, 0, 1], 0).into()),
+        ] {
+            local_servers.push(endpoint::serve(ep, d.clone()).await?);
         }
-        (false, Some(ep)) => ep,
-        (false, None) => {
-            return Err("give a server (--tcp ADDR) or --self for an in-process server".into());
+        local_servers.iter().map(|s| s.endpoint()).collect()
+    } else {
+        a.connect.endpoints()
+    };
+    if targets.is_empty() {
+        return Err(
+            "give a server (--tcp ADDR and/or --rdma ADDR) or --self for in-process servers".into(),
+        );
+    }
+    let duration = match (a.calls, a.duration) {
+        (Some(_), _) => None,
+        (None, d) => {
+            let secs = d.unwrap_or(5.0);
+            if !(secs.is_finite() && secs > 0.0) {
+                return Err("--duration must be a positive number of seconds".into());
+            }
+            Some(Duration::from_secs_f64(secs))
         }
     };
+    let mut results = Vec::new();
+    for target in targets {
+        let r = bench_one(target, &a, duration).await;
+        match r {
+            Ok(r) => results.push(r),
+            Err(e) => {
+                for s in local_servers {
+                    s.shutdown().await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    for s in local_servers {
+        s.shutdown().await;
+    }
+    if a.json {
+        println!("{}", to_json(&results, &a));
+    } else {
+        print_table(&results, &a);
+    }
+    let mut all_failed = false;
+    for r in &results {
+        if let Some(e) = &r.first_error {
+            eprintln!(
+                "oxrdma: {}: {} of {} calls failed; first error: {e}",
+                r.target, r.errors, r.calls
+            );
+        }
+        all_failed |= r.calls > 0 && r.errors == r.calls;
+    }
+    if all_failed {
+        return Err("every call failed".into());
+    }
+    Ok(())
+}
+
+/// Connect to one endpoint, check that it serves the program, and run the benchmark.
+async fn bench_one(
+    target: Endpoint,
+    a: &BenchArgs,
+    duration: Option<Duration>,
+) -> Result<BenchResult, Box<dyn std::error::Error + Send + Sync>> {
     let transport = endpoint::connect(target).await?;
     let client = RpcClient::new(transport.clone(), a.prog, a.vers);
     // One call first: fail fast with a clear message if the server does not serve the program.
@@ -150,39 +211,12 @@ async fn bench(a: BenchArgs) -> CmdResult {
         .null()
         .await
         .map_err(|e| format!("NULL call to {target} failed: {e}"))?;
-
-    let stop = match (a.calls, a.duration) {
+    let stop = match (a.calls, duration) {
         (Some(n), _) => Stop::Calls(n),
-        (None, d) => {
-            let secs = d.unwrap_or(5.0);
-            if !(secs.is_finite() && secs > 0.0) {
-                return Err("--duration must be a positive number of seconds".into());
-            }
-            Stop::At(Instant::now() + Duration::from_secs_f64(secs))
-        }
+        (None, Some(d)) => Stop::At(Instant::now() + d),
+        (None, None) => Stop::Calls(0),
     };
-    let result = run_bench(target, &transport, &client, a.depth, stop).await;
-    drop(client);
-    drop(transport);
-    if let Some(s) = local_server {
-        s.shutdown().await;
-    }
-    let r = result;
-    if a.json {
-        println!("{}", to_json(&r, &a));
-    } else {
-        print_table(&r, &a);
-    }
-    if let Some(e) = &r.first_error {
-        eprintln!(
-            "oxrdma: {} of {} calls failed; first error: {e}",
-            r.errors, r.calls
-        );
-    }
-    if r.calls > 0 && r.errors == r.calls {
-        return Err("every call failed".into());
-    }
-    Ok(())
+    Ok(run_bench(target, &transport, &client, a.depth, stop).await)
 }
 
 async fn run_bench(
@@ -287,31 +321,78 @@ fn summarize(r: &BenchResult) -> Summary {
     }
 }
 
-fn print_table(r: &BenchResult, a: &BenchArgs) {
-    let s = summarize(r);
-    println!(
-        "oxrdma rpc bench: NULL calls to {} (prog {} vers {}), depth {}",
-        r.target, a.prog, a.vers, a.depth
-    );
-    println!(
-        "{:>10} {:>7} {:>8} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "calls", "errors", "secs", "calls/s", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "max µs"
-    );
-    println!(
-        "{:>10} {:>7} {:>8.2} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
-        r.calls,
-        r.errors,
-        r.elapsed.as_secs_f64(),
-        s.rate,
-        s.p50,
-        s.p90,
-        s.p99,
-        s.p999,
-        s.max
-    );
+/// RDMA ÷ TCP for rate and latency, when both transports were measured.
+struct Ratio {
+    rate: f64,
+    p50: f64,
+    p99: f64,
 }
 
-fn to_json(r: &BenchResult, a: &BenchArgs) -> String {
+fn ratio(results: &[BenchResult]) -> Option<Ratio> {
+    let tcp = results
+        .iter()
+        .find(|r| matches!(r.target, Endpoint::Tcp(_)))?;
+    let rdma = results
+        .iter()
+        .find(|r| matches!(r.target, Endpoint::Rdma(_)))?;
+    let (t, r) = (summarize(tcp), summarize(rdma));
+    let div = |x: f64, y: f64| if y > 0.0 { x / y } else { 0.0 };
+    Some(Ratio {
+        rate: div(r.rate, t.rate),
+        p50: div(r.p50, t.p50),
+        p99: div(r.p99, t.p99),
+    })
+}
+
+fn print_table(results: &[BenchResult], a: &BenchArgs) {
+    println!(
+        "oxrdma rpc bench: NULL calls (prog {} vers {}), depth {}",
+        a.prog, a.vers, a.depth
+    );
+    let width = results
+        .iter()
+        .map(|r| r.target.to_string().len())
+        .max()
+        .unwrap_or(0)
+        .max("transport".len());
+    println!(
+        "{:<width$} {:>10} {:>7} {:>8} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "transport",
+        "calls",
+        "errors",
+        "secs",
+        "calls/s",
+        "p50 µs",
+        "p90 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "max µs"
+    );
+    for r in results {
+        let s = summarize(r);
+        println!(
+            "{:<width$} {:>10} {:>7} {:>8.2} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+            r.target.to_string(),
+            r.calls,
+            r.errors,
+            r.elapsed.as_secs_f64(),
+            s.rate,
+            s.p50,
+            s.p90,
+            s.p99,
+            s.p999,
+            s.max
+        );
+    }
+    if let Some(x) = ratio(results) {
+        println!(
+            "rdma ÷ tcp: calls/s {:.2}×, p50 {:.2}×, p99 {:.2}×",
+            x.rate, x.p50, x.p99
+        );
+    }
+}
+
+fn run_json(r: &BenchResult, a: &BenchArgs) -> String {
     let s = summarize(r);
     format!(
         concat!(
@@ -333,4 +414,21 @@ fn to_json(r: &BenchResult, a: &BenchArgs) -> String {
         s.p999,
         s.max
     )
+}
+
+/// One run: its object. Several: `{"runs":[…],"rdma_over_tcp":{…}}` (the ratio only when
+/// both transports were measured).
+fn to_json(results: &[BenchResult], a: &BenchArgs) -> String {
+    if let [r] = results {
+        return run_json(r, a);
+    }
+    let runs: Vec<String> = results.iter().map(|r| run_json(r, a)).collect();
+    let ratio = match ratio(results) {
+        Some(x) => format!(
+            ",\"rdma_over_tcp\":{{\"calls_per_sec\":{:.3},\"p50\":{:.3},\"p99\":{:.3}}}",
+            x.rate, x.p50, x.p99
+        ),
+        None => String::new(),
+    };
+    format!("{{\"runs\":[{}]{ratio}}}", runs.join(","))
 }
