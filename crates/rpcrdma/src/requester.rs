@@ -69,6 +69,13 @@ struct Outstanding {
     sent: bool,
 }
 
+/// The largest reply to procedure 0: by convention the NULL procedure of every program takes
+/// no arguments and returns no results (RFC 5531 §12.1), so its reply is an RPC reply header:
+/// XID, message type, reply_stat, a verifier of at most 400 bytes (RFC 5531 §8.2),
+/// accept_stat and a version range. It always fits inline, so NULL calls of programs the
+/// caller gave no bound for need no Reply chunk.
+const NULL_REPLY_MAX: usize = 4 + 4 + 4 + (4 + 4 + 400) + 4 + 8;
+
 /// Counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequesterStats {
@@ -285,7 +292,11 @@ impl Requester {
         }
         // 5666bis §5.3.3: "A requester MUST provide a Reply chunk whenever the maximum possible
         // size of the reply is larger than its own inline threshold."
-        let max_reply = o.call.reply.max_len.unwrap_or(cfg.default_reply_chunk);
+        let max_reply = o.call.reply.max_len.unwrap_or(if o.call.proc_ == 0 {
+            NULL_REPLY_MAX
+        } else {
+            cfg.default_reply_chunk
+        });
         let reply_hdr_room = 28 + 16 * writes.iter().map(|c| c.len() + 1).sum::<usize>();
         let reply = if max_reply + reply_hdr_room > params.inline_recv {
             let r = reg.register_sink(max_reply).map_err(reg_failed)?;
