@@ -35,6 +35,10 @@ enum Command {
     /// RDS (Reliable Datagram Sockets): rds-ping, rds-stress, a listening node and info.
     #[command(subcommand)]
     Rds(cmd::rds::RdsCommand),
+    /// NFSv3 over RPC-over-RDMA and TCP: a server over a local directory, a client self-test
+    /// and a benchmark.
+    #[command(subcommand)]
+    Nfs(cmd::nfs::NfsCommand),
 }
 
 fn init_tracing(verbose: u8) {
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Rpc(c) => cmd::rpc::run(c).await,
             Command::Rds(c) => cmd::rds::run(c).await,
+            Command::Nfs(c) => cmd::nfs::run(c).await,
         }
     });
     match result {

@@ -1,5 +1,6 @@
 //! Command groups, one module each.
 
+pub mod nfs;
 pub mod rds;
 pub mod rpc;
 
