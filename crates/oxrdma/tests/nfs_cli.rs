@@ -230,3 +230,86 @@ fn client_selftest_over_rdma_and_tcp() {
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     rt.block_on(served.shutdown());
 }
+
+#[test]
+fn bench_prints_every_row_and_the_ratios() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_oxrdma"))
+        .args([
+            "nfs",
+            "bench",
+            "--size-mb",
+            "1",
+            "--getattrs",
+            "20",
+            "--dir",
+        ])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() == 7 && ["rdma", "tcp", "raw-tcp"].contains(&f[0]))
+        .collect();
+    let mut want = Vec::new();
+    for t in ["rdma", "tcp"] {
+        for io in ["4096", "65536", "1048576"] {
+            want.push((t, "WRITE", io));
+            want.push((t, "READ", io));
+        }
+        want.push((t, "GETATTR", "-"));
+    }
+    want.push(("raw-tcp", "STREAM", "1048576"));
+    let got: Vec<(&str, &str, &str)> = rows.iter().map(|f| (f[0], f[1], f[2])).collect();
+    assert_eq!(got, want, "{text}");
+    for f in &rows {
+        // ops/s is always a positive number; MB/s for everything but GETATTR.
+        assert!(f[4].parse::<f64>().unwrap() > 0.0, "{f:?}");
+        if f[1] != "GETATTR" {
+            assert!(f[3].parse::<f64>().unwrap() > 0.0, "{f:?}");
+        }
+    }
+    for l in [
+        "ratio READ-1MiB rdma/raw-tcp ",
+        "ratio READ-1MiB rdma/nfs-tcp ",
+    ] {
+        let line = text.lines().find(|x| x.starts_with(l)).expect(l);
+        let v: f64 = line[l.len()..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(v > 0.0, "{line}");
+    }
+    // The temporary export is gone again.
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_oxrdma"))
+        .args([
+            "nfs",
+            "bench",
+            "--size-mb",
+            "1",
+            "--getattrs",
+            "5",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let j = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        j.trim_start().starts_with('{') && j.trim_end().ends_with('}'),
+        "{j}"
+    );
+    assert_eq!(j.matches("\"transport\":").count(), 15, "{j}");
+    assert!(j.contains("\"ratio_read_1mib_rdma_over_raw_tcp\":"), "{j}");
+}

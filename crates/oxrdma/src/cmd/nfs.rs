@@ -35,6 +35,13 @@ pub enum NfsCommand {
     Serve(ServeArgs),
     /// Call an NFSv3 server: MOUNT over TCP, then NFS over --rdma or --tcp.
     Client(ClientArgs),
+    /// Benchmark NFSv3 over RPC-over-RDMA and over TCP against an in-process server on a
+    /// temporary directory: sequential READ and WRITE MB/s at 4 KiB, 64 KiB and 1 MiB, GETATTR
+    /// ops/s, p50/p99 latency, and the raw TCP ceiling measured in the same run.
+    ///
+    /// Rows are `TRANSPORT OP IO MB/s OPS/s P50_US P99_US`; the ratio lines compare READ at
+    /// 1 MiB over RDMA with the raw TCP stream and with NFS over TCP.
+    Bench(BenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -310,5 +317,359 @@ pub async fn run(cmd: NfsCommand) -> CmdResult {
     match cmd {
         NfsCommand::Serve(a) => serve(a).await,
         NfsCommand::Client(a) => client(a).await,
+        NfsCommand::Bench(a) => bench(a).await,
     }
+}
+
+// ------------------------------------------------------------------------------------------
+// bench
+// ------------------------------------------------------------------------------------------
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Make the temporary export under this directory [default: the system temp directory].
+    #[arg(long, value_name = "D")]
+    dir: Option<PathBuf>,
+    /// Bytes moved per READ/WRITE measurement, in MiB (4 KiB I/O moves at most 16 MiB).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    size_mb: u64,
+    /// GETATTR calls per transport.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    getattrs: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// I/O sizes measured for READ and WRITE.
+const IO_SIZES: [u32; 3] = [4096, 64 << 10, 1 << 20];
+
+#[derive(Debug, Clone)]
+struct Row {
+    transport: &'static str,
+    op: &'static str,
+    io: Option<u32>,
+    mbs: Option<f64>,
+    ops: f64,
+    p50_us: Option<f64>,
+    p99_us: Option<f64>,
+}
+
+type BoxErr = Box<dyn std::error::Error + Send + Sync>;
+
+fn hist() -> hdrhistogram::Histogram<u64> {
+    // 1 ns .. 100 s, 3 significant digits.
+    hdrhistogram::Histogram::new_with_bounds(1, 100_000_000_000, 3).unwrap_or_else(|_| {
+        hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!("3 digits is valid"))
+    })
+}
+
+fn row(
+    transport: &'static str,
+    op: &'static str,
+    io: Option<u32>,
+    bytes: Option<u64>,
+    n: u64,
+    el: Duration,
+    h: &hdrhistogram::Histogram<u64>,
+) -> Row {
+    let secs = el.as_secs_f64().max(1e-9);
+    Row {
+        transport,
+        op,
+        io,
+        mbs: bytes.map(|b| b as f64 / 1e6 / secs),
+        ops: n as f64 / secs,
+        p50_us: Some(h.value_at_quantile(0.5) as f64 / 1e3),
+        p99_us: Some(h.value_at_quantile(0.99) as f64 / 1e3),
+    }
+}
+
+fn progress(total: u64) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::with_draw_target(
+        Some(total),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{spinner} {msg:28} [{bar:30}] {bytes}/{total_bytes} {elapsed}",
+    ) {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb
+}
+
+/// Sequential WRITE then READ of `total` bytes at each I/O size, then GETATTR, on one client.
+async fn bench_nfs(
+    name: &'static str,
+    c: &Nfs3Client,
+    root: &nfs::nfs3::Fh3,
+    a: &BenchArgs,
+    pb: &indicatif::ProgressBar,
+) -> Result<Vec<Row>, BoxErr> {
+    use nfs::nfs3::{CreateHow3, Sattr3, StableHow};
+    let mut rows = Vec::new();
+    for io in IO_SIZES {
+        let total = if io == 4096 {
+            (a.size_mb << 20).min(16 << 20)
+        } else {
+            a.size_mb << 20
+        };
+        let total = total.div_ceil(u64::from(io)) * u64::from(io);
+        let fname = format!("bench.{name}.{io}");
+        let fh = c
+            .create(
+                root,
+                fname.as_bytes(),
+                CreateHow3::Unchecked(Sattr3::default()),
+            )
+            .await?
+            .into_result()?
+            .obj
+            .ok_or("CREATE returned no handle")?;
+        let buf = bytes::Bytes::from(vec![0x5a_u8; io as usize]);
+        pb.set_message(format!("{name} WRITE {}", human(io)));
+        let mut h = hist();
+        let t0 = std::time::Instant::now();
+        let mut off = 0u64;
+        while off < total {
+            let t = std::time::Instant::now();
+            let w = c
+                .write(&fh, off, buf.clone(), StableHow::Unstable)
+                .await?
+                .into_result()?;
+            let _ = h.record(t.elapsed().as_nanos() as u64);
+            if w.count == 0 {
+                return Err("WRITE wrote nothing".into());
+            }
+            off += u64::from(w.count);
+            pb.inc(u64::from(w.count));
+        }
+        c.commit(&fh).await?.into_result()?;
+        let el = t0.elapsed();
+        rows.push(row(
+            name,
+            "WRITE",
+            Some(io),
+            Some(total),
+            total / u64::from(io),
+            el,
+            &h,
+        ));
+        pb.set_message(format!("{name} READ {}", human(io)));
+        let mut h = hist();
+        let t0 = std::time::Instant::now();
+        let mut off = 0u64;
+        while off < total {
+            let t = std::time::Instant::now();
+            let r = c.read(&fh, off, io).await?.into_result()?;
+            let _ = h.record(t.elapsed().as_nanos() as u64);
+            let n = r.data.0.len() as u64;
+            if n == 0 {
+                return Err(format!("READ at {off} of {total} returned no data").into());
+            }
+            off += n;
+            pb.inc(n);
+        }
+        let el = t0.elapsed();
+        rows.push(row(
+            name,
+            "READ",
+            Some(io),
+            Some(total),
+            total / u64::from(io),
+            el,
+            &h,
+        ));
+        c.remove(root, fname.as_bytes()).await?.into_result()?;
+    }
+    pb.set_message(format!("{name} GETATTR"));
+    let mut h = hist();
+    let t0 = std::time::Instant::now();
+    for _ in 0..a.getattrs {
+        let t = std::time::Instant::now();
+        c.getattr(root).await?.into_result()?;
+        let _ = h.record(t.elapsed().as_nanos() as u64);
+    }
+    rows.push(row(
+        name,
+        "GETATTR",
+        None,
+        None,
+        a.getattrs,
+        t0.elapsed(),
+        &h,
+    ));
+    Ok(rows)
+}
+
+/// The raw TCP ceiling: `total` bytes streamed over one loopback connection in 1 MiB writes.
+async fn bench_raw_tcp(total: u64, pb: &indicatif::ProgressBar) -> Result<Row, BoxErr> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    pb.set_message("raw TCP stream 1 MiB");
+    let l = tokio::net::TcpListener::bind(localhost(0)).await?;
+    let at = l.local_addr()?;
+    let sink = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0u64;
+        loop {
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<u64, io::Error>(got);
+            }
+            got += n as u64;
+        }
+    });
+    let mut s = tokio::net::TcpStream::connect(at).await?;
+    s.set_nodelay(true)?;
+    let buf = vec![0x5a_u8; 1 << 20];
+    let t0 = std::time::Instant::now();
+    let mut sent = 0u64;
+    while sent < total {
+        s.write_all(&buf).await?;
+        sent += buf.len() as u64;
+        pb.inc(buf.len() as u64);
+    }
+    s.shutdown().await?;
+    drop(s);
+    let got = sink.await??;
+    let el = t0.elapsed();
+    if got != sent {
+        return Err(format!("raw TCP: {got} of {sent} bytes arrived").into());
+    }
+    let secs = el.as_secs_f64().max(1e-9);
+    Ok(Row {
+        transport: "raw-tcp",
+        op: "STREAM",
+        io: Some(1 << 20),
+        mbs: Some(sent as f64 / 1e6 / secs),
+        ops: (sent >> 20) as f64 / secs,
+        p50_us: None,
+        p99_us: None,
+    })
+}
+
+fn human(io: u32) -> String {
+    if io >= 1 << 20 {
+        format!("{}MiB", io >> 20)
+    } else {
+        format!("{}KiB", io >> 10)
+    }
+}
+
+fn find(rows: &[Row], t: &str, op: &str, io: Option<u32>) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.transport == t && r.op == op && r.io == io)
+        .and_then(|r| r.mbs)
+}
+
+async fn bench(a: BenchArgs) -> CmdResult {
+    let base = a.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let tmp = tempfile::Builder::new()
+        .prefix("oxrdma-nfs-bench.")
+        .tempdir_in(&base)
+        .map_err(|e| format!("cannot make a directory under {}: {e}", base.display()))?;
+    let mut cfg = ServeConfig::new(tmp.path());
+    cfg.tcp = Some(localhost(0));
+    cfg.rdma = Some(localhost(0));
+    cfg.portmap = None;
+    let served = nfs::serve::start(cfg)
+        .await
+        .map_err(|e| format!("cannot start the NFS server: {e}"))?;
+    let (tcp, rdma) = match (served.nfs_addr, served.rdma_addr) {
+        (Some(t), Some(r)) => (t, r),
+        _ => return Err("the server did not bind both listeners".into()),
+    };
+    let per_nfs: u64 = IO_SIZES
+        .iter()
+        .map(|&io| {
+            let t = if io == 4096 {
+                (a.size_mb << 20).min(16 << 20)
+            } else {
+                a.size_mb << 20
+            };
+            2 * t.div_ceil(u64::from(io)) * u64::from(io)
+        })
+        .sum();
+    let pb = progress(2 * per_nfs + (a.size_mb << 20));
+    let result = async {
+        let mut rows = Vec::new();
+        for (name, r, t) in [("rdma", Some(rdma), None), ("tcp", None, Some(tcp))] {
+            let (c, root, _) = connect_client(r, t, Some(tcp.port()), "/", 0, 0).await?;
+            rows.extend(bench_nfs(name, &c, &root, &a, &pb).await?);
+        }
+        rows.push(bench_raw_tcp(a.size_mb << 20, &pb).await?);
+        Ok::<_, BoxErr>(rows)
+    }
+    .await;
+    pb.finish_and_clear();
+    let _ = tokio::time::timeout(Duration::from_secs(5), served.shutdown()).await;
+    let rows = result?;
+    let io1m = Some(1 << 20);
+    let rd = find(&rows, "rdma", "READ", io1m);
+    let ratio_raw = rd
+        .zip(find(&rows, "raw-tcp", "STREAM", io1m))
+        .map(|(a, b)| a / b);
+    let ratio_nfs = rd.zip(find(&rows, "tcp", "READ", io1m)).map(|(a, b)| a / b);
+    if a.json {
+        println!("{}", bench_json(&rows, &a, ratio_raw, ratio_nfs));
+        return Ok(());
+    }
+    println!(
+        "NFSv3 sequential I/O, {} MiB per READ/WRITE run (4 KiB: at most 16 MiB), {} GETATTRs, one call in flight",
+        a.size_mb, a.getattrs
+    );
+    println!(
+        "{:<9} {:<8} {:>8} {:>10} {:>10} {:>10} {:>10}",
+        "transport", "op", "io", "MB/s", "ops/s", "p50[us]", "p99[us]"
+    );
+    let opt = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |v| format!("{v:.p$}"));
+    for r in &rows {
+        println!(
+            "{:<9} {:<8} {:>8} {:>10} {:>10.0} {:>10} {:>10}",
+            r.transport,
+            r.op,
+            r.io.map_or_else(|| "-".to_string(), |v| v.to_string()),
+            opt(r.mbs, 1),
+            r.ops,
+            opt(r.p50_us, 1),
+            opt(r.p99_us, 1),
+        );
+    }
+    println!(
+        "ratio READ-1MiB rdma/raw-tcp {}  (target >= 0.80)",
+        opt(ratio_raw, 2)
+    );
+    println!(
+        "ratio READ-1MiB rdma/nfs-tcp {}  (target >= 1.00)",
+        opt(ratio_nfs, 2)
+    );
+    Ok(())
+}
+
+fn bench_json(rows: &[Row], a: &BenchArgs, raw: Option<f64>, nfs: Option<f64>) -> String {
+    let num = |v: Option<f64>| v.map_or_else(|| "null".to_string(), |v| format!("{v:.3}"));
+    let rs: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"transport\":\"{}\",\"op\":\"{}\",\"io\":{},\"mb_per_s\":{},\"ops_per_s\":{:.3},\"p50_us\":{},\"p99_us\":{}}}",
+                r.transport,
+                r.op,
+                r.io.map_or_else(|| "null".to_string(), |v| v.to_string()),
+                num(r.mbs),
+                r.ops,
+                num(r.p50_us),
+                num(r.p99_us)
+            )
+        })
+        .collect();
+    format!(
+        "{{\"size_mb\":{},\"getattrs\":{},\"rows\":[{}],\"ratio_read_1mib_rdma_over_raw_tcp\":{},\"ratio_read_1mib_rdma_over_nfs_tcp\":{}}}",
+        a.size_mb,
+        a.getattrs,
+        rs.join(","),
+        num(raw),
+        num(nfs)
+    )
 }
