@@ -24,6 +24,10 @@ pub enum WireError {
     /// A congestion map payload that is not 8192 bytes.
     #[error("congestion map of {0} bytes, want 8192")]
     BadCongMapLen(usize),
+    /// An RDS/RDMA fragment whose seq, len or ports differ from its message's first fragment,
+    /// or that overruns the message.
+    #[error("fragment does not match its message")]
+    FragmentMismatch,
 }
 
 /// Errors returned to senders.

@@ -15,10 +15,13 @@
 //! - [`tools`]: library functions behind `oxrdma rds ping`, `rds stress` (and a raw-TCP
 //!   baseline); `rds info` is [`RdsStack::info`].
 //!
-//! What it does not do (yet): RDS over RDMA (the engine has an `Acked` transport mode with
-//! `h_ack` / `ACK_REQUIRED` / ack-only bookkeeping for it, but no verbs driver), RDMA
-//! operations and their extension headers beyond encoding/decoding, IB credits and
-//! fragmentation, IPv6, and TCP-AO.
+//! - [`rdma`]: RDS over RDMA on the `verbs` crate (`Transport::Rdma`; soft-iWARP by default):
+//!   the 32-byte connection private data with version negotiation, credit flow control,
+//!   4096-byte fragmentation, header checksums, and the engine's `Acked` mode (`h_ack`,
+//!   ACK_REQUIRED every 8 messages). One path per peer (as RDS/IB).
+//!
+//! What it does not do (yet): RDMA operations (RDMA / RDMA_DEST extensions and cookies) beyond
+//! encoding/decoding the extensions, IPv6, and TCP-AO.
 //!
 //! Behaviour worth knowing:
 //! - Delivery over TCP is confirmed by TCP's acknowledgement of a message's last byte, as in
@@ -39,6 +42,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod rdma;
 pub mod socket;
 pub mod tcp;
 pub mod tools;
@@ -46,5 +50,6 @@ pub mod wire;
 
 pub use engine::{Engine, EngineConfig, EngineInfo, TransportKind};
 pub use error::{RdsError, SendError, WireError};
+pub use rdma::RdmaConfig;
 pub use socket::{BlockingRdsSocket, RdsSocket};
-pub use tcp::{RdsStack, StackConfig};
+pub use tcp::{RdsStack, StackConfig, Transport};

@@ -22,7 +22,10 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::engine::{AcceptOutcome, Action, Engine, EngineConfig, EngineInfo, PathId, Token};
+use crate::engine::{
+    AcceptOutcome, Action, Engine, EngineConfig, EngineInfo, PathId, Token, TransportKind,
+};
+use crate::rdma::{RdmaConfig, RdmaLink};
 use crate::wire::RDS_TCP_PORT;
 
 /// Settings of an [`RdsStack`].
@@ -46,6 +49,19 @@ pub struct StackConfig {
     /// guest 10.0.2.15 reached through 127.0.0.1:HOSTPORT). Connections arriving from such a
     /// socket address's IP are taken as coming from the peer.
     pub peer_addrs: HashMap<Ipv4Addr, SocketAddrV4>,
+    /// The transport: TCP (the default) or RDMA.
+    pub transport: Transport,
+}
+
+/// What RDS runs over.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub enum Transport {
+    /// RDS over TCP (`tcp_port`).
+    #[default]
+    Tcp,
+    /// RDS over RDMA (the engine's `Acked` mode, one path per peer).
+    Rdma(RdmaConfig),
 }
 
 impl StackConfig {
@@ -59,6 +75,7 @@ impl StackConfig {
             default_rcvbuf: 256 * 1024,
             seed: None,
             peer_addrs: HashMap::new(),
+            transport: Transport::Tcp,
         }
     }
 }
@@ -68,10 +85,13 @@ pub(crate) struct Inner {
     pub(crate) cfg: StackConfig,
     pub(crate) readable: Mutex<HashMap<u16, Arc<Notify>>>,
     pub(crate) send_ready: Notify,
-    conns: Mutex<HashMap<Token, ConnHandle>>,
+    pub(crate) conns: Mutex<HashMap<Token, ConnHandle>>,
     timer_wake: Notify,
     shutdown: Notify,
-    tasks: Mutex<Vec<JoinHandle<()>>>,
+    pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// RDMA settings and device (`rdma_device` is `None` for TCP stacks).
+    pub(crate) rdma: RdmaConfig,
+    pub(crate) rdma_device: Option<verbs::Device>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -83,13 +103,31 @@ impl std::fmt::Debug for Inner {
     }
 }
 
-struct ConnHandle {
-    stream: Arc<TcpStream>,
-    peer: Ipv4Addr,
-    wake: Arc<Notify>,
+pub(crate) enum Link {
+    Tcp(Arc<TcpStream>),
+    Rdma(RdmaLink),
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) struct ConnHandle {
+    pub(crate) link: Link,
+    pub(crate) peer: Ipv4Addr,
+    pub(crate) wake: Arc<Notify>,
+}
+
+impl ConnHandle {
+    /// Closes the transport (TCP: shut down the socket; RDMA: tell the task to disconnect).
+    fn kill(&self, how: std::net::Shutdown) -> bool {
+        match &self.link {
+            Link::Tcp(s) => SockRef::from(&**s).shutdown(how).is_ok(),
+            Link::Rdma(r) => {
+                r.close.notify_one();
+                true
+            }
+        }
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -104,13 +142,33 @@ impl RdsStack {
     /// Starts a stack: binds the listener on `local:tcp_port` and spawns its tasks on the
     /// current tokio runtime.
     pub async fn start(cfg: StackConfig) -> io::Result<RdsStack> {
-        let sock = TcpSocket::new_v4()?;
-        sock.set_reuseaddr(true)?;
         let ip = cfg.bind_ip.unwrap_or(cfg.local);
-        sock.bind(SocketAddr::V4(SocketAddrV4::new(ip, cfg.tcp_port)))?;
-        let listener = sock.listen(128)?;
         let mut ecfg = EngineConfig::tcp(cfg.local);
         ecfg.max_paths = cfg.max_paths;
+        let (listener, rdma, rdma_device) = match &cfg.transport {
+            Transport::Tcp => {
+                let sock = TcpSocket::new_v4()?;
+                sock.set_reuseaddr(true)?;
+                sock.bind(SocketAddr::V4(SocketAddrV4::new(ip, cfg.tcp_port)))?;
+                (Some(sock.listen(128)?), RdmaConfig::default(), None)
+            }
+            Transport::Rdma(r) => {
+                // facts "RDS over IB/RDMA": message transport with RDS-level acks; RDS/IB has
+                // one path per peer.
+                ecfg.transport = TransportKind::Acked;
+                ecfg.max_paths = 1;
+                let dev = r.device.clone().unwrap_or_else(verbs::Device::soft_iwarp);
+                (None, r.clone(), Some(dev))
+            }
+        };
+        let rdma_listener = match &rdma_device {
+            Some(d) => Some(
+                d.listen(SocketAddr::V4(SocketAddrV4::new(ip, rdma.port)))
+                    .await
+                    .map_err(|e| io::Error::other(e.to_string()))?,
+            ),
+            None => None,
+        };
         ecfg.default_rcvbuf = cfg.default_rcvbuf;
         ecfg.seed = cfg.seed;
         let inner = Arc::new(Inner {
@@ -122,8 +180,14 @@ impl RdsStack {
             timer_wake: Notify::new(),
             shutdown: Notify::new(),
             tasks: Mutex::new(Vec::new()),
+            rdma,
+            rdma_device,
         });
-        let a = tokio::spawn(accept_loop(Arc::downgrade(&inner), listener));
+        let a = match (listener, rdma_listener) {
+            (Some(l), _) => tokio::spawn(accept_loop(Arc::downgrade(&inner), l)),
+            (None, Some(l)) => tokio::spawn(crate::rdma::accept_loop(Arc::downgrade(&inner), l)),
+            (None, None) => return Err(io::Error::other("no listener")),
+        };
         let t = tokio::spawn(timer_loop(Arc::downgrade(&inner)));
         lock(&inner.tasks).extend([a, t]);
         crate::socket::register(&inner);
@@ -152,10 +216,7 @@ impl RdsStack {
         let conns = lock(&self.inner.conns);
         let mut n = 0;
         for c in conns.values().filter(|c| c.peer == peer) {
-            if SockRef::from(&*c.stream)
-                .shutdown(std::net::Shutdown::Write)
-                .is_ok()
-            {
+            if c.kill(std::net::Shutdown::Write) {
                 n += 1;
             }
         }
@@ -174,7 +235,7 @@ impl RdsStack {
             t.abort();
         }
         for (_, c) in lock(&self.inner.conns).drain() {
-            let _ = SockRef::from(&*c.stream).shutdown(std::net::Shutdown::Both);
+            c.kill(std::net::Shutdown::Both);
             c.wake.notify_one();
         }
         self.inner.send_ready.notify_waiters();
@@ -194,14 +255,18 @@ pub(crate) fn pump(inner: &Arc<Inner>) {
     for a in actions {
         match a {
             Action::Connect(path) => {
-                let h = tokio::spawn(connect_task(Arc::downgrade(inner), path));
+                let h = if inner.rdma_device.is_some() {
+                    tokio::spawn(crate::rdma::connect_task(Arc::downgrade(inner), path))
+                } else {
+                    tokio::spawn(connect_task(Arc::downgrade(inner), path))
+                };
                 let mut tasks = lock(&inner.tasks);
                 tasks.retain(|t| !t.is_finished());
                 tasks.push(h);
             }
             Action::Close(t) => {
                 if let Some(c) = lock(&inner.conns).remove(&t) {
-                    let _ = SockRef::from(&*c.stream).shutdown(std::net::Shutdown::Both);
+                    c.kill(std::net::Shutdown::Both);
                     c.wake.notify_one();
                 }
             }
@@ -334,7 +399,7 @@ fn start_conn(inner: &Arc<Inner>, stream: TcpStream, peer: Ipv4Addr, tok: Token)
     lock(&inner.conns).insert(
         tok,
         ConnHandle {
-            stream: Arc::clone(&stream),
+            link: Link::Tcp(Arc::clone(&stream)),
             peer,
             wake: Arc::clone(&wake),
         },

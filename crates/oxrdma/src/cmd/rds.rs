@@ -68,6 +68,16 @@ pub struct CommonArgs {
     tport: Option<u16>,
 }
 
+impl CommonArgs {
+    /// The transport port in use.
+    fn port(&self) -> u16 {
+        self.tport.unwrap_or(match self.transport {
+            TransportArg::Tcp => RDS_TCP_PORT,
+            TransportArg::Rdma => rds::rdma::RDS_IB_PORT,
+        })
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct PingArgs {
     /// Node to ping.
@@ -196,10 +206,13 @@ async fn start_stack(
     match c.transport {
         TransportArg::Tcp => cfg.tcp_port = c.tport.unwrap_or(RDS_TCP_PORT),
         TransportArg::Rdma => {
-            return Err("--transport rdma is not available in this build yet".into());
+            cfg.transport = rds::Transport::Rdma(rds::RdmaConfig {
+                port: c.tport.unwrap_or(rds::rdma::RDS_IB_PORT),
+                ..rds::RdmaConfig::default()
+            });
         }
     }
-    let port = cfg.tcp_port;
+    let port = c.port();
     RdsStack::start(cfg)
         .await
         .map_err(|e| format!("cannot start RDS on {local}:{port}: {e}").into())
@@ -319,7 +332,7 @@ async fn stress(a: StressArgs) -> CmdResult {
             a.port,
             a.port.wrapping_add(a.tasks as u16 - 1),
             name,
-            stack.tcp_port()
+            a.common.port()
         );
         std::io::stdout().flush()?;
         wait_for_signal().await;
@@ -448,7 +461,7 @@ async fn listen(a: ListenArgs) -> CmdResult {
         a.addr,
         a.port,
         a.common.transport.name(),
-        stack.tcp_port(),
+        a.common.port(),
         if a.no_echo { "" } else { ", echoing" }
     );
     std::io::stdout().flush()?;

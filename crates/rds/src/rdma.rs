@@ -1,0 +1,845 @@
+//! RDS over RDMA (the RDS/IB wire behaviour, run on the `verbs` crate: soft-iWARP by default,
+//! the in-memory loopback provider in tests).
+//!
+//! Sans-IO parts (deterministically tested, fuzzed):
+//! - [`ConnData`]: the 32-byte IPv4 connection private data and version negotiation.
+//! - [`Splitter`]: cuts the engine's transmit byte stream (header, payload, header, …) back into
+//!   messages.
+//! - [`Fragmenter`] / [`Reassembler`]: every Send is the 48-byte header + ≤ 4096 payload bytes;
+//!   every fragment repeats seq, len and ports; a mismatch is a protocol error.
+//! - [`Credits`]: the IB credit flow control.
+//!
+//! The driver ([`rdma_accept`], [`rdma_connect`], `conn_task`) runs one tokio task per RDMA
+//! connection; the engine runs in its `Acked` mode (h_ack piggybacking, ACK_REQUIRED every 8).
+//!
+//! Not done: RDMA operations (RDMA / RDMA_DEST extensions, cookies), IPv6 private data, the
+//! initial `dp_ack_seq` is sent but not applied on receive (retransmission with duplicate
+//! suppression covers it), version 4.x.
+
+use std::collections::VecDeque;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::Notify;
+use verbs::{
+    Access, ConnParams, Connection, Device, QueuePair, RecvWr, SendWr, WcOpcode, WcStatus,
+};
+
+use crate::engine::{AcceptOutcome, PathId, Token};
+use crate::error::WireError;
+use crate::tcp::{Inner, lock, pump};
+use crate::wire::{FRAG_SIZE, HEADER_LEN, Header, MAX_MSG_LEN};
+
+/// The RDS/IB IPv4 rdma_cm port (facts "RDS over IB/RDMA").
+pub const RDS_IB_PORT: u16 = 18634;
+/// Length of the IPv4 connection private data.
+pub const CONN_DATA_LEN: usize = 32;
+/// Supported-minor-versions mask we advertise (3.0 and 3.1).
+pub const MINOR_MASK: u16 = 0x3;
+
+/// Settings of RDS over RDMA.
+#[derive(Debug, Clone)]
+pub struct RdmaConfig {
+    /// The verbs device (`None`: a soft-iWARP device of its own).
+    pub device: Option<Device>,
+    /// rdma_cm port to listen on and dial (18634).
+    pub port: u16,
+    /// Receive buffers per connection (each 48 + 4096 bytes); advertised as initial credits.
+    pub recv_bufs: u32,
+    /// Advertise credits (flow control is on only if both sides do).
+    pub flow_control: bool,
+    /// Version offered first as initiator (major, minor); after a reject we retry at 3.1.
+    pub offer: (u8, u8),
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            device: None,
+            port: RDS_IB_PORT,
+            recv_bufs: 64,
+            flow_control: true,
+            offer: (3, 1),
+        }
+    }
+}
+
+/// The IPv4 connection private data (facts: saddr @0, daddr @4, major @8, minor @9,
+/// minor_mask be16 @10, tos @12, ack_seq be64 @16, credit be32 @24).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnData {
+    /// Sender's RDS address.
+    pub saddr: Ipv4Addr,
+    /// Receiver's RDS address.
+    pub daddr: Ipv4Addr,
+    /// Protocol major version.
+    pub major: u8,
+    /// Protocol minor version.
+    pub minor: u8,
+    /// Minor versions supported (bit n = 3.n).
+    pub minor_mask: u16,
+    /// Type of service.
+    pub tos: u8,
+    /// Last sequence number received on this path (initial ack).
+    pub ack_seq: u64,
+    /// Initial credits (receive buffers posted); 0 = no flow control.
+    pub credit: u32,
+}
+
+impl ConnData {
+    /// Encoded length.
+    pub const fn encoded_len(&self) -> usize {
+        CONN_DATA_LEN
+    }
+
+    /// Encodes the 32 bytes.
+    pub fn encode(&self) -> [u8; CONN_DATA_LEN] {
+        let mut b = [0u8; CONN_DATA_LEN];
+        b[0..4].copy_from_slice(&self.saddr.octets());
+        b[4..8].copy_from_slice(&self.daddr.octets());
+        b[8] = self.major;
+        b[9] = self.minor;
+        b[10..12].copy_from_slice(&self.minor_mask.to_be_bytes());
+        b[12] = self.tos;
+        b[16..24].copy_from_slice(&self.ack_seq.to_be_bytes());
+        b[24..28].copy_from_slice(&self.credit.to_be_bytes());
+        b
+    }
+
+    /// Decodes; needs at least 32 bytes (extra bytes, as rdma_cm pads, are ignored).
+    pub fn decode(b: &[u8]) -> Result<ConnData, WireError> {
+        let Some(b) = b.get(..CONN_DATA_LEN) else {
+            return Err(WireError::Short {
+                need: CONN_DATA_LEN,
+                have: b.len(),
+            });
+        };
+        let be32 = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let mut seq = [0u8; 8];
+        seq.copy_from_slice(&b[16..24]);
+        Ok(ConnData {
+            saddr: Ipv4Addr::from(be32(0)),
+            daddr: Ipv4Addr::from(be32(4)),
+            major: b[8],
+            minor: b[9],
+            minor_mask: u16::from_be_bytes([b[10], b[11]]),
+            tos: b[12],
+            ack_seq: u64::from_be_bytes(seq),
+            credit: be32(24),
+        })
+    }
+
+    /// The version the acceptor runs for this request: 3.1 when the request is 3.x with minor 1
+    /// offered (in `minor` or `minor_mask`); `None` = reject (facts: other versions are
+    /// rejected; we do not speak 4.x).
+    pub fn negotiate(&self) -> Option<(u8, u8)> {
+        (self.major == 3 && (self.minor == 1 || self.minor_mask & 0x2 != 0)).then_some((3, 1))
+    }
+}
+
+/// Cuts the engine's transmit stream into messages (header, payload).
+#[derive(Debug, Default)]
+pub struct Splitter {
+    buf: BytesMut,
+}
+
+impl Splitter {
+    /// Appends stream bytes.
+    pub fn push(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b);
+    }
+
+    /// Next complete message.
+    pub fn next_msg(&mut self) -> Result<Option<(Header, Bytes)>, WireError> {
+        if self.buf.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let h = Header::decode(&self.buf)?;
+        let len = h.len as usize;
+        if len > MAX_MSG_LEN {
+            return Err(WireError::TooLong(h.len));
+        }
+        if self.buf.len() < HEADER_LEN + len {
+            return Ok(None);
+        }
+        let mut m = self.buf.split_to(HEADER_LEN + len);
+        let payload = m.split_off(HEADER_LEN).freeze();
+        Ok(Some((h, payload)))
+    }
+}
+
+/// One Send: a header (credit and checksum filled at post time) and ≤ 4096 payload bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fragment {
+    /// The header (repeated on every fragment).
+    pub header: Header,
+    /// This fragment's payload.
+    pub payload: Bytes,
+    /// First fragment of its message (the one that may carry `h_credit`).
+    pub first: bool,
+}
+
+impl Fragment {
+    /// Encodes header (with `credit`, checksum recomputed after setting it) and payload.
+    pub fn encode(&self, credit: u8) -> Result<Bytes, WireError> {
+        let mut h = self.header.clone();
+        h.credit = credit;
+        // Checksum covers h_credit: computed after setting it.
+        let hb = h.encode_with_checksum()?;
+        let mut out = BytesMut::with_capacity(HEADER_LEN + self.payload.len());
+        out.extend_from_slice(&hb);
+        out.extend_from_slice(&self.payload);
+        Ok(out.freeze())
+    }
+}
+
+/// Splits a message into Sends of the header + ≤ 4096 bytes.
+#[derive(Debug)]
+pub struct Fragmenter;
+
+impl Fragmenter {
+    /// The fragments of one message (one header-only fragment when the payload is empty).
+    pub fn fragments(h: &Header, payload: &Bytes) -> Vec<Fragment> {
+        if payload.is_empty() {
+            return vec![Fragment {
+                header: h.clone(),
+                payload: Bytes::new(),
+                first: true,
+            }];
+        }
+        (0..payload.len())
+            .step_by(FRAG_SIZE)
+            .map(|o| Fragment {
+                header: h.clone(),
+                payload: payload.slice(o..(o + FRAG_SIZE).min(payload.len())),
+                first: o == 0,
+            })
+            .collect()
+    }
+}
+
+/// What one received Send produced.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RxOutput {
+    /// Credits granted by the peer (`h_credit`).
+    pub credit: u8,
+    /// A complete message for the engine (header bytes + payload), if this Send finished one.
+    pub message: Option<Bytes>,
+}
+
+/// Reassembles fragments (facts: every fragment repeats seq, len and ports; a mismatch drops
+/// the connection).
+#[derive(Debug, Default)]
+pub struct Reassembler {
+    cur: Option<(Header, BytesMut)>,
+}
+
+impl Reassembler {
+    /// One received Send. Errors mean the connection must be dropped.
+    pub fn on_send(&mut self, data: &[u8]) -> Result<RxOutput, WireError> {
+        // Header::decode verifies a nonzero h_csum (facts "Checksum").
+        let h = Header::decode(data)?;
+        let payload = &data[HEADER_LEN..];
+        if payload.len() > FRAG_SIZE {
+            return Err(WireError::TooLong(payload.len() as u32));
+        }
+        if h.len as usize > MAX_MSG_LEN {
+            return Err(WireError::TooLong(h.len));
+        }
+        let credit = h.credit;
+        if self.cur.is_some() && h.is_ack_only() && payload.is_empty() {
+            // A credit update / ack between two fragments of a message: handled on its own.
+            let mut hh = h;
+            hh.credit = 0;
+            hh.csum = 0;
+            return Ok(RxOutput {
+                credit,
+                message: Some(Bytes::copy_from_slice(&hh.encode()?)),
+            });
+        }
+        match self.cur.as_mut() {
+            None => {
+                let total = h.len as usize;
+                if payload.len() > total || (payload.is_empty() && total != 0) {
+                    return Err(WireError::FragmentMismatch);
+                }
+                let mut hh = h;
+                // The engine sees the message as sent, without the transport's credit.
+                hh.credit = 0;
+                hh.csum = 0;
+                let mut buf = BytesMut::with_capacity(HEADER_LEN + total);
+                buf.extend_from_slice(&hh.encode()?);
+                buf.extend_from_slice(payload);
+                if buf.len() == HEADER_LEN + total {
+                    return Ok(RxOutput {
+                        credit,
+                        message: Some(buf.freeze()),
+                    });
+                }
+                self.cur = Some((hh, buf));
+                Ok(RxOutput {
+                    credit,
+                    message: None,
+                })
+            }
+            Some((first, buf)) => {
+                if h.seq != first.seq
+                    || h.len != first.len
+                    || h.sport != first.sport
+                    || h.dport != first.dport
+                    || payload.is_empty()
+                {
+                    return Err(WireError::FragmentMismatch);
+                }
+                let total = HEADER_LEN + first.len as usize;
+                if buf.len() + payload.len() > total {
+                    return Err(WireError::FragmentMismatch);
+                }
+                buf.extend_from_slice(payload);
+                if buf.len() == total {
+                    let (_, b) = self.cur.take().ok_or(WireError::FragmentMismatch)?;
+                    return Ok(RxOutput {
+                        credit,
+                        message: Some(b.freeze()),
+                    });
+                }
+                Ok(RxOutput {
+                    credit,
+                    message: None,
+                })
+            }
+        }
+    }
+}
+
+/// IB credit flow control (facts: on only if both sides advertised nonzero credit; `h_credit`
+/// carries newly posted receive buffers, ≤ 255; the last credit is kept for a credit update).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credits {
+    /// Flow control in force.
+    pub enabled: bool,
+    /// Sends we may still post.
+    pub send: u32,
+    /// Receive buffers posted that the peer has not been told about.
+    pub unadvertised: u32,
+}
+
+impl Credits {
+    /// After the handshake: `ours` / `theirs` are the advertised private-data credits.
+    pub fn new(ours: u32, theirs: u32) -> Credits {
+        Credits {
+            enabled: ours != 0 && theirs != 0,
+            send: theirs,
+            unadvertised: 0,
+        }
+    }
+
+    /// Whether a Send may be posted now; `update` = the Send carries a credit advertisement and
+    /// no data (a credit update), which may use the last credit.
+    pub fn can_send(&self, update: bool) -> bool {
+        !self.enabled || self.send >= 2 || (self.send == 1 && update)
+    }
+
+    /// Takes one credit and returns the `h_credit` to put in the Send (0 unless `first`).
+    pub fn take(&mut self, first: bool) -> u8 {
+        if !self.enabled {
+            return 0;
+        }
+        self.send = self.send.saturating_sub(1);
+        if !first {
+            return 0;
+        }
+        let adv = self.unadvertised.min(255);
+        self.unadvertised -= adv;
+        adv as u8
+    }
+
+    /// The peer granted `n` credits.
+    pub fn grant(&mut self, n: u8) {
+        self.send = self.send.saturating_add(u32::from(n));
+    }
+
+    /// A receive buffer was re-posted.
+    pub fn posted(&mut self) {
+        if self.enabled {
+            self.unadvertised += 1;
+        }
+    }
+
+    /// Whether to send a standalone credit update now: enough buffers to tell about and
+    /// nothing else queued to carry them.
+    pub fn wants_update(&self, ring: u32) -> bool {
+        self.enabled && self.unadvertised > 0 && self.unadvertised >= ring / 2
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Driver
+// ---------------------------------------------------------------------------------------------
+
+const BUF_LEN: usize = HEADER_LEN + FRAG_SIZE;
+/// Sends posted and not yet completed, at most.
+const SQ_DEPTH: usize = 64;
+
+pub(crate) struct RdmaLink {
+    pub(crate) close: Arc<Notify>,
+}
+
+fn device(inner: &Inner) -> Option<Device> {
+    inner.rdma_device.clone()
+}
+
+struct Qp {
+    qp: QueuePair,
+    ring: verbs::MemoryRegion,
+}
+
+fn make_qp(dev: &Device, n: u32) -> Result<Qp, verbs::VerbsError> {
+    let pd = dev.alloc_pd();
+    let (scq, rcq) = (dev.create_cq(), dev.create_cq());
+    let qp = dev.create_qp(&pd, &scq, &rcq);
+    let ring = pd.register_len(BUF_LEN * n as usize, Access::LOCAL_WRITE)?;
+    for i in 0..n {
+        qp.post_recv(RecvWr {
+            wr_id: u64::from(i),
+            sgl: vec![ring.sge((i as usize * BUF_LEN) as u64, BUF_LEN as u32)],
+        })?;
+    }
+    Ok(Qp { qp, ring })
+}
+
+fn ack_seq(inner: &Inner, peer: Ipv4Addr) -> u64 {
+    let info = lock(&inner.engine).info();
+    info.conns
+        .iter()
+        .find(|c| c.peer == peer)
+        .and_then(|c| c.paths.first())
+        .map_or(0, |p| p.next_rx_seq.saturating_sub(1))
+}
+
+fn our_data(inner: &Inner, peer: Ipv4Addr, (major, minor): (u8, u8)) -> ConnData {
+    let cfg = &inner.rdma;
+    ConnData {
+        saddr: inner.cfg.local,
+        daddr: peer,
+        major,
+        minor,
+        minor_mask: MINOR_MASK,
+        tos: 0,
+        ack_seq: ack_seq(inner, peer),
+        credit: if cfg.flow_control { cfg.recv_bufs } else { 0 },
+    }
+}
+
+/// Accept loop of an RDMA stack.
+pub(crate) async fn accept_loop(inner: Weak<Inner>, mut l: verbs::Listener) {
+    loop {
+        let Ok(req) = l.accept().await else {
+            return;
+        };
+        let Some(i) = inner.upgrade() else {
+            return;
+        };
+        let pd = match ConnData::decode(req.private_data()) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::debug!(%e, "rds/rdma: bad private data");
+                let _ = req.reject(&[]).await;
+                continue;
+            }
+        };
+        let peer = pd.saddr;
+        if pd.negotiate().is_none() {
+            // Facts: versions other than 3.1 are rejected; the initiator retries at 3.1.
+            let ours = our_data(&i, peer, (3, 1)).encode();
+            let _ = req.reject(&ours).await;
+            continue;
+        }
+        let outcome = lock(&i.engine).accept(Instant::now(), peer);
+        match outcome {
+            AcceptOutcome::Reject => {
+                let _ = req.reject(&[]).await;
+            }
+            AcceptOutcome::Accept(tok) => {
+                let Some(dev) = device(&i) else { return };
+                let res = async {
+                    let q = make_qp(&dev, i.rdma.recv_bufs)?;
+                    let ours = our_data(&i, peer, (3, 1));
+                    let params = ConnParams {
+                        private_data: Bytes::copy_from_slice(&ours.encode()),
+                        ..ConnParams::default()
+                    };
+                    let c = req.accept(&q.qp, params).await?;
+                    Ok::<_, verbs::VerbsError>((q, c, ours.credit))
+                }
+                .await;
+                match res {
+                    Ok((q, c, ours)) => start(&i, q, c, peer, tok, ours, pd.credit),
+                    Err(e) => {
+                        tracing::debug!(%e, "rds/rdma: accept failed");
+                        lock(&i.engine).transport_down(Instant::now(), tok);
+                    }
+                }
+            }
+        }
+        pump(&i);
+    }
+}
+
+/// Connects a path over RDMA.
+pub(crate) async fn connect_task(inner: Weak<Inner>, path: PathId) {
+    let Some(i) = inner.upgrade() else { return };
+    let Some(dev) = device(&i) else { return };
+    // Dial the peer's RDS address, or its NAT override's IP, on the rdma_cm port.
+    let ip = i
+        .cfg
+        .peer_addrs
+        .get(&path.peer)
+        .map_or(path.peer, |a| *a.ip());
+    let target = SocketAddr::V4(SocketAddrV4::new(ip, i.rdma.port));
+    let mut offer = i.rdma.offer;
+    drop(i);
+    let res = loop {
+        let Some(i) = inner.upgrade() else { return };
+        let attempt = async {
+            let q = make_qp(&dev, i.rdma.recv_bufs)?;
+            let ours = our_data(&i, path.peer, offer);
+            let params = ConnParams {
+                private_data: Bytes::copy_from_slice(&ours.encode()),
+                ..ConnParams::default()
+            };
+            let c = tokio::time::timeout(
+                std::time::Duration::from_secs(5),
+                dev.connect(&q.qp, target, params),
+            )
+            .await
+            .map_err(|_| verbs::VerbsError::Timeout)??;
+            Ok::<_, verbs::VerbsError>((q, c, ours.credit))
+        }
+        .await;
+        drop(i);
+        match attempt {
+            Err(verbs::VerbsError::Rejected(_)) if offer != (3, 1) => {
+                // Facts: after a reject the active side retries at 3.1.
+                offer = (3, 1);
+            }
+            r => break r,
+        }
+    };
+    let Some(i) = inner.upgrade() else { return };
+    match res {
+        Ok((q, c, ours)) => {
+            let theirs = ConnData::decode(c.peer_private_data()).map_or(0, |d| d.credit);
+            let tok = lock(&i.engine).connected(Instant::now(), path);
+            match tok {
+                Some(tok) => start(&i, q, c, path.peer, tok, ours, theirs),
+                None => drop(c),
+            }
+        }
+        Err(e) => {
+            tracing::debug!(?path, %e, "rds/rdma: connect failed");
+            lock(&i.engine).connect_failed(Instant::now(), path);
+        }
+    }
+    pump(&i);
+}
+
+fn start(
+    inner: &Arc<Inner>,
+    q: Qp,
+    c: Connection,
+    peer: Ipv4Addr,
+    tok: Token,
+    ours: u32,
+    theirs: u32,
+) {
+    let wake = Arc::new(Notify::new());
+    let close = Arc::new(Notify::new());
+    lock(&inner.conns).insert(
+        tok,
+        crate::tcp::ConnHandle {
+            link: crate::tcp::Link::Rdma(RdmaLink {
+                close: Arc::clone(&close),
+            }),
+            peer,
+            wake: Arc::clone(&wake),
+        },
+    );
+    let credits = Credits::new(ours, theirs);
+    let h = tokio::spawn(conn_task(
+        Arc::downgrade(inner),
+        q,
+        c,
+        tok,
+        wake,
+        close,
+        credits,
+    ));
+    let mut tasks = lock(&inner.tasks);
+    tasks.retain(|t| !t.is_finished());
+    tasks.push(h);
+}
+
+async fn conn_task(
+    inner: Weak<Inner>,
+    q: Qp,
+    conn: Connection,
+    tok: Token,
+    wake: Arc<Notify>,
+    close: Arc<Notify>,
+    mut credits: Credits,
+) {
+    let ring_n = inner.upgrade().map_or(64, |i| i.rdma.recv_bufs);
+    let local = inner.upgrade().map(|i| i.cfg.local);
+    let mut split = Splitter::default();
+    let mut reasm = Reassembler::default();
+    let mut outq: VecDeque<Fragment> = VecDeque::new();
+    let mut in_flight = 0usize;
+    let mut next_wr: u64 = 0;
+    let scq = q.qp.send_cq().clone();
+    let rcq = q.qp.recv_cq().clone();
+    'outer: loop {
+        let Some(i) = inner.upgrade() else { return };
+        // Pull messages from the engine while the queue is short.
+        if outq.len() < SQ_DEPTH {
+            let mut e = lock(&i.engine);
+            while outq.len() < SQ_DEPTH {
+                match e.poll_transmit(tok) {
+                    Some(b) => {
+                        split.push(&b);
+                        loop {
+                            match split.next_msg() {
+                                Ok(Some((h, p))) => outq.extend(Fragmenter::fragments(&h, &p)),
+                                Ok(None) => break,
+                                Err(err) => {
+                                    tracing::warn!(%err, "rds/rdma: engine stream");
+                                    break 'outer;
+                                }
+                            }
+                        }
+                    }
+                    None => break,
+                }
+            }
+        }
+        pump(&i);
+        drop(i);
+        // Post what credits allow.
+        let mut posted_any = false;
+        while in_flight < SQ_DEPTH {
+            // A standalone credit update (ack-only header carrying h_credit) when at least half
+            // the ring waits to be advertised. Only then: single-credit updates bouncing between
+            // two blocked senders would keep the credits split into 1-credit packets for ever.
+            let front_is_update = outq
+                .front()
+                .is_some_and(|f| f.first && f.payload.is_empty() && f.header.is_ack_only());
+            if credits.wants_update(ring_n) && !front_is_update {
+                outq.push_front(Fragment {
+                    header: crate::wire::ack_only(0),
+                    payload: Bytes::new(),
+                    first: true,
+                });
+            }
+            let Some(f) = outq.front() else { break };
+            let update = f.first
+                && f.payload.is_empty()
+                && f.header.is_ack_only()
+                && credits.unadvertised > 0;
+            if !credits.can_send(update) {
+                break;
+            }
+            let Some(f) = outq.pop_front() else { break };
+            let c = credits.take(f.first);
+            let Ok(bytes) = f.encode(c) else { break 'outer };
+            tracing::trace!(
+                ?local,
+                tok,
+                len = bytes.len(),
+                c,
+                ?credits,
+                "rds/rdma: send"
+            );
+            next_wr += 1;
+            if q.qp.post_send(SendWr::send_bytes(next_wr, bytes)).is_err() {
+                break 'outer;
+            }
+            in_flight += 1;
+            posted_any = true;
+        }
+        let _ = posted_any;
+        tokio::select! {
+            c = rcq.next() => {
+                // Drain every completion at hand: grants coalesce before the next send decision.
+                let mut next = Some(c);
+                while let Some(c) = next.take() {
+                    if c.status != WcStatus::Success || c.opcode != WcOpcode::Recv {
+                        break 'outer;
+                    }
+                    let off = c.wr_id as usize * BUF_LEN;
+                    let Ok(data) = q.ring.read(off, c.byte_len as usize) else { break 'outer };
+                    if q.qp.post_recv(RecvWr {
+                        wr_id: c.wr_id,
+                        sgl: vec![q.ring.sge(off as u64, BUF_LEN as u32)],
+                    }).is_err() {
+                        break 'outer;
+                    }
+                    credits.posted();
+                    tracing::trace!(?local, tok, len = data.len(), ?credits, "rds/rdma: recv");
+                    match reasm.on_send(&data) {
+                        Ok(out) => {
+                            credits.grant(out.credit);
+                            tracing::trace!(?local, tok, grant = out.credit, "rds/rdma: granted");
+                            if let Some(m) = out.message {
+                                let Some(i) = inner.upgrade() else { return };
+                                let r = lock(&i.engine).on_recv(Instant::now(), tok, &m);
+                                if let Err(e) = r {
+                                    tracing::warn!(%e, "rds/rdma: protocol error, dropping connection");
+                                    break 'outer;
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(%e, "rds/rdma: bad fragment, dropping connection");
+                            break 'outer;
+                        }
+                    }
+                    next = rcq.try_next();
+                }
+            }
+            c = scq.next() => {
+                let mut next = Some(c);
+                while let Some(c) = next.take() {
+                    if c.status != WcStatus::Success {
+                        break 'outer;
+                    }
+                    in_flight = in_flight.saturating_sub(1);
+                    next = scq.try_next();
+                }
+            }
+            _ = wake.notified() => {}
+            _ = close.notified() => break 'outer,
+            ev = conn.next_event() => {
+                match ev {
+                    Some(verbs::CmEvent::Established) => {}
+                    _ => break 'outer,
+                }
+            }
+        }
+    }
+    tracing::debug!(tok, "rds/rdma: connection task ends");
+    conn.disconnect().await;
+    let Some(i) = inner.upgrade() else { return };
+    lock(&i.conns).remove(&tok);
+    lock(&i.engine).transport_down(Instant::now(), tok);
+    pump(&i);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conn_data_roundtrip_and_negotiation() {
+        let d = ConnData {
+            saddr: Ipv4Addr::new(10, 0, 0, 1),
+            daddr: Ipv4Addr::new(10, 0, 0, 2),
+            major: 3,
+            minor: 1,
+            minor_mask: MINOR_MASK,
+            tos: 0,
+            ack_seq: 0x0102_0304_0506_0708,
+            credit: 64,
+        };
+        let b = d.encode();
+        assert_eq!(&b[0..4], &[10, 0, 0, 1]);
+        assert_eq!(&b[10..12], &[0, 3]);
+        assert_eq!(&b[16..24], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(&b[24..28], &[0, 0, 0, 64]);
+        assert_eq!(ConnData::decode(&b), Ok(d));
+        assert!(ConnData::decode(&b[..31]).is_err());
+        assert_eq!(d.negotiate(), Some((3, 1)));
+        let v4 = ConnData {
+            major: 4,
+            minor: 1,
+            ..d
+        };
+        assert_eq!(v4.negotiate(), None);
+    }
+
+    #[test]
+    fn fragments_roundtrip_with_checksums_and_credit() {
+        let h = Header {
+            seq: 9,
+            len: 10_000,
+            sport: 5,
+            dport: 6,
+            ..Header::default()
+        };
+        let p = Bytes::from((0..10_000u32).map(|i| i as u8).collect::<Vec<u8>>());
+        let fr = Fragmenter::fragments(&h, &p);
+        assert_eq!(fr.len(), 3);
+        let mut r = Reassembler::default();
+        let mut got = None;
+        for (n, f) in fr.iter().enumerate() {
+            let b = f.encode(if f.first { 7 } else { 0 }).unwrap();
+            assert!(b.len() <= HEADER_LEN + FRAG_SIZE);
+            assert_ne!(u16::from_be_bytes([b[30], b[31]]), 0, "checksum on");
+            let out = r.on_send(&b).unwrap();
+            assert_eq!(out.credit, if n == 0 { 7 } else { 0 });
+            got = out.message.or(got);
+        }
+        let m = got.unwrap();
+        assert_eq!(&m[HEADER_LEN..], &p[..]);
+        assert_eq!(Header::decode(&m).unwrap().seq, 9);
+    }
+
+    #[test]
+    fn fragment_mismatch_and_bad_checksum_are_errors() {
+        let h = Header {
+            seq: 1,
+            len: 5000,
+            sport: 5,
+            dport: 6,
+            ..Header::default()
+        };
+        let p = Bytes::from(vec![1u8; 5000]);
+        let fr = Fragmenter::fragments(&h, &p);
+        let mut r = Reassembler::default();
+        r.on_send(&fr[0].encode(0).unwrap()).unwrap();
+        let mut bad = fr[1].clone();
+        bad.header.seq = 2;
+        assert_eq!(
+            r.on_send(&bad.encode(0).unwrap()),
+            Err(WireError::FragmentMismatch)
+        );
+        let mut b = fr[0].encode(0).unwrap().to_vec();
+        b[0] ^= 1;
+        assert!(matches!(
+            Reassembler::default().on_send(&b),
+            Err(WireError::BadChecksum(_))
+        ));
+    }
+
+    #[test]
+    fn credits_keep_the_last_one_for_updates() {
+        let mut c = Credits::new(4, 2);
+        assert!(c.enabled);
+        assert!(c.can_send(false));
+        c.take(true);
+        assert!(!c.can_send(false));
+        assert!(c.can_send(true));
+        for _ in 0..300 {
+            c.posted();
+        }
+        assert_eq!(c.take(true), 255);
+        assert_eq!(c.unadvertised, 45);
+        assert_eq!(c.send, 0);
+        assert!(!c.can_send(true));
+        c.grant(3);
+        assert!(c.can_send(false));
+        assert!(!Credits::new(0, 5).enabled);
+        assert!(!Credits::new(5, 0).enabled);
+    }
+}
