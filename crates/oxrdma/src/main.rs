@@ -39,6 +39,8 @@ enum Command {
     /// and a benchmark.
     #[command(subcommand)]
     Nfs(cmd::nfs::NfsCommand),
+    /// perftest-style RDMA Write/Read/Send bandwidth and latency with the raw-TCP ceiling.
+    Perf(cmd::perf::PerfArgs),
 }
 
 fn init_tracing(verbose: u8) {
@@ -75,6 +77,7 @@ fn main() -> ExitCode {
             Command::Rpc(c) => cmd::rpc::run(c).await,
             Command::Rds(c) => cmd::rds::run(c).await,
             Command::Nfs(c) => cmd::nfs::run(c).await,
+            Command::Perf(a) => cmd::perf::run(a).await,
         }
     });
     match result {

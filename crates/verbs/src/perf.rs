@@ -1,16 +1,37 @@
-//! perftest-like bandwidth and latency measurements between a listener and a client in this
-//! process (soft-iWARP over loopback TCP, or the in-memory provider), plus a raw-TCP ceiling on
-//! the same path. The CLI (`oxrdma perf`) formats the returned rows.
+//! perftest-like bandwidth and latency measurements (the engine behind `oxrdma perf`), plus a
+//! raw-TCP ceiling on the same path. Two ways to run:
+//!
+//! * [`run`]: both ends in this process (soft-iWARP over 127.0.0.1, or the in-memory provider);
+//! * [`serve`] / [`run_client`]: the two ends in separate processes, like perftest's server and
+//!   client. The client drives every measurement; the server only answers (see *Control
+//!   exchange*).
 //!
 //! Definitions (MB/s = 10^6 bytes per second):
 //! * Bandwidth: `iterations` messages of `bytes`, at most `window` outstanding. The clock stops
 //!   when the data is known to be at the target: Write — a trailing zero-length Read completed
 //!   (RDMAP orders it after the Writes); Read — the last Read completed; Send — the peer's last
-//!   receive completed. Peak is the best rate over any `window` consecutive completions.
-//! * Latency, one operation at a time: Write — until the target sees the last byte change;
-//!   Read — until the Read completes; Send — until the peer's receive completes.
+//!   receive completed (in-process), or the peer's credit for it arrived (two processes). Peak is
+//!   the best rate over any span of a tenth of the run.
+//! * Latency, one operation at a time: Write — until the target sees the last byte change
+//!   (in-process) or until a zero-length Read ordered after the Write completes (two processes:
+//!   the client cannot watch the server's memory, so this is one extra round trip); Read — until
+//!   the Read completes; Send — until the peer's receive completes (in-process) or its credit
+//!   arrives (two processes).
 //! * Raw TCP: the same bytes through a TCP connection with the same socket options, until the
-//!   reader has them all.
+//!   reader has them all (two processes: until the server's one-byte acknowledgement arrives).
+//!
+//! ## Control exchange (two processes)
+//! The MPA Request's private data (client → server), 16 bytes, big-endian:
+//! `"OXPF" | version 1 (u8) | op (u8: 0 Write, 1 Read, 2 Send) | window (u16) | max size (u32) |
+//! zero (u32)`. The MPA Reply's private data (server → client), 32 bytes:
+//! `"OXPF" | version 1 (u8) | zero (u8) | raw-TCP port (u16) | rkey (u32) | credits (u32) |
+//! addr (u64) | len (u64)`: the server's target region (`max size` bytes, Write/Read target) and,
+//! for Send, the number of receives it keeps posted. For every receive it completes the server
+//! reposts it and Sends a zero-length credit back; the client keeps `credits` receives posted for
+//! those and never has more Sends in flight than credits (iWARP has no RNR retry). The raw-TCP
+//! sink on the server's address and that port takes connections that start with the byte count
+//! (u64) and answers one byte once it has them all. The server serves one client and returns when
+//! it disconnects.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -18,8 +39,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{
-    Access, ConnParams, Device, LoopbackFabric, Provider, RecvWr, SendOp, SendWr, SoftIwarpConfig,
-    VerbsError, WcStatus,
+    Access, CompletionQueue, ConnParams, Device, LoopbackFabric, MemoryRegion, Provider, QueuePair,
+    RecvWr, SendOp, SendWr, SoftIwarpConfig, VerbsError, WcStatus,
 };
 
 /// Which operation to measure.
@@ -31,6 +52,25 @@ pub enum PerfOp {
     Read,
     /// Send / Receive.
     Send,
+}
+
+impl PerfOp {
+    fn code(self) -> u8 {
+        match self {
+            PerfOp::Write => 0,
+            PerfOp::Read => 1,
+            PerfOp::Send => 2,
+        }
+    }
+
+    fn from_code(c: u8) -> Option<Self> {
+        match c {
+            0 => Some(PerfOp::Write),
+            1 => Some(PerfOp::Read),
+            2 => Some(PerfOp::Send),
+            _ => None,
+        }
+    }
 }
 
 /// Which provider carries the test.
@@ -49,7 +89,7 @@ pub struct PerfConfig {
     pub op: PerfOp,
     /// Message sizes to sweep.
     pub sizes: Vec<usize>,
-    /// Messages per size for bandwidth.
+    /// Messages per size for bandwidth (0 skips bandwidth and the raw-TCP ceiling).
     pub iterations: usize,
     /// Operations per size for latency (0 skips latency).
     pub latency_iterations: usize,
@@ -94,10 +134,14 @@ pub struct PerfRow {
     pub bw_avg_mbs: f64,
     /// Message rate, millions of messages per second.
     pub msg_rate_mpps: f64,
+    /// Operations measured for latency.
+    pub lat_iterations: usize,
     /// Latency minimum.
     pub t_min: Duration,
     /// Latency median ("typical").
     pub t_typical: Duration,
+    /// Latency mean.
+    pub t_avg: Duration,
     /// Latency maximum.
     pub t_max: Duration,
     /// Latency 99th percentile.
@@ -121,25 +165,214 @@ fn mbs(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / d.as_secs_f64().max(1e-9) / 1e6
 }
 
-/// Run the sweep.
-pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
-    let (dc, ds) = match cfg.transport {
-        PerfTransport::Tcp => {
-            let d = || Device::open(Provider::SoftIwarp(cfg.soft.clone()));
-            (d(), d())
+const MAGIC: &[u8; 4] = b"OXPF";
+const VERSION: u8 = 1;
+/// Length of the client's control message.
+pub const HELLO_LEN: usize = 16;
+/// Length of the server's control message.
+pub const OFFER_LEN: usize = 32;
+
+/// Client → server control message (MPA Request private data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// Operation the client will run.
+    pub op: PerfOp,
+    /// Sends the client keeps in flight (the server posts twice as many receives).
+    pub window: u16,
+    /// Largest message size.
+    pub max_size: u32,
+}
+
+/// Server → client control message (MPA Reply private data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offer {
+    /// Port of the raw-TCP sink on the server's address.
+    pub tcp_port: u16,
+    /// STag of the target region.
+    pub rkey: u32,
+    /// Receives the server keeps posted (Send credits).
+    pub credits: u32,
+    /// Tagged offset of the target region.
+    pub addr: u64,
+    /// Length of the target region.
+    pub len: u64,
+}
+
+/// A malformed control message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// Wrong length.
+    #[error("perf control message: {got} bytes, expected {want}")]
+    Length {
+        /// Bytes received.
+        got: usize,
+        /// Bytes expected.
+        want: usize,
+    },
+    /// Not "OXPF" version 1.
+    #[error("perf control message: not an oxrdma perf peer (magic/version)")]
+    Magic,
+    /// Unknown operation code.
+    #[error("perf control message: unknown operation {0}")]
+    Op(u8),
+}
+
+fn be<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
+    let mut a = [0u8; N];
+    a.copy_from_slice(&b[at..at + N]);
+    a
+}
+
+impl Hello {
+    /// Encode into the 16-byte form.
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[..4].copy_from_slice(MAGIC);
+        b[4] = VERSION;
+        b[5] = self.op.code();
+        b[6..8].copy_from_slice(&self.window.to_be_bytes());
+        b[8..12].copy_from_slice(&self.max_size.to_be_bytes());
+        b
+    }
+
+    /// Checked decode.
+    pub fn decode(b: &[u8]) -> Result<Self, ControlError> {
+        if b.len() != HELLO_LEN {
+            return Err(ControlError::Length {
+                got: b.len(),
+                want: HELLO_LEN,
+            });
         }
+        if &b[..4] != MAGIC || b[4] != VERSION {
+            return Err(ControlError::Magic);
+        }
+        Ok(Self {
+            op: PerfOp::from_code(b[5]).ok_or(ControlError::Op(b[5]))?,
+            window: u16::from_be_bytes(be(b, 6)),
+            max_size: u32::from_be_bytes(be(b, 8)),
+        })
+    }
+}
+
+impl Offer {
+    /// Encode into the 32-byte form.
+    pub fn encode(&self) -> [u8; OFFER_LEN] {
+        let mut b = [0u8; OFFER_LEN];
+        b[..4].copy_from_slice(MAGIC);
+        b[4] = VERSION;
+        b[6..8].copy_from_slice(&self.tcp_port.to_be_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_be_bytes());
+        b[12..16].copy_from_slice(&self.credits.to_be_bytes());
+        b[16..24].copy_from_slice(&self.addr.to_be_bytes());
+        b[24..32].copy_from_slice(&self.len.to_be_bytes());
+        b
+    }
+
+    /// Checked decode.
+    pub fn decode(b: &[u8]) -> Result<Self, ControlError> {
+        if b.len() != OFFER_LEN {
+            return Err(ControlError::Length {
+                got: b.len(),
+                want: OFFER_LEN,
+            });
+        }
+        if &b[..4] != MAGIC || b[4] != VERSION {
+            return Err(ControlError::Magic);
+        }
+        Ok(Self {
+            tcp_port: u16::from_be_bytes(be(b, 6)),
+            rkey: u32::from_be_bytes(be(b, 8)),
+            credits: u32::from_be_bytes(be(b, 12)),
+            addr: u64::from_be_bytes(be(b, 16)),
+            len: u64::from_be_bytes(be(b, 24)),
+        })
+    }
+}
+
+fn device(cfg: &PerfConfig) -> Device {
+    Device::open(Provider::SoftIwarp(cfg.soft.clone()))
+}
+
+fn validate(cfg: &PerfConfig) -> Result<usize, VerbsError> {
+    if cfg.sizes.is_empty()
+        || cfg.sizes.contains(&0)
+        || cfg.sizes.iter().any(|s| *s > u32::MAX as usize)
+    {
+        return Err(VerbsError::InvalidArgument(
+            "perf sizes must be 1 ..= 4 GiB",
+        ));
+    }
+    Ok(cfg.sizes.iter().copied().max().unwrap_or(1))
+}
+
+const ALL: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
+
+/// How the measuring side learns that data arrived at the other end.
+enum Peer<'a> {
+    /// The other end is in this process: watch its memory and receive queue directly.
+    Local {
+        qps: &'a QueuePair,
+        rcq_s: &'a CompletionQueue,
+        rbuf: &'a MemoryRegion,
+        remote: &'a MemoryRegion,
+        nslots: usize,
+    },
+    /// The other end is a `serve` process: credits come back as zero-length Sends.
+    Remote {
+        qpc: &'a QueuePair,
+        rcq_c: &'a CompletionQueue,
+        credits: usize,
+        tcp: SocketAddr,
+    },
+}
+
+impl Peer<'_> {
+    fn slots(&self) -> usize {
+        match self {
+            Peer::Local { nslots, .. } => *nslots,
+            Peer::Remote { credits, .. } => *credits,
+        }
+    }
+
+    /// Wait for the next receive at the target (or its credit) and repost.
+    async fn next_recv(&self, max: usize) -> Result<(), VerbsError> {
+        match self {
+            Peer::Local {
+                qps, rcq_s, rbuf, ..
+            } => {
+                let r = rcq_s.next().await;
+                check(r.status)?;
+                qps.post_recv(RecvWr {
+                    wr_id: r.wr_id,
+                    sgl: vec![rbuf.sge(r.wr_id * max as u64, max as u32)],
+                })
+            }
+            Peer::Remote { qpc, rcq_c, .. } => {
+                let r = rcq_c.next().await;
+                check(r.status)?;
+                qpc.post_recv(RecvWr {
+                    wr_id: r.wr_id,
+                    sgl: vec![],
+                })
+            }
+        }
+    }
+}
+
+/// Run the sweep with both ends in this process.
+pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
+    let max = validate(cfg)?;
+    let (dc, ds) = match cfg.transport {
+        PerfTransport::Tcp => (device(cfg), device(cfg)),
         PerfTransport::Loopback => {
             let f = LoopbackFabric::new();
             let d = || Device::open(Provider::Loopback(f.clone(), cfg.soft.clone()));
             (d(), d())
         }
     };
-    if cfg.sizes.contains(&0) || cfg.sizes.iter().any(|s| *s > u32::MAX as usize) {
-        return Err(VerbsError::InvalidArgument(
-            "perf sizes must be 1 ..= 4 GiB",
-        ));
-    }
-    let max = cfg.sizes.iter().copied().max().unwrap_or(1);
     let window = cfg.window.clamp(1, 128);
     let (pdc, pds) = (dc.alloc_pd(), ds.alloc_pd());
     let (scq_c, rcq_c, scq_s, rcq_s) = (
@@ -150,9 +383,8 @@ pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
     );
     let qpc = dc.create_qp(&pdc, &scq_c, &rcq_c);
     let qps = ds.create_qp(&pds, &scq_s, &rcq_s);
-    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    let local = pdc.register(vec![0xA5u8; max], all)?;
-    let remote = pds.register_len(max, all)?;
+    let local = pdc.register(vec![0xA5u8; max], ALL)?;
+    let remote = pds.register_len(max, ALL)?;
     // Receive buffers: one slot per outstanding Send.
     let nslots = if cfg.op == PerfOp::Send {
         window * 2
@@ -189,7 +421,182 @@ pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
     });
     let conn = dc.connect(&qpc, addr, p).await?;
     let sconn = server.await.map_err(|_| VerbsError::Disconnected)??;
+    let peer = Peer::Local {
+        qps: &qps,
+        rcq_s: &rcq_s,
+        rbuf: &rbuf,
+        remote: &remote,
+        nslots,
+    };
+    let rows = sweep(cfg, &qpc, &scq_c, &local, remote.rkey(), 0, &peer).await?;
+    conn.disconnect().await;
+    sconn.closed().await;
+    Ok(PerfReport {
+        op: cfg.op,
+        transport: cfg.transport,
+        rows,
+    })
+}
 
+/// Run the sweep against a [`serve`] process at `addr` (soft-iWARP).
+pub async fn run_client(cfg: &PerfConfig, addr: SocketAddr) -> Result<PerfReport, VerbsError> {
+    let max = validate(cfg)?;
+    let window = cfg.window.clamp(1, 128);
+    let dev = device(cfg);
+    let pd = dev.alloc_pd();
+    let (scq, rcq) = (dev.create_cq(), dev.create_cq());
+    let qp = dev.create_qp(&pd, &scq, &rcq);
+    let local = pd.register(vec![0xA5u8; max], ALL)?;
+    let hello = Hello {
+        op: cfg.op,
+        window: window as u16,
+        max_size: max as u32,
+    };
+    // Credit receives first: the server may Send credits as soon as the connection is up.
+    let credit_slots = window * 2;
+    for i in 0..credit_slots {
+        qp.post_recv(RecvWr {
+            wr_id: i as u64,
+            sgl: vec![],
+        })?;
+    }
+    let p = ConnParams {
+        crc: cfg.crc,
+        ird: 128,
+        ord: 128,
+        private_data: bytes::Bytes::copy_from_slice(&hello.encode()),
+        ..Default::default()
+    };
+    let conn = dev.connect(&qp, addr, p).await?;
+    let offer = Offer::decode(conn.peer_private_data())
+        .map_err(|_| VerbsError::Protocol("perf: malformed control message from the server"))?;
+    if offer.len < max as u64 {
+        return Err(VerbsError::Protocol("perf: server's region is too small"));
+    }
+    let peer = Peer::Remote {
+        qpc: &qp,
+        rcq_c: &rcq,
+        credits: (offer.credits as usize).min(credit_slots),
+        tcp: SocketAddr::new(addr.ip(), offer.tcp_port),
+    };
+    let rows = sweep(cfg, &qp, &scq, &local, offer.rkey, offer.addr, &peer).await?;
+    conn.disconnect().await;
+    Ok(PerfReport {
+        op: cfg.op,
+        transport: PerfTransport::Tcp,
+        rows,
+    })
+}
+
+/// Serve one [`run_client`] on `addr` (soft-iWARP), returning when it disconnects. `ready` is
+/// called with the bound address once the listener is up.
+pub async fn serve(
+    soft: SoftIwarpConfig,
+    addr: SocketAddr,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), VerbsError> {
+    let dev = Device::open(Provider::SoftIwarp(soft));
+    let mut l = dev.listen(addr).await?;
+    let sink = tokio::net::TcpListener::bind(SocketAddr::new(l.local_addr().ip(), 0)).await?;
+    let tcp_port = sink.local_addr()?.port();
+    ready(l.local_addr());
+    let req = l.accept().await?;
+    let hello = match Hello::decode(req.private_data()) {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = req.reject(b"oxrdma perf: bad control message").await;
+            tracing::warn!("perf: {e}");
+            return Err(VerbsError::Protocol("perf: malformed control message"));
+        }
+    };
+    let max = (hello.max_size as usize).max(1);
+    let pd = dev.alloc_pd();
+    let (scq, rcq) = (dev.create_cq(), dev.create_cq());
+    let qp = dev.create_qp(&pd, &scq, &rcq);
+    let target = pd.register_len(max, ALL)?;
+    let credits = if hello.op == PerfOp::Send {
+        usize::from(hello.window.clamp(1, 128)) * 2
+    } else {
+        0
+    };
+    // All receives share one buffer: the payload is not looked at.
+    let rbuf = pd.register_len(max, Access::LOCAL_WRITE)?;
+    for i in 0..credits {
+        qp.post_recv(RecvWr {
+            wr_id: i as u64,
+            sgl: vec![rbuf.sge(0, max as u32)],
+        })?;
+    }
+    let offer = Offer {
+        tcp_port,
+        rkey: target.rkey(),
+        credits: credits as u32,
+        addr: target.addr(),
+        len: max as u64,
+    };
+    let p = ConnParams {
+        crc: req.crc(),
+        ird: 128,
+        ord: 128,
+        private_data: bytes::Bytes::copy_from_slice(&offer.encode()),
+        ..Default::default()
+    };
+    let conn = req.accept(&qp, p).await?;
+    let mut sinks = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = conn.closed() => break,
+            r = rcq.next() => {
+                if r.status != WcStatus::Success {
+                    break;
+                }
+                qp.post_recv(RecvWr { wr_id: r.wr_id, sgl: vec![rbuf.sge(0, max as u32)] })?;
+                qp.post_send(SendWr::new(r.wr_id, SendOp::Send, vec![]))?;
+            }
+            c = scq.next() => {
+                if c.status != WcStatus::Success {
+                    break;
+                }
+            }
+            a = sink.accept() => {
+                let (s, _) = a?;
+                sinks.spawn(tcp_sink(s));
+            }
+        }
+    }
+    sinks.abort_all();
+    Ok(())
+}
+
+/// Read a u64 byte count, then that many bytes, then answer one byte.
+async fn tcp_sink(mut s: tokio::net::TcpStream) -> std::io::Result<()> {
+    tune(&s);
+    let total = s.read_u64().await?;
+    let mut buf = vec![0u8; 4 << 20];
+    let mut got = 0u64;
+    while got < total {
+        let n = s.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        got += n as u64;
+    }
+    s.write_all(&[1]).await
+}
+
+/// The measurements of every size, driven from the client's QP.
+async fn sweep(
+    cfg: &PerfConfig,
+    qpc: &QueuePair,
+    scq_c: &CompletionQueue,
+    local: &MemoryRegion,
+    rkey: u32,
+    raddr: u64,
+    peer: &Peer<'_>,
+) -> Result<Vec<PerfRow>, VerbsError> {
+    let max = validate(cfg)?;
+    let window = cfg.window.clamp(1, 128);
+    let nslots = peer.slots();
     let mut rows = Vec::new();
     for &size in &cfg.sizes {
         let size32 = size as u32;
@@ -197,23 +604,33 @@ pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
             PerfOp::Write => SendWr::new(
                 id,
                 SendOp::RdmaWrite {
-                    remote_addr: 0,
-                    rkey: remote.rkey(),
+                    remote_addr: raddr,
+                    rkey,
                 },
                 vec![local.sge(0, size32)],
             ),
             PerfOp::Read => SendWr::new(
                 id,
                 SendOp::RdmaRead {
-                    remote_addr: 0,
-                    rkey: remote.rkey(),
+                    remote_addr: raddr,
+                    rkey,
                 },
                 vec![local.sge(0, size32)],
             ),
             PerfOp::Send => SendWr::new(id, SendOp::Send, vec![local.sge(0, size32)]),
         };
+        let fence = || {
+            SendWr::new(
+                u64::MAX,
+                SendOp::RdmaRead {
+                    remote_addr: raddr,
+                    rkey,
+                },
+                vec![],
+            )
+        };
         // Bandwidth.
-        let iters = cfg.iterations.max(1);
+        let iters = cfg.iterations;
         let mut done_times = Vec::with_capacity(iters);
         let start = Instant::now();
         let (mut posted, mut completed) = (0usize, 0usize);
@@ -228,17 +645,16 @@ pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
                 posted += 1;
             }
             if cfg.op == PerfOp::Send {
-                // Drain receives and repost them; the clock follows the receiver.
+                // The clock follows the receiver.
                 tokio::select! {
                     c = scq_c.next(), if completed < iters => {
                         check(c.status)?;
                         completed += 1;
                     }
-                    r = rcq_s.next() => {
-                        check(r.status)?;
+                    r = peer.next_recv(max) => {
+                        r?;
                         recvd += 1;
                         done_times.push(Instant::now());
-                        qps.post_recv(RecvWr { wr_id: r.wr_id, sgl: vec![rbuf.sge(r.wr_id * max as u64, max as u32)] })?;
                     }
                 }
             } else {
@@ -248,16 +664,9 @@ pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
                 done_times.push(Instant::now());
             }
         }
-        if cfg.op == PerfOp::Write {
+        if cfg.op == PerfOp::Write && iters > 0 {
             // The zero-length Read fences the Writes: they are all placed when it completes.
-            qpc.post_send(SendWr::new(
-                u64::MAX,
-                SendOp::RdmaRead {
-                    remote_addr: 0,
-                    rkey: remote.rkey(),
-                },
-                vec![],
-            ))?;
+            qpc.post_send(fence())?;
             check(scq_c.next().await.status)?;
             if let Some(l) = done_times.last_mut() {
                 *l = Instant::now();
@@ -275,13 +684,20 @@ pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
             let d = done_times[i] - done_times[i - w];
             peak = peak.max(mbs((w * size) as u64, d));
         }
-        let avg = mbs((iters * size) as u64, total);
+        let (avg, rate) = if iters > 0 {
+            (
+                mbs((iters * size) as u64, total),
+                iters as f64 / total.as_secs_f64().max(1e-9) / 1e6,
+            )
+        } else {
+            (0.0, 0.0)
+        };
         // Latency.
         let mut lat = Vec::with_capacity(cfg.latency_iterations);
         for i in 0..cfg.latency_iterations {
             let t0 = Instant::now();
-            match cfg.op {
-                PerfOp::Write => {
+            match (cfg.op, peer) {
+                (PerfOp::Write, Peer::Local { remote, .. }) => {
                     let mark = (i as u8).wrapping_add(1) | 1;
                     local.write(size - 1, &[mark])?;
                     qpc.post_send(mk(i as u64))?;
@@ -293,27 +709,27 @@ pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
                     }
                     check(scq_c.next().await.status)?;
                     local.write(size - 1, &[0])?;
+                    // Reset the target byte so the next iteration sees a change.
+                    remote.write(size - 1, &[0])?;
+                    lat.push(t0.elapsed());
+                    continue;
                 }
-                PerfOp::Read => {
+                (PerfOp::Write, Peer::Remote { .. }) => {
+                    qpc.post_send_list([mk(i as u64), fence()])?;
+                    check(scq_c.next().await.status)?;
+                    check(scq_c.next().await.status)?;
+                }
+                (PerfOp::Read, _) => {
                     qpc.post_send(mk(i as u64))?;
                     check(scq_c.next().await.status)?;
                 }
-                PerfOp::Send => {
+                (PerfOp::Send, _) => {
                     qpc.post_send(mk(i as u64))?;
-                    let r = rcq_s.next().await;
-                    check(r.status)?;
-                    qps.post_recv(RecvWr {
-                        wr_id: r.wr_id,
-                        sgl: vec![rbuf.sge(r.wr_id * max as u64, max as u32)],
-                    })?;
+                    peer.next_recv(max).await?;
                     check(scq_c.next().await.status)?;
                 }
             }
             lat.push(t0.elapsed());
-            if cfg.op == PerfOp::Write {
-                // Reset the target byte so the next iteration sees a change.
-                remote.write(size - 1, &[0])?;
-            }
         }
         lat.sort();
         let pick = |q: f64| {
@@ -321,31 +737,35 @@ pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
                 .copied()
                 .unwrap_or_default()
         };
-        let tcp_mbs = if cfg.tcp_ceiling && cfg.transport == PerfTransport::Tcp {
-            Some(tcp_ceiling(size, iters).await?)
+        let t_avg = if lat.is_empty() {
+            Duration::ZERO
+        } else {
+            lat.iter().sum::<Duration>() / lat.len() as u32
+        };
+        let tcp_mbs = if cfg.tcp_ceiling && cfg.transport == PerfTransport::Tcp && iters > 0 {
+            Some(match peer {
+                Peer::Local { .. } => tcp_ceiling(size, iters).await?,
+                Peer::Remote { tcp, .. } => tcp_ceiling_to(*tcp, size, iters).await?,
+            })
         } else {
             None
         };
         rows.push(PerfRow {
             bytes: size,
             iterations: iters,
-            bw_peak_mbs: peak.max(avg),
+            bw_peak_mbs: if iters > 0 { peak.max(avg) } else { 0.0 },
             bw_avg_mbs: avg,
-            msg_rate_mpps: iters as f64 / total.as_secs_f64().max(1e-9) / 1e6,
+            msg_rate_mpps: rate,
+            lat_iterations: lat.len(),
             t_min: lat.first().copied().unwrap_or_default(),
             t_typical: pick(0.5),
+            t_avg,
             t_max: lat.last().copied().unwrap_or_default(),
             t_p99: pick(0.99),
             tcp_mbs,
         });
     }
-    conn.disconnect().await;
-    sconn.closed().await;
-    Ok(PerfReport {
-        op: cfg.op,
-        transport: cfg.transport,
-        rows,
-    })
+    Ok(rows)
 }
 
 fn check(s: WcStatus) -> Result<(), VerbsError> {
@@ -388,6 +808,27 @@ pub async fn tcp_ceiling(size: usize, iterations: usize) -> Result<f64, VerbsErr
     Ok(mbs(total as u64, end - start))
 }
 
+/// Raw TCP bandwidth to a [`serve`] process's sink: the byte count, `iterations` writes of
+/// `size` bytes, timed until the sink's one-byte answer arrives.
+pub async fn tcp_ceiling_to(
+    sink: SocketAddr,
+    size: usize,
+    iterations: usize,
+) -> Result<f64, VerbsError> {
+    let mut s = tokio::net::TcpStream::connect(sink).await?;
+    tune(&s);
+    let total = (size * iterations) as u64;
+    let data = vec![0x5au8; size];
+    let start = Instant::now();
+    s.write_u64(total).await?;
+    for _ in 0..iterations {
+        s.write_all(&data).await?;
+    }
+    let mut ack = [0u8; 1];
+    s.read_exact(&mut ack).await?;
+    Ok(mbs(total, start.elapsed()))
+}
+
 fn tune(s: &tokio::net::TcpStream) {
     let _ = s.set_nodelay(true);
     let r = socket2::SockRef::from(s);
@@ -398,6 +839,7 @@ fn tune(s: &tokio::net::TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[tokio::test]
     async fn perf_runs_each_op_briefly() {
@@ -424,10 +866,85 @@ mod tests {
                         row.bw_avg_mbs > 0.0
                             && row.t_min <= row.t_max
                             && row.t_typical <= row.t_p99
+                            && row.t_min <= row.t_avg
+                            && row.t_avg <= row.t_max
                     );
+                    assert_eq!(row.lat_iterations, 5);
                     assert_eq!(row.tcp_mbs.is_some(), transport == PerfTransport::Tcp);
                 }
             }
+        }
+    }
+
+    #[tokio::test]
+    async fn client_against_server_each_op() {
+        for op in [PerfOp::Write, PerfOp::Read, PerfOp::Send] {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let server = tokio::spawn(serve(
+                SoftIwarpConfig::default(),
+                "127.0.0.1:0".parse().unwrap(),
+                move |a| {
+                    let _ = tx.send(a);
+                },
+            ));
+            let addr = rx.await.unwrap();
+            let cfg = PerfConfig {
+                op,
+                sizes: vec![2, 65536],
+                iterations: 20,
+                latency_iterations: 5,
+                window: 4,
+                ..Default::default()
+            };
+            let r = tokio::time::timeout(Duration::from_secs(20), run_client(&cfg, addr))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(r.rows.len(), 2);
+            for row in &r.rows {
+                assert!(row.bw_avg_mbs > 0.0 && row.t_min > Duration::ZERO);
+                assert!(row.tcp_mbs.is_some_and(|t| t > 0.0));
+            }
+            tokio::time::timeout(Duration::from_secs(10), server)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn control_messages_reject_bad_magic_and_op() {
+        let h = Hello {
+            op: PerfOp::Send,
+            window: 16,
+            max_size: 1 << 23,
+        };
+        let mut b = h.encode();
+        b[5] = 9;
+        assert_eq!(Hello::decode(&b), Err(ControlError::Op(9)));
+        b[0] = b'X';
+        assert_eq!(Hello::decode(&b), Err(ControlError::Magic));
+        assert!(matches!(
+            Offer::decode(&h.encode()),
+            Err(ControlError::Length { got: 16, want: 32 })
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn control_round_trip(op in 0u8..3, window: u16, max_size: u32, tcp_port: u16,
+                              rkey: u32, credits: u32, addr: u64, len: u64) {
+            let h = Hello { op: PerfOp::from_code(op).unwrap(), window, max_size };
+            prop_assert_eq!(Hello::decode(&h.encode()), Ok(h));
+            let o = Offer { tcp_port, rkey, credits, addr, len };
+            prop_assert_eq!(Offer::decode(&o.encode()), Ok(o));
+        }
+
+        #[test]
+        fn control_decoders_never_panic(b in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = Hello::decode(&b);
+            let _ = Offer::decode(&b);
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Command groups, one module each.
 
 pub mod nfs;
+pub mod perf;
 pub mod rds;
 pub mod rpc;
 
