@@ -1,5 +1,6 @@
 //! Many NULL calls kept in flight on one soft-iWARP connection (what `oxrdma rpc bench`
-//! does): every call succeeds and the connection is never re-established.
+//! does): every call succeeds, the connection is never re-established, and no call needs a
+//! Reply chunk.
 
 use std::sync::Arc;
 
@@ -52,4 +53,8 @@ async fn pipelined_null_calls_depth_16() {
             .load(std::sync::atomic::Ordering::Relaxed),
         1601
     );
+    // NULL returns no results (RFC 5531 §12.1): its reply always fits inline, so no call
+    // offered a Reply chunk even though no bound was given.
+    let s = cl.stats();
+    assert_eq!((s.short, s.long_reply), (1601, 0), "{s:?}");
 }
