@@ -94,6 +94,12 @@ pub struct RequesterStats {
     pub rdma_errors: u64,
     pub dropped: u64,
     pub back_calls: u64,
+    /// Calls that offered at least one Write chunk (DDP-eligible results, 5666bis §4.4.6).
+    pub write_chunk_calls: u64,
+    /// Replies whose Write chunks came back with data in them.
+    pub write_chunk_replies: u64,
+    /// Replies sent as RDMA_NOMSG: the whole reply came through the Reply chunk (Long Reply).
+    pub nomsg_replies: u64,
 }
 
 /// One connection's Requester.
@@ -310,6 +316,9 @@ impl Requester {
         if reply.is_some() {
             self.stats.long_reply += 1;
         }
+        if !writes.is_empty() {
+            self.stats.write_chunk_calls += 1;
+        }
         let payload = msg.to_bytes();
         let mut chunks = Chunks {
             reads: Vec::new(),
@@ -491,7 +500,11 @@ impl Requester {
             }
             _ => return Err(RpcError::BadReply("unexpected rdma_proc in reply".into())),
         };
-        let payload = if matches!(h.body, Body::NoMsg(_)) {
+        let nomsg = matches!(h.body, Body::NoMsg(_));
+        if nomsg {
+            self.stats.nomsg_replies += 1;
+        }
+        let payload = if nomsg {
             let (Some(idx), Some(rc)) = (o.reply_chunk, &chunks.reply) else {
                 return Err(RpcError::BadReply(
                     "RDMA_NOMSG reply without a Reply chunk".into(),
@@ -532,6 +545,7 @@ impl Requester {
         if written.iter().all(|n| *n == 0) {
             return Ok(results);
         }
+        self.stats.write_chunk_replies += 1;
         if written.len() > o.writes.len() {
             return Err(RpcError::BadReply("more Write chunks than offered".into()));
         }
