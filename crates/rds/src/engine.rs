@@ -306,7 +306,7 @@ impl Conn {
 #[derive(Debug)]
 struct Port {
     rcvbuf: usize,
-    queue: VecDeque<(Bytes, SocketAddrV4)>,
+    queue: VecDeque<(Bytes, SocketAddrV4, Vec<Extension>)>,
     queued: usize,
     congested: bool,
     hash_seed: u32,
@@ -319,6 +319,8 @@ pub struct Datagram {
     pub payload: Bytes,
     /// Sender (peer address, source RDS port).
     pub src: SocketAddrV4,
+    /// RDMA / RDMA_DEST extensions the message carried (RDS over RDMA operations).
+    pub ext: Vec<Extension>,
 }
 
 /// Snapshot of one path for `rds info`.
@@ -538,10 +540,10 @@ impl Engine {
     /// Takes the next datagram queued for `port`.
     pub fn recv(&mut self, port: u16) -> Option<Datagram> {
         let p = self.ports.get_mut(&port)?;
-        let (payload, src) = p.queue.pop_front()?;
+        let (payload, src, ext) = p.queue.pop_front()?;
         p.queued -= payload.len();
         self.update_port_cong(port);
-        Some(Datagram { payload, src })
+        Some(Datagram { payload, src, ext })
     }
 
     fn update_port_cong(&mut self, port: u16) {
@@ -615,6 +617,18 @@ impl Engine {
         dest: SocketAddrV4,
         payload: Bytes,
     ) -> Result<(), SendError> {
+        self.send_with_ext(now, sport, dest, payload, Vec::new())
+    }
+
+    /// [`Engine::send`] with header extensions (RDMA / RDMA_DEST for RDS over RDMA operations).
+    pub fn send_with_ext(
+        &mut self,
+        now: Instant,
+        sport: u16,
+        dest: SocketAddrV4,
+        payload: Bytes,
+        ext: Vec<Extension>,
+    ) -> Result<(), SendError> {
         if payload.len() > MAX_MSG_LEN {
             return Err(SendError::TooLong(payload.len()));
         }
@@ -641,12 +655,13 @@ impl Engine {
             }
             None => 0,
         };
-        let header = Header {
+        let mut header = Header {
             sport,
             dport: dest.port(),
             len: payload.len() as u32,
             ..Header::default()
         };
+        header.ext.items = ext;
         self.enqueue(
             now,
             peer,
@@ -1276,7 +1291,15 @@ impl Engine {
         };
         // Spec 3.1: messages for a congested port must still be accepted.
         port.queued += payload.len();
-        port.queue.push_back((payload, src));
+        // RDMA / RDMA_DEST extensions go up with the datagram (RDS over RDMA operations).
+        let ext = h
+            .ext
+            .items
+            .iter()
+            .filter(|e| matches!(e, Extension::Rdma { .. } | Extension::RdmaDest { .. }))
+            .cloned()
+            .collect();
+        port.queue.push_back((payload, src, ext));
         if let Some(c) = self.conns.get_mut(&id.peer) {
             c.paths[pidx].delivered += 1;
         }

@@ -18,10 +18,13 @@
 //! - [`rdma`]: RDS over RDMA on the `verbs` crate (`Transport::Rdma`; soft-iWARP by default):
 //!   the 32-byte connection private data with version negotiation, credit flow control,
 //!   4096-byte fragmentation, header checksums, and the engine's `Acked` mode (`h_ack`,
-//!   ACK_REQUIRED every 8 messages). One path per peer (as RDS/IB).
+//!   ACK_REQUIRED every 8 messages). One path per peer (as RDS/IB). RDMA Write operations:
+//!   [`RdsStack::rdma_buffer`] + [`RdsSocket::send_rdma_dest`] advertise a buffer (cookie =
+//!   rkey | offset << 32), [`RdsSocket::send_rdma_write`] writes it and sends the completing
+//!   message with the RDMA extension; the receiver invalidates the rkey (use once).
 //!
-//! What it does not do (yet): RDMA operations (RDMA / RDMA_DEST extensions and cookies) beyond
-//! encoding/decoding the extensions, IPv6, and TCP-AO.
+//! What it does not do (yet): RDMA Read operations, RDMA_BYTES, the RDMA args flags (FENCE,
+//! NOTIFY_ME, …), applying the peer's initial `dp_ack_seq`, IPv6, and TCP-AO.
 //!
 //! Behaviour worth knowing:
 //! - Delivery over TCP is confirmed by TCP's acknowledgement of a message's last byte, as in

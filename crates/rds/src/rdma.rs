@@ -12,9 +12,15 @@
 //! The driver ([`rdma_accept`], [`rdma_connect`], `conn_task`) runs one tokio task per RDMA
 //! connection; the engine runs in its `Acked` mode (h_ack piggybacking, ACK_REQUIRED every 8).
 //!
-//! Not done: RDMA operations (RDMA / RDMA_DEST extensions, cookies), IPv6 private data, the
-//! initial `dp_ack_seq` is sent but not applied on receive (retransmission with duplicate
-//! suppression covers it), version 4.x.
+//! RDMA operations: RDMA Write only. The sink registers an [`RdmaBuffer`] and advertises it
+//! with an RDMA_DEST extension; the source's driver posts the RDMA Write just before the first
+//! Send of the message carrying the RDMA extension (same QP, so placed first); the sink
+//! invalidates the rkey when that message is received (use once). A Write is posted once: if
+//! the connection drops before the message is acknowledged, the retransmitted message arrives
+//! without its data.
+//!
+//! Not done: RDMA Read operations, IPv6 private data, version 4.x; the initial `dp_ack_seq` is
+//! sent but not applied on receive (retransmission with duplicate suppression covers it).
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -179,6 +185,8 @@ pub struct Fragment {
     pub payload: Bytes,
     /// First fragment of its message (the one that may carry `h_credit`).
     pub first: bool,
+    /// RDMA Write (peer rkey, tagged offset, data) to post just before this Send.
+    pub write: Option<(u32, u64, Bytes)>,
 }
 
 impl Fragment {
@@ -207,6 +215,7 @@ impl Fragmenter {
                 header: h.clone(),
                 payload: Bytes::new(),
                 first: true,
+                write: None,
             }];
         }
         (0..payload.len())
@@ -215,6 +224,7 @@ impl Fragmenter {
                 header: h.clone(),
                 payload: payload.slice(o..(o + FRAG_SIZE).min(payload.len())),
                 first: o == 0,
+                write: None,
             })
             .collect()
     }
@@ -391,15 +401,91 @@ fn device(inner: &Inner) -> Option<Device> {
     inner.rdma_device.clone()
 }
 
+fn pd_of(inner: &Inner) -> Result<&verbs::ProtectionDomain, verbs::VerbsError> {
+    inner
+        .rdma_pd
+        .as_ref()
+        .ok_or(verbs::VerbsError::InvalidState("not an RDMA stack"))
+}
+
+/// The RDMA cookie (facts: `rkey | offset << 32`).
+pub fn cookie(rkey: u32, offset: u32) -> u64 {
+    u64::from(rkey) | (u64::from(offset) << 32)
+}
+
+/// Splits a cookie into (rkey, offset).
+pub fn split_cookie(c: u64) -> (u32, u32) {
+    (c as u32, (c >> 32) as u32)
+}
+
+/// A buffer registered for one RDMA operation by a peer (use once: its rkey is invalidated when
+/// the message completing the operation arrives).
+#[derive(Debug)]
+pub struct RdmaBuffer {
+    mr: Arc<verbs::MemoryRegion>,
+}
+
+impl RdmaBuffer {
+    /// The cookie to hand to the peer (offset 0).
+    pub fn cookie(&self) -> u64 {
+        cookie(self.mr.rkey(), 0)
+    }
+
+    /// The buffer's bytes.
+    pub fn read(&self) -> Bytes {
+        self.mr.read(0, self.mr.len()).unwrap_or_default()
+    }
+
+    /// Whether the peer may still access it.
+    pub fn is_valid(&self) -> bool {
+        self.mr.is_valid()
+    }
+}
+
+impl crate::tcp::RdsStack {
+    /// Registers a `len`-byte buffer a peer may RDMA-write to or read from once (RDMA stacks
+    /// only). Advertise it with [`crate::RdsSocket::send_rdma_dest`].
+    pub fn rdma_buffer(&self, len: usize) -> Result<RdmaBuffer, crate::RdsError> {
+        let pd = pd_of(&self.inner).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mr = pd
+            .register_len(
+                len,
+                Access::LOCAL_WRITE
+                    .union(Access::REMOTE_WRITE)
+                    .union(Access::REMOTE_READ),
+            )
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mr = Arc::new(mr);
+        lock(&self.inner.rdma_mrs).insert(mr.rkey(), Arc::clone(&mr));
+        Ok(RdmaBuffer { mr })
+    }
+}
+
+/// Receive side of an RDMA operation: a message carrying `Extension::Rdma { rkey }` completes
+/// the operation on that buffer; use-once, so the rkey is invalidated now.
+pub(crate) fn complete_ops(inner: &Inner, ext: &[crate::wire::Extension]) {
+    for e in ext {
+        if let crate::wire::Extension::Rdma { rkey } = e
+            && let Some(mr) = lock(&inner.rdma_mrs).remove(rkey)
+        {
+            mr.invalidate();
+        }
+    }
+}
+
+/// Sender side: remembers the RDMA Write to post before the message naming `rkey`.
+pub(crate) fn queue_write(inner: &Inner, rkey: u32, offset: u32, data: Bytes) {
+    lock(&inner.rdma_ops).insert(rkey, (u64::from(offset), data));
+}
+
 struct Qp {
     qp: QueuePair,
     ring: verbs::MemoryRegion,
 }
 
-fn make_qp(dev: &Device, n: u32) -> Result<Qp, verbs::VerbsError> {
-    let pd = dev.alloc_pd();
+fn make_qp(dev: &Device, pd: &verbs::ProtectionDomain, n: u32) -> Result<Qp, verbs::VerbsError> {
     let (scq, rcq) = (dev.create_cq(), dev.create_cq());
-    let qp = dev.create_qp(&pd, &scq, &rcq);
+    let qp = dev.create_qp(pd, &scq, &rcq);
     let ring = pd.register_len(BUF_LEN * n as usize, Access::LOCAL_WRITE)?;
     for i in 0..n {
         qp.post_recv(RecvWr {
@@ -465,7 +551,7 @@ pub(crate) async fn accept_loop(inner: Weak<Inner>, mut l: verbs::Listener) {
             AcceptOutcome::Accept(tok) => {
                 let Some(dev) = device(&i) else { return };
                 let res = async {
-                    let q = make_qp(&dev, i.rdma.recv_bufs)?;
+                    let q = make_qp(&dev, pd_of(&i)?, i.rdma.recv_bufs)?;
                     let ours = our_data(&i, peer, (3, 1));
                     let params = ConnParams {
                         private_data: Bytes::copy_from_slice(&ours.encode()),
@@ -504,7 +590,7 @@ pub(crate) async fn connect_task(inner: Weak<Inner>, path: PathId) {
     let res = loop {
         let Some(i) = inner.upgrade() else { return };
         let attempt = async {
-            let q = make_qp(&dev, i.rdma.recv_bufs)?;
+            let q = make_qp(&dev, pd_of(&i)?, i.rdma.recv_bufs)?;
             let ours = our_data(&i, path.peer, offer);
             let params = ConnParams {
                 private_data: Bytes::copy_from_slice(&ours.encode()),
@@ -611,7 +697,21 @@ async fn conn_task(
                         split.push(&b);
                         loop {
                             match split.next_msg() {
-                                Ok(Some((h, p))) => outq.extend(Fragmenter::fragments(&h, &p)),
+                                Ok(Some((h, p))) => {
+                                    let mut fr = Fragmenter::fragments(&h, &p);
+                                    // Facts: the RDMA op is posted before the Send that
+                                    // follows it (same QP, so it is placed first).
+                                    for x in &h.ext.items {
+                                        if let crate::wire::Extension::Rdma { rkey } = x
+                                            && let Some((off, data)) =
+                                                lock(&i.rdma_ops).remove(rkey)
+                                            && let Some(f0) = fr.first_mut()
+                                        {
+                                            f0.write = Some((*rkey, off, data));
+                                        }
+                                    }
+                                    outq.extend(fr);
+                                }
                                 Ok(None) => break,
                                 Err(err) => {
                                     tracing::warn!(%err, "rds/rdma: engine stream");
@@ -640,6 +740,7 @@ async fn conn_task(
                     header: crate::wire::ack_only(0),
                     payload: Bytes::new(),
                     first: true,
+                    write: None,
                 });
             }
             let Some(f) = outq.front() else { break };
@@ -650,7 +751,24 @@ async fn conn_task(
             if !credits.can_send(update) {
                 break;
             }
-            let Some(f) = outq.pop_front() else { break };
+            let Some(mut f) = outq.pop_front() else { break };
+            if let Some((rkey, off, data)) = f.write.take() {
+                next_wr += 1;
+                let wr = SendWr {
+                    wr_id: next_wr,
+                    opcode: verbs::SendOp::RdmaWrite {
+                        remote_addr: off,
+                        rkey,
+                    },
+                    payload: verbs::Payload::Inline(data),
+                    signaled: true,
+                    solicited: false,
+                };
+                if q.qp.post_send(wr).is_err() {
+                    break 'outer;
+                }
+                in_flight += 1;
+            }
             let c = credits.take(f.first);
             let Ok(bytes) = f.encode(c) else { break 'outer };
             tracing::trace!(

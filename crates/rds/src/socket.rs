@@ -129,18 +129,87 @@ impl RdsSocket {
 
     /// Receives one datagram and its source (peer IP, source RDS port).
     pub async fn recv_from(&self) -> Result<(Bytes, SocketAddrV4), RdsError> {
+        let d = self.recv_datagram().await?;
+        Ok((d.payload, d.src))
+    }
+
+    /// Receives one datagram with the RDMA / RDMA_DEST extensions it carried. A message with
+    /// `Extension::Rdma { rkey }` completes a peer's RDMA operation on one of our
+    /// [`crate::rdma::RdmaBuffer`]s: that buffer's rkey is invalidated (use once).
+    pub async fn recv_datagram(&self) -> Result<crate::engine::Datagram, RdsError> {
         loop {
             let n = self.readable.notified();
             tokio::pin!(n);
             n.as_mut().enable();
             let d = lock(&self.stack.inner.engine).recv(self.port);
             if let Some(d) = d {
+                crate::rdma::complete_ops(&self.stack.inner, &d.ext);
                 // Reading may clear congestion, which queues a map update.
                 pump(&self.stack.inner);
-                return Ok((d.payload, d.src));
+                return Ok(d);
             }
             n.await;
         }
+    }
+
+    async fn send_ext(
+        &self,
+        dest: SocketAddrV4,
+        payload: Bytes,
+        ext: Vec<crate::wire::Extension>,
+    ) -> Result<(), SendError> {
+        loop {
+            let ready = self.stack.inner.send_ready.notified();
+            tokio::pin!(ready);
+            ready.as_mut().enable();
+            let r = lock(&self.stack.inner.engine).send_with_ext(
+                Instant::now(),
+                self.port,
+                dest,
+                payload.clone(),
+                ext.clone(),
+            );
+            pump(&self.stack.inner);
+            match r {
+                Err(e) if e.is_would_block() => {
+                    let _ = tokio::time::timeout(Duration::from_millis(100), ready).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Sends `payload` advertising `buf` (an RDMA_DEST extension with its rkey and offset 0):
+    /// the peer may RDMA-write into it once ([`RdsSocket::send_rdma_write`]).
+    pub async fn send_rdma_dest(
+        &self,
+        dest: SocketAddrV4,
+        buf: &crate::rdma::RdmaBuffer,
+        payload: Bytes,
+    ) -> Result<(), SendError> {
+        let (rkey, offset) = crate::rdma::split_cookie(buf.cookie());
+        self.send_ext(
+            dest,
+            payload,
+            vec![crate::wire::Extension::RdmaDest { rkey, offset }],
+        )
+        .await
+    }
+
+    /// RDMA-writes `data` to the peer buffer named by `cookie` (`rkey | offset << 32`, from the
+    /// peer's RDMA_DEST), then sends `payload` carrying the RDMA extension that completes the
+    /// operation (facts: the op is posted before the Send that follows it). RDMA stacks only.
+    pub async fn send_rdma_write(
+        &self,
+        dest: SocketAddrV4,
+        cookie: u64,
+        data: Bytes,
+        payload: Bytes,
+    ) -> Result<(), SendError> {
+        let (rkey, offset) = crate::rdma::split_cookie(cookie);
+        crate::rdma::queue_write(&self.stack.inner, rkey, offset, data);
+        self.send_ext(dest, payload, vec![crate::wire::Extension::Rdma { rkey }])
+            .await
     }
 
     /// Receives with a time limit (`None` on timeout).

@@ -92,6 +92,12 @@ pub(crate) struct Inner {
     /// RDMA settings and device (`rdma_device` is `None` for TCP stacks).
     pub(crate) rdma: RdmaConfig,
     pub(crate) rdma_device: Option<verbs::Device>,
+    /// One PD for the stack: QPs and buffers registered for RDMA operations share it.
+    pub(crate) rdma_pd: Option<verbs::ProtectionDomain>,
+    /// Buffers registered for peers' RDMA operations, by rkey (invalidated after use).
+    pub(crate) rdma_mrs: Mutex<HashMap<u32, Arc<verbs::MemoryRegion>>>,
+    /// RDMA Writes to post before the message carrying `Extension::Rdma { rkey }`.
+    pub(crate) rdma_ops: Mutex<HashMap<u32, (u64, Bytes)>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -181,7 +187,10 @@ impl RdsStack {
             shutdown: Notify::new(),
             tasks: Mutex::new(Vec::new()),
             rdma,
+            rdma_pd: rdma_device.as_ref().map(verbs::Device::alloc_pd),
             rdma_device,
+            rdma_mrs: Mutex::new(HashMap::new()),
+            rdma_ops: Mutex::new(HashMap::new()),
         });
         let a = match (listener, rdma_listener) {
             (Some(l), _) => tokio::spawn(accept_loop(Arc::downgrade(&inner), l)),

@@ -200,3 +200,48 @@ async fn version_fallback_to_3_1_after_reject() {
     a.shutdown();
     b.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdma_write_op_delivered_with_cookie() {
+    let (a, b) = loopback_pair(8).await;
+    let sa = a.bind(4000).unwrap();
+    let sb = b.bind(4001).unwrap();
+    let (da, db) = (SocketAddrV4::new(A, 4000), SocketAddrV4::new(B, 4001));
+    let t = tokio::time::timeout(Duration::from_secs(10), async {
+        // B registers a buffer and advertises it (RDMA_DEST).
+        let buf = b.rdma_buffer(8192).unwrap();
+        sb.send_rdma_dest(da, &buf, Bytes::from_static(b"write here"))
+            .await
+            .unwrap();
+        let d = sa.recv_datagram().await.unwrap();
+        let cookie = d
+            .ext
+            .iter()
+            .find_map(|e| match e {
+                rds::wire::Extension::RdmaDest { rkey, offset } => {
+                    Some(rds::rdma::cookie(*rkey, *offset))
+                }
+                _ => None,
+            })
+            .expect("RDMA_DEST extension");
+        assert_eq!(cookie, buf.cookie());
+        // A writes 6000 bytes into it and sends the completing message (RDMA extension).
+        let data = Bytes::from((0..6000u32).map(|i| (i % 249) as u8).collect::<Vec<u8>>());
+        sa.send_rdma_write(db, cookie, data.clone(), Bytes::from_static(b"done"))
+            .await
+            .unwrap();
+        let d = sb.recv_datagram().await.unwrap();
+        assert_eq!(&d.payload[..], b"done");
+        let (rkey, _) = rds::rdma::split_cookie(cookie);
+        assert!(
+            d.ext.contains(&rds::wire::Extension::Rdma { rkey }),
+            "{d:?}"
+        );
+        // The data was placed before the message arrived; the rkey is now invalid (use once).
+        assert_eq!(&buf.read()[..6000], &data[..]);
+        assert!(!buf.is_valid());
+    });
+    t.await.expect("RDMA write op within 10 s");
+    a.shutdown();
+    b.shutdown();
+}
