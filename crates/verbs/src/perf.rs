@@ -11,7 +11,10 @@
 //!   when the data is known to be at the target: Write — a trailing zero-length Read completed
 //!   (RDMAP orders it after the Writes); Read — the last Read completed; Send — the peer's last
 //!   receive completed (in-process), or the peer's credit for it arrived (two processes). Peak is
-//!   the best rate over any span of a tenth of the run.
+//!   the best rate over spans of at least a tenth of the run (and at least `window` messages),
+//!   measured between points where the data is known to be at the target: for Write, a
+//!   zero-length Read posted after every span of Writes (their completions only say the data was
+//!   handed to TCP).
 //! * Latency, one operation at a time: Write — until the target sees the last byte change
 //!   (in-process) or until a zero-length Read ordered after the Write completes (two processes:
 //!   the client cannot watch the server's memory, so this is one extra round trip); Read — until
@@ -619,9 +622,9 @@ async fn sweep(
             ),
             PerfOp::Send => SendWr::new(id, SendOp::Send, vec![local.sge(0, size32)]),
         };
-        let fence = || {
+        let fence = |id: u64| {
             SendWr::new(
-                u64::MAX,
+                id,
                 SendOp::RdmaRead {
                     remote_addr: raddr,
                     rkey,
@@ -629,13 +632,21 @@ async fn sweep(
                 vec![],
             )
         };
-        // Bandwidth.
+        // Bandwidth. `marks` are (messages known to be at the target, when).
         let iters = cfg.iterations;
-        let mut done_times = Vec::with_capacity(iters);
+        // Peak over spans of a tenth of the run (at least `window` messages): completions come
+        // in bursts, shorter spans would measure the burst, not the link.
+        let span = window.max(iters / 10).max(1);
+        let mut marks: Vec<(usize, Instant)> = Vec::with_capacity(iters + 1);
         let start = Instant::now();
+        marks.push((0, start));
         let (mut posted, mut completed) = (0usize, 0usize);
         let mut recvd = 0usize;
-        while completed < iters || (cfg.op == PerfOp::Send && recvd < iters) {
+        // Write completions only say the data was handed to the transport; a zero-length Read
+        // after every `span` Writes (RDMAP orders it after them) says they were placed.
+        let mut fences_out = 0usize;
+        let is_fence = |id: u64| id >= FENCE_BASE;
+        while completed < iters || (cfg.op == PerfOp::Send && recvd < iters) || fences_out > 0 {
             // Sends also wait for receive credits: iWARP has no RNR retry.
             while posted < iters
                 && posted - completed < window
@@ -643,6 +654,10 @@ async fn sweep(
             {
                 qpc.post_send(mk(posted as u64))?;
                 posted += 1;
+                if cfg.op == PerfOp::Write && (posted % span == 0 || posted == iters) {
+                    qpc.post_send(fence(FENCE_BASE + posted as u64))?;
+                    fences_out += 1;
+                }
             }
             if cfg.op == PerfOp::Send {
                 // The clock follows the receiver.
@@ -654,35 +669,35 @@ async fn sweep(
                     r = peer.next_recv(max) => {
                         r?;
                         recvd += 1;
-                        done_times.push(Instant::now());
+                        marks.push((recvd, Instant::now()));
                     }
                 }
             } else {
                 let c = scq_c.next().await;
                 check(c.status)?;
-                completed += 1;
-                done_times.push(Instant::now());
-            }
-        }
-        if cfg.op == PerfOp::Write && iters > 0 {
-            // The zero-length Read fences the Writes: they are all placed when it completes.
-            qpc.post_send(fence())?;
-            check(scq_c.next().await.status)?;
-            if let Some(l) = done_times.last_mut() {
-                *l = Instant::now();
+                if is_fence(c.wr_id) {
+                    fences_out -= 1;
+                    marks.push(((c.wr_id - FENCE_BASE) as usize, Instant::now()));
+                } else {
+                    completed += 1;
+                    if cfg.op == PerfOp::Read {
+                        marks.push((completed, Instant::now()));
+                    }
+                }
             }
         }
         let total = start.elapsed();
         let mut peak = 0f64;
-        // Peak over spans of a tenth of the run (at least `window` messages): completions come
-        // in bursts, shorter spans would measure the burst, not the link.
-        let w = window
-            .max(iters / 10)
-            .min(done_times.len().saturating_sub(1))
-            .max(1);
-        for i in w..done_times.len() {
-            let d = done_times[i] - done_times[i - w];
-            peak = peak.max(mbs((w * size) as u64, d));
+        let mut i = 0;
+        for j in 1..marks.len() {
+            // The latest earlier mark at least `span` messages back.
+            while i + 1 < j && marks[j].0 - marks[i + 1].0 >= span {
+                i += 1;
+            }
+            let n = marks[j].0 - marks[i].0;
+            if n >= span.min(iters) && n > 0 {
+                peak = peak.max(mbs((n * size) as u64, marks[j].1 - marks[i].1));
+            }
         }
         let (avg, rate) = if iters > 0 {
             (
@@ -715,7 +730,7 @@ async fn sweep(
                     continue;
                 }
                 (PerfOp::Write, Peer::Remote { .. }) => {
-                    qpc.post_send_list([mk(i as u64), fence()])?;
+                    qpc.post_send_list([mk(i as u64), fence(FENCE_BASE)])?;
                     check(scq_c.next().await.status)?;
                     check(scq_c.next().await.status)?;
                 }
@@ -767,6 +782,9 @@ async fn sweep(
     }
     Ok(rows)
 }
+
+/// Work request ids from here on are fences (zero-length Reads) of the Write tests.
+const FENCE_BASE: u64 = 1 << 63;
 
 fn check(s: WcStatus) -> Result<(), VerbsError> {
     if s == WcStatus::Success {
