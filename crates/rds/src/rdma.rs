@@ -960,4 +960,39 @@ mod tests {
         assert!(!Credits::new(0, 5).enabled);
         assert!(!Credits::new(5, 0).enabled);
     }
+
+    proptest::proptest! {
+        #[test]
+        fn conn_data_decoder_never_panics_and_roundtrips(b in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            if let Ok(d) = ConnData::decode(&b) {
+                proptest::prop_assert_eq!(ConnData::decode(&d.encode()), Ok(d));
+            }
+        }
+
+        #[test]
+        fn reassembler_never_panics(sends in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..200), 0..8)) {
+            let mut r = Reassembler::default();
+            for s in &sends {
+                if let Ok(out) = r.on_send(s) && let Some(m) = out.message {
+                    let h = Header::decode(&m).unwrap();
+                    proptest::prop_assert_eq!(m.len(), HEADER_LEN + h.len as usize);
+                }
+            }
+        }
+
+        #[test]
+        fn any_message_fragments_and_reassembles(len in 0usize..20_000, seq in 1u64..1000, credit in 0u8..=255) {
+            let h = Header { seq, len: len as u32, sport: 7, dport: 9, ..Header::default() };
+            let p = Bytes::from(vec![0xa5u8; len]);
+            let mut r = Reassembler::default();
+            let mut got = None;
+            for f in Fragmenter::fragments(&h, &p) {
+                let b = f.encode(if f.first { credit } else { 0 }).unwrap();
+                proptest::prop_assert!(b.len() <= HEADER_LEN + FRAG_SIZE);
+                got = r.on_send(&b).unwrap().message.or(got);
+            }
+            let m = got.unwrap();
+            proptest::prop_assert_eq!(&m[HEADER_LEN..], &p[..]);
+        }
+    }
 }
