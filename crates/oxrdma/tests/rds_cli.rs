@@ -78,11 +78,20 @@ fn rds_ping_against_listen() {
 
 #[test]
 fn rds_stress_self_reports_columns() {
+    stress_self("tcp", "rds");
+}
+
+#[test]
+fn rds_stress_self_over_rdma_reports_columns() {
+    stress_self("rdma", "rds-rd");
+}
+
+fn stress_self(transport: &str, row_name: &str) {
     let out = oxrdma()
         .args([
             "rds", "stress", "--self", "-T", "1", "-q", "1024", "-a", "64", "-d", "2",
         ])
-        .arg("--baseline")
+        .args(["--baseline", "--transport", transport])
         .output()
         .expect("rds stress runs");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -113,7 +122,7 @@ fn rds_stress_self_reports_columns() {
         ],
         "{head}"
     );
-    for name in ["rds", "tcp"] {
+    for name in [row_name, "tcp"] {
         let row: Vec<f64> = text
             .lines()
             .find(|l| l.split_whitespace().next() == Some(name))
