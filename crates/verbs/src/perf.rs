@@ -11,7 +11,8 @@
 //!   when the data is known to be at the target: Write — a trailing zero-length Read completed
 //!   (RDMAP orders it after the Writes); Read — the last Read completed; Send — the peer's last
 //!   receive completed (in-process), or the peer's credit for it arrived (two processes). Peak is
-//!   the best rate over spans of at least a tenth of the run (and at least `window` messages),
+//!   the best rate over spans of at least a tenth of the run, in messages (and at least
+//!   `window` of them) and in time,
 //!   measured between points where the data is known to be at the target: for Write, a
 //!   zero-length Read posted after every span of Writes (their completions only say the data was
 //!   handed to TCP).
@@ -689,13 +690,19 @@ async fn sweep(
         let total = start.elapsed();
         let mut peak = 0f64;
         let mut i = 0;
+        // Completions are stamped when this task takes them, so several can share a stamp: a
+        // span must also last a tenth of the run, or one late batch would look infinitely fast.
+        let min_dt = total / 10;
+        let far = |j: usize, i: usize| {
+            marks[j].0 - marks[i].0 >= span.min(iters) && marks[j].1 - marks[i].1 >= min_dt
+        };
         for j in 1..marks.len() {
-            // The latest earlier mark at least `span` messages back.
-            while i + 1 < j && marks[j].0 - marks[i + 1].0 >= span {
+            // The latest earlier mark at least `span` messages and a tenth of the run back.
+            while i + 1 < j && far(j, i + 1) {
                 i += 1;
             }
             let n = marks[j].0 - marks[i].0;
-            if n >= span.min(iters) && n > 0 {
+            if far(j, i) && n > 0 {
                 peak = peak.max(mbs((n * size) as u64, marks[j].1 - marks[i].1));
             }
         }
