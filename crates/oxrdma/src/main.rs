@@ -35,6 +35,9 @@ enum Command {
     /// RDS (Reliable Datagram Sockets): rds-ping, rds-stress, a listening node and info.
     #[command(subcommand)]
     Rds(cmd::rds::RdsCommand),
+    /// Soft-iWARP tools: an iwpeer-protocol peer for interop with kernel siw.
+    #[command(subcommand)]
+    Iwarp(cmd::iwarp::IwarpCommand),
     /// NFSv3 over RPC-over-RDMA and TCP: a server over a local directory, a client self-test
     /// and a benchmark.
     #[command(subcommand)]
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Rpc(c) => cmd::rpc::run(c).await,
             Command::Rds(c) => cmd::rds::run(c).await,
+            Command::Iwarp(c) => cmd::iwarp::run(c).await,
             Command::Nfs(c) => cmd::nfs::run(c).await,
             Command::Perf(a) => cmd::perf::run(a).await,
         }
