@@ -767,10 +767,10 @@ impl Peer {
     async fn hello_answer(&mut self, nudge_after: Duration) -> Result<Hdr, Fatal> {
         // A zero interval nudges at once (tests use it to check that nudges are harmless).
         for n in 1..=3 {
-            if !nudge_after.is_zero() {
-                if let Ok(r) = tokio::time::timeout(nudge_after, self.recv_ctrl()).await {
-                    return r;
-                }
+            if !nudge_after.is_zero()
+                && let Ok(r) = tokio::time::timeout(nudge_after, self.recv_ctrl()).await
+            {
+                return r;
             }
             self.info(format_args!(
                 "no HELLO answer after {} ms: nudging the server with a zero-length RDMA Write ({n})",
