@@ -58,7 +58,9 @@ for m in $H2G; do
     ok=1 note=""
     for sz in $SIZES; do
         # hostfwd accepts before the guest listens, and the guest restarts its server between
-        # connections: retry, for up to 90 s until the first connection, then 5 times
+        # connections: retry, for up to 90 s until the first connection, then for 30 s (one
+        # attempt can take 10 s: the MPA Reply timer, when the previous guest server still
+        # holds its listener)
         t0=$SECONDS
         while :; do
             timeout 120 "$OXRDMA" "${SUB[@]}" client 127.0.0.1 "$FP" "${opt[@]}" --size "$sz" --iters 3 \
@@ -66,7 +68,7 @@ for m in $H2G; do
             rc=$?
             grep -q '^CONNECTED' "$IX_SCN_OUT/host-client.tmp" && { seen=1; break; }
             kill -0 $gpid 2>/dev/null || break
-            if [ "${seen:-0}" = 1 ] || [ "${tried:-0}" = 1 ]; then [ $((SECONDS - t0)) -lt 6 ] || break
+            if [ "${seen:-0}" = 1 ] || [ "${tried:-0}" = 1 ]; then [ $((SECONDS - t0)) -lt 30 ] || break
             else [ $((SECONDS - t0)) -lt 90 ] || break; fi
             sleep 1
         done
