@@ -287,22 +287,36 @@ impl Requester {
             o.regions.push(r);
         }
         // Write chunks for DDP-eligible results (none under RPCSEC_GSS integrity/privacy).
+        // `moved` counts the most Payload-stream bytes they take out of the reply: each item's
+        // contents and XDR padding (5666bis §4.4.6.1), its length word stays inline.
         let mut writes: Vec<WriteChunk> = Vec::new();
+        let mut moved = 0usize;
         if !o.call.no_reduction {
             for &len in o.call.reply.ddp_items.iter().take(cfg.max_write_chunks) {
                 let r = reg.register_sink(len).map_err(reg_failed)?;
                 writes.push(r.segments.clone());
                 o.writes.push(o.regions.len());
                 o.regions.push(r);
+                moved = moved.saturating_add(xdr::padded(len));
             }
         }
         // 5666bis §5.3.3: "A requester MUST provide a Reply chunk whenever the maximum possible
-        // size of the reply is larger than its own inline threshold."
+        // size of the reply is larger than its own inline threshold." The reply that arrives is
+        // the reduced one: the Responder fills every Write chunk it is given with a DDP-eligible
+        // result (§5.3.2), so only what stays in the Payload stream counts, as in Linux's
+        // client. This also keeps a Write list and a Reply chunk apart for READ, which Linux
+        // nfsd 6.1 needs: with both, it reports the Reply chunk's length as the whole reply,
+        // Write chunk payloads and their padding included (interop/WIRE-NOTES.md).
         let max_reply = o.call.reply.max_len.unwrap_or(if o.call.proc_ == 0 {
             NULL_REPLY_MAX
         } else {
             cfg.default_reply_chunk
         });
+        let max_reply = if o.call.reply.max_len.is_some() {
+            max_reply.saturating_sub(moved)
+        } else {
+            max_reply
+        };
         let reply_hdr_room = 28 + 16 * writes.iter().map(|c| c.len() + 1).sum::<usize>();
         let reply = if max_reply + reply_hdr_room > params.inline_recv {
             let r = reg.register_sink(max_reply).map_err(reg_failed)?;

@@ -252,6 +252,45 @@ fn long_call_long_reply_and_both() {
     assert_eq!(h.creg.live(), 0);
 }
 
+/// The Reply chunk decision counts the reduced reply: a big DDP-eligible result that goes in a
+/// Write chunk does not also need a Reply chunk when the rest fits inline (5666bis §5.3.3 with
+/// §5.3.2; Linux's client does the same, and Linux nfsd 6.1 misreports the Reply chunk length
+/// when both are offered).
+#[test]
+fn write_chunk_alone_when_the_reduced_reply_fits_inline() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    for (xid, n) in [(1u32, 1usize), (2, 4095), (3, 65536)] {
+        let d = pattern(n, xid as u8);
+        let x = pattern(40, 7);
+        let m = echo_message(xid, OpaqueAuth::none(), reduce(1), xid, &d, &x);
+        let a = h
+            .req
+            .submit(out_call(xid, ECHO, m, expect(n, 40, true)), &mut h.creg);
+        let call = a
+            .iter()
+            .find_map(|a| match a {
+                rpcrdma::requester::Action::Send { data, .. } => Some(data.clone()),
+                _ => None,
+            })
+            .expect("the call was sent");
+        let (ch, _) = Header::decode(&call).unwrap();
+        let Body::Msg(c) = ch.body else {
+            panic!("expected RDMA_MSG call")
+        };
+        assert_eq!(c.writes.len(), 1, "xid {xid}: one Write chunk");
+        assert!(c.reply.is_none(), "xid {xid}: no Reply chunk beside it");
+        h.client_actions(a);
+        h.run();
+        let got = h.done.remove(&xid).expect("completed").expect("succeeded");
+        assert_eq!(got, echo_results_bytes(xid, &d, &x), "xid {xid}");
+    }
+    // A reply whose non-DDP part alone exceeds the threshold still gets its Reply chunk.
+    echo(&mut h, 4, 100, 6000, reduce(1), expect(100, 6000, true));
+    let s = h.req.stats();
+    assert_eq!((s.write_chunk_calls, s.long_reply), (4, 1));
+    assert_eq!(h.creg.live(), 0);
+}
+
 #[test]
 fn send_with_invalidate_when_one_handle() {
     let mut h = Harness::new(cfg(8), cfg(8));
