@@ -45,10 +45,18 @@ grep -q '^CELL guest-to-host' "$log" || cell guest-to-host fail "guest run gave 
 # ---- B: oxrdma initiates, kernel siw responds in the guest
 nsz=$(wc -w <<<"$SIZES"); nm=$(wc -w <<<"$H2G")
 log=$IX_SCN_OUT/guest-b.log
-rm -f "$IX_SHARE/tmp/siw-host-done"
+rm -f "$IX_SHARE/tmp/siw-host-done" "$IX_SHARE/tmp/siw-guest-listening"
 ix_guest "$log" -t 420 -p "$FP:19872" -d "$IX_SHARE" -f "$IX_HERE/guest/siw-serve-host.sh" \
     COUNT=$((nsz * nm)) GPORT=19872 MAXSIZE=1048576 & gpid=$!
 pids+=($gpid)
+# Dial only once the guest listens: QEMU's user networking accepts a host connection while the
+# guest is still booting and hands it to the guest much later. Our client has given up on it by
+# then, and the stale connection occupies a guest server for its whole 120 s timeout. All later
+# connections get an MPA Reject. Seen in run /tmp/ix-ci1, port 37378: dialled at 8.8 s, the
+# MPA Reply came at 27.0 s and was answered with RST.
+for _ in $(seq 240); do
+    [ -e "$IX_SHARE/tmp/siw-guest-listening" ] && break; kill -0 $gpid 2>/dev/null || break; sleep 0.5
+done
 for m in $H2G; do
     case $m in
         plain) opt=() ;; crc) opt=(--crc) ;;
