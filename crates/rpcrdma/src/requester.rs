@@ -307,15 +307,10 @@ impl Requester {
         // client. This also keeps a Write list and a Reply chunk apart for READ, which Linux
         // nfsd 6.1 needs: with both, it reports the Reply chunk's length as the whole reply,
         // Write chunk payloads and their padding included (interop/WIRE-NOTES.md).
-        let max_reply = o.call.reply.max_len.unwrap_or(if o.call.proc_ == 0 {
-            NULL_REPLY_MAX
-        } else {
-            cfg.default_reply_chunk
-        });
-        let max_reply = if o.call.reply.max_len.is_some() {
-            max_reply.saturating_sub(moved)
-        } else {
-            max_reply
+        let max_reply = match o.call.reply.max_len {
+            Some(m) => m.saturating_sub(moved),
+            None if o.call.proc_ == 0 => NULL_REPLY_MAX,
+            None => cfg.default_reply_chunk,
         };
         let reply_hdr_room = 28 + 16 * writes.iter().map(|c| c.len() + 1).sum::<usize>();
         let reply = if max_reply + reply_hdr_room > params.inline_recv {
