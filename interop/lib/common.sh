@@ -190,6 +190,13 @@ ix_capture_stop() {
 # - unexplained: everything else. A `captures` cell fails when it is not zero.
 ix_capture_check() {
     local f=$1
+    # The two-pass decode is the slow part (seconds per 100k frames); the captures cell and the
+    # report both ask, so the answer is kept beside the capture.
+    if [ -s "$f.check" ] && [ "$f.check" -nt "$f" ]; then cat "$f.check"; return; fi
+    ix_capture_check_uncached "$f" | tee "$f.check"
+}
+ix_capture_check_uncached() {
+    local f=$1
     tshark -2 --disable-protocol tibia -r "$f" -T fields -E separator='|' -e tcp.stream \
         -e _ws.malformed -e _ws.expert.severity -e rpcordma.writes_count -e rpcordma.rdma_length \
         -e tcp.analysis.lost_segment 2>/dev/null |
