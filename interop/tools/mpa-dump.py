@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """mpa-dump: decode MPA/DDP/RDMAP (iWARP, RFC 5044/5041/5040 + RFC 6581) from a pcap.
   mpa-dump.py FILE.pcap [PORT]
-Reassembles each TCP direction (in-order capture assumed: loopback), prints the MPA
+  mpa-dump.py --check FILE.pcap   framing only: one summary line; exit 1 if any FPDU is bad
+Reassembles each TCP direction (in-order capture assumed: loopback; a retransmitted segment
+contributes only its bytes past the ones already seen, a gap is reported), prints the MPA
 Request/Reply (flags, revision, IRD/ORD, P2P/RTR bits), then every FPDU: ULPDU length,
 DDP/RDMAP control, opcode, STag/TO or QN/MSN/MO, Send-with-Invalidate STag, and whether
 the 4-byte CRC field holds CRC32c of the FPDU (and in which byte order) or zero.
@@ -48,7 +50,35 @@ def packets(path):
 OPS = {0: "Write", 1: "ReadReq", 2: "ReadResp", 3: "Send", 4: "SendInv", 5: "SendSE",
        6: "SendSEInv", 7: "Terminate"}
 
+def check_all(streams, order):
+    """Walks every MPA stream's FPDUs (no CRC): each must carry DDP version 1, RDMAP version
+    1, an opcode of RFC 5040 (0-7) and the Tagged flag that opcode requires."""
+    tot = bad = gaps = resent = nmpa = 0
+    for k in order:
+        s = streams[k]; b = s["buf"]
+        gaps += s.get("gaps", 0); resent += s.get("resent", 0)
+        if b[:16] not in (b"MPA ID Req Frame", b"MPA ID Rep Frame"):
+            continue
+        nmpa += 1
+        off = 20 + struct.unpack_from("!H", b, 18)[0]
+        while off + 4 <= len(b):
+            ulen = struct.unpack_from("!H", b, off)[0]
+            end = off + 2 + ulen + (-(2 + ulen)) % 4 + 4
+            if end > len(b): break            # the capture ended inside an FPDU
+            ddp, rdmap = b[off + 2], b[off + 3]
+            op = rdmap & 15
+            if ddp & 3 != 1 or rdmap >> 6 != 1 or op > 7 or (ddp >> 7) != (op in (0, 2)):
+                bad += 1
+                if bad <= 3:
+                    print(f"bad FPDU: {k[0]}:{k[1]} -> {k[2]}:{k[3]} stream offset {off}: "
+                          f"ddp 0x{ddp:02x} rdmap 0x{rdmap:02x} ulpdu {ulen}")
+            tot += 1; off = end
+    print(f"mpa_streams={nmpa} fpdus={tot} bad_fpdus={bad} gaps={gaps} resent_segments={resent}")
+    return 1 if bad else 0
+
 def main():
+    check = len(sys.argv) > 1 and sys.argv[1] == "--check"
+    if check: del sys.argv[1]
     path = sys.argv[1]; port = int(sys.argv[2]) if len(sys.argv) > 2 else None
     streams = {}   # key -> dict(next_seq, buf, state, crc)
     order = []
@@ -56,16 +86,27 @@ def main():
         if port and port not in (k[1], k[3]): continue
         s = streams.get(k)
         if s is None:
-            s = streams[k] = {"next": None, "buf": b"", "state": "hs", "frames": [], "first": n}
+            s = streams[k] = {"next": None, "chunks": [], "state": "hs", "frames": [], "first": n}
             order.append(k)
         if fl & 0x02: s["next"] = (seq + 1) & 0xFFFFFFFF; continue
         if not pl: continue
         if s["next"] is None: s["next"] = seq
         if seq != s["next"]:
-            s["frames"].append(f"  !! gap/out-of-order at frame {n} (seq {seq} != {s['next']})")
-            s["next"] = seq
+            behind = (s["next"] - seq) & 0xFFFFFFFF
+            if behind < 0x80000000:
+                # A retransmission (or a repeated segment): keep only what is new.
+                s["resent"] = s.get("resent", 0) + 1
+                if behind >= len(pl): continue
+                pl = pl[behind:]; seq = s["next"]
+            else:
+                s["frames"].append(f"  !! gap at frame {n} (seq {seq}, expected {s['next']})")
+                s["gaps"] = s.get("gaps", 0) + 1
         s["next"] = (seq + len(pl)) & 0xFFFFFFFF
-        s["buf"] += pl
+        s["chunks"].append(pl)
+    for k in order:
+        streams[k]["buf"] = b"".join(streams[k].pop("chunks"))
+    if check:
+        return check_all(streams, order)
     conns = {}
     for k in order:
         rk = (k[2], k[3], k[0], k[1])
@@ -133,4 +174,4 @@ def decode(k, s, hs):
         nfp += 1; off = end
     if off < len(b) and off + 2 > len(b): print(f"  {len(b) - off} trailing bytes")
 
-main()
+sys.exit(main())
