@@ -14,8 +14,6 @@ res() {  # res CELL LOGFILE : CELL pass if the log has OK and no FAIL
 }
 modprobe rds; modprobe rds_tcp
 python3 $B/rds-peer.py echo 10.0.2.15 4000 100000 600 > /tmp/echo.log 2>&1 &
-python3 $B/rds-peer.py recv 10.0.2.15 4020 "$CONG_N" 8192 8 300 65536 > /tmp/cong.log 2>&1 &
-cong=$!
 sleep 1; flag ready
 # phase 1: host pings our echo (host-to-guest); then we ping the host's echo (guest-to-host)
 wait_host echo-up 300 || { echo "host never came up"; exit 0; }
@@ -23,6 +21,11 @@ for sz in 256 8192; do
     timeout 120 python3 $B/rds-peer.py ping 10.0.2.15 $((4100 + sz % 100)) 10.0.2.2 4001 "$N" "$sz" 30 > /tmp/p.log 2>&1
     cat /tmp/p.log; res "guest-to-host/ping-$sz" /tmp/p.log
 done
+# the congestion receiver binds now (the host sends once it sees "pinged") and reads only after
+# 8 s, so its 64 KiB receive buffer fills and the kernel marks port 4020 congested
+python3 $B/rds-peer.py recv 10.0.2.15 4020 "$CONG_N" 8192 8 300 65536 > /tmp/cong.log 2>&1 &
+cong=$!
+sleep 1
 flag pinged
 # phase 2: congestion: the host blasts 8 KiB datagrams at port 4020, which starts reading late;
 # once the host says its sends are done, the receiver gets 60 s more
@@ -30,7 +33,7 @@ wait_host cong-sent 400
 for i in $(seq 60); do kill -0 $cong 2>/dev/null || break; sleep 1; done
 kill $cong 2>/dev/null; wait $cong; cat /tmp/cong.log; res congestion/delivered-in-order /tmp/cong.log
 flag cong-done
-# phase 3: the host restarts (drops its connection and dials again); ping it again
+# phase 3: a new host process (a restart) has pinged us; now we ping its echo
 wait_host restarted 120 && {
     timeout 120 python3 $B/rds-peer.py ping 10.0.2.15 4200 10.0.2.2 4001 "$N" 256 30 > /tmp/p.log 2>&1
     cat /tmp/p.log; res restart/guest-to-host /tmp/p.log

@@ -6,10 +6,14 @@
 #
 # Linux keeps only RDS/TCP connections opened by the numerically smaller address; the host
 # appears as 10.0.2.2 < 10.0.2.15, so the host side connects, through -p $HP:16385.
-# Host commands (OX_RDS_CMD overrides "rds peer"), one process per line, see interop/README.md:
-#   oxrdma rds peer --connect 127.0.0.1:HP --local 10.0.2.2 --remote 10.0.2.15 echo --port 4001
-#   oxrdma rds peer ... ping --port 4002 --to 4000 --count N --size S
-#   oxrdma rds peer ... send --port 4003 --to 4020 --count N --size 8192
+# Host commands (OX_RDS_CMD overrides "rds peer"), see interop/README.md:
+#   oxrdma rds peer --connect 127.0.0.1:HP --local 10.0.2.2 --remote 10.0.2.15 MODE ...
+# The kernel sees every host process as 10.0.2.2 (QEMU user networking), and rds_tcp keeps one
+# connection per peer address: while one is up it shuts down any other (rds_tcp_accept_one in
+# Linux 6.1). So one host process runs at a time. Each starts by pinging the kernel's port 0
+# until a pong comes (the kernel lets a new connection in once it has seen the last one close),
+# and each new process is a restart of the host node. The host's echo for the guest's pings
+# runs in the same process as what else runs then (--echo 4001).
 #
 # Cell rds-ping/kernel uses the rds-ping style command that exists today:
 #   oxrdma rds ping 127.0.0.1 --tport HP -I 127.0.0.0 -c 5
@@ -54,10 +58,13 @@ fi
 HP=${IX_RDS_HP:-26385} N=${IX_RDS_N:-50} CONG_N=${IX_RDS_CONG_N:-300}
 rm -f "$F"/host-* "$F"/guest-*
 peer=("$OXRDMA" "${SUB[@]}" --connect "127.0.0.1:$HP" --local 10.0.2.2 --remote 10.0.2.15)
-pids=()
-cleanup() { touch "$F/host-abort"; for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; ix_capture_stop; }
+pid=""
+cleanup() { touch "$F/host-abort"; [ -n "$pid" ] && kill "$pid" 2>/dev/null; ix_capture_stop; }
 trap cleanup EXIT
 wait_guest() { for i in $(seq "${2:-120}"); do [ -e "$F/guest-$1" ] && return 0; kill -0 $gpid 2>/dev/null || return 1; sleep 1; done; return 1; }
+wait_line() {  # wait_line PID LOG REGEX SECS: until LOG has a line matching REGEX (or PID ends)
+    for i in $(seq "$(( $4 * 5 ))"); do grep -qE "$3" "$2" 2>/dev/null && return 0; kill -0 "$1" 2>/dev/null || return 1; sleep 0.2; done; return 1
+}
 hcell() {  # hcell CELL rc log
     if [ "$2" = 0 ]; then cell "$1" pass "$(grep -m1 '^OK' "$3")"; else cell "$1" fail "rc $2: $(grep -m1 -iE 'fail|error' "$3")"; fi
 }
@@ -68,24 +75,33 @@ ix_guest "$log" -t $((IX_LIMIT - 30)) -p "$HP:16385" -d "$IX_SHARE" -f "$IX_HERE
     N="$N" CONG_N="$CONG_N" & gpid=$!
 if wait_guest ready 120; then
     sleep 2     # rds_tcp's listener is up once the module is loaded; hostfwd may still race
-    "${peer[@]}" echo --port 4001 > "$IX_SCN_OUT/host-echo.log" 2>&1 & echo_pid=$!; pids+=($echo_pid)
+    # phase 1: the host pings the guest's echo (one process per size)
     for sz in 256 8192; do
         timeout 180 "${peer[@]}" ping --port 4002 --to 4000 --count "$N" --size "$sz" > "$IX_SCN_OUT/host-ping-$sz.log" 2>&1
         hcell "host-to-guest/ping-$sz" $? "$IX_SCN_OUT/host-ping-$sz.log"
     done
+    # the guest pings the host's echo
+    "${peer[@]}" echo --port 4001 > "$IX_SCN_OUT/host-echo.log" 2>&1 & pid=$!
+    wait_line $pid "$IX_SCN_OUT/host-echo.log" '^CONNECTED' 90
     touch "$F/host-echo-up"
     wait_guest pinged 300
+    kill "$pid"; wait "$pid" 2>/dev/null; pid=""
+    # phase 2: congestion
     timeout 300 "${peer[@]}" send --port 4003 --to 4020 --count "$CONG_N" --size 8192 > "$IX_SCN_OUT/host-cong.log" 2>&1
     hcell congestion/host-send $? "$IX_SCN_OUT/host-cong.log"
     touch "$F/host-cong-sent"
     wait_guest cong-done 300
-    # restart: drop every host-side RDS process (and with them the TCP connection), start over
-    kill "$echo_pid"; wait "$echo_pid" 2>/dev/null
-    "${peer[@]}" echo --port 4001 > "$IX_SCN_OUT/host-echo2.log" 2>&1 & pids+=($!)
-    timeout 180 "${peer[@]}" ping --port 4002 --to 4000 --count "$N" --size 256 > "$IX_SCN_OUT/host-ping-restart.log" 2>&1
-    hcell restart/host-to-guest $? "$IX_SCN_OUT/host-ping-restart.log"
+    # phase 3: a new host process (a restart) pings the guest, then echoes its pings
+    "${peer[@]}" --echo 4001 --hold-until "$F/guest-done" --hold-timeout 200 \
+        ping --port 4002 --to 4000 --count "$N" --size 256 > "$IX_SCN_OUT/host-restart.log" 2>&1 & pid=$!
+    if wait_line $pid "$IX_SCN_OUT/host-restart.log" '^(OK|FAIL)' 180 && grep -q '^OK' "$IX_SCN_OUT/host-restart.log"; then
+        hcell restart/host-to-guest 0 "$IX_SCN_OUT/host-restart.log"
+    else
+        hcell restart/host-to-guest 1 "$IX_SCN_OUT/host-restart.log"
+    fi
     touch "$F/host-restarted"
     wait_guest done 300
+    wait "$pid" 2>/dev/null; pid=""
 else
     cell "-" fail "guest never got ready: $(tail -2 "$log" | tr '\n' ' ')"
 fi

@@ -4,6 +4,7 @@ pub mod iwarp;
 pub mod nfs;
 pub mod perf;
 pub mod rds;
+pub mod rds_peer;
 pub mod rpc;
 
 /// What every command returns: errors are printed by `main` and give exit status 1.

@@ -5,6 +5,8 @@
 //!   ends in this process (127.0.0.1 ↔ 127.0.0.2); `--baseline` adds a raw-TCP row.
 //! - `rds listen ADDR` — a long-running node that echoes (or just counts) datagrams; prints
 //!   `rds info` on SIGUSR1 and every `--info-every SECS`.
+//! - `rds peer` — one node talking to one remote node through an explicit TCP address, for
+//!   interop with a kernel rds_tcp behind a port forward (see `rds_peer.rs`).
 //! - `rds info` — RDS state is per process, so this runs a short in-process exchange (a few
 //!   datagrams 127.0.0.1 → 127.0.0.2 and back) and prints both nodes' connections, paths,
 //!   sequence numbers and congestion. For a live node use `rds listen --info-every`.
@@ -38,6 +40,9 @@ pub enum RdsCommand {
     Listen(ListenArgs),
     /// Connections, paths, sequence numbers and congestion after a short in-process exchange.
     Info(InfoArgs),
+    /// One RDS/TCP node talking to one remote node through an explicit TCP address (interop
+    /// with a kernel rds_tcp behind a port forward): echo, ping, send or receive.
+    Peer(super::rds_peer::PeerArgs),
 }
 
 /// The transport RDS runs over.
@@ -176,6 +181,7 @@ pub async fn run(cmd: RdsCommand) -> CmdResult {
         RdsCommand::Stress(a) => stress(a).await,
         RdsCommand::Listen(a) => listen(a).await,
         RdsCommand::Info(a) => info(a).await,
+        RdsCommand::Peer(a) => super::rds_peer::run(a).await,
     }
 }
 
