@@ -94,17 +94,17 @@ async fn send_recv_ping_and_info() {
 }
 
 /// Acceptance: exactly-once over real loopback TCP, with connections killed from outside
-/// (shutdown of the sending side of every socket between the nodes), bounded: 10^4 messages,
-/// 20 kills, 30 s.
+/// (shutdown of the sending side of every socket between the nodes), bounded: 10^5 messages,
+/// 100 kills, 120 s (it took 0.7 s here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_with_killed_connections() {
-    const TOTAL: u64 = 10_000;
-    const KILLS: u64 = 20;
+    const TOTAL: u64 = 100_000;
+    const KILLS: u64 = 100;
     const SOCKS: u16 = 4;
     let (a, b) = pair(8).await;
     let senders: Vec<_> = (0..SOCKS).map(|i| a.bind(5000 + i).unwrap()).collect();
     let receivers: Vec<_> = (0..SOCKS).map(|i| b.bind(6000 + i).unwrap()).collect();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(120);
 
     let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let received2 = std::sync::Arc::clone(&received);
