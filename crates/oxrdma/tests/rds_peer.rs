@@ -55,13 +55,22 @@ async fn ping_congested_send_and_echo_against_a_remote_node() {
 }
 
 async fn run() {
-    let port = std::net::TcpListener::bind((REMOTE, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
-    let mut cfg = StackConfig::new(REMOTE);
-    cfg.tcp_port = port;
-    let remote = RdsStack::start(cfg).await.expect("remote node starts");
+    // A port found free may be taken again before the stack binds it (tests run in parallel):
+    // try a few.
+    let mut started = None;
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind((REMOTE, 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let mut cfg = StackConfig::new(REMOTE);
+        cfg.tcp_port = port;
+        if let Ok(s) = RdsStack::start(cfg).await {
+            started = Some((port, s));
+            break;
+        }
+    }
+    let (port, remote) = started.expect("the remote node starts on a free port");
 
     // The remote node echoes on port 4000.
     let echo_sock = remote.bind(4000).expect("bind 4000");
@@ -182,7 +191,7 @@ async fn run() {
             .recv_timeout(Duration::from_secs(30))
             .await
             .expect("recv")
-            .expect("an echo");
+            .unwrap_or_else(|| panic!("no echo #{i}; remote node: {:#?}", remote.info()));
         assert_eq!(src, target);
         assert_eq!(back, msg, "echo #{i}");
     }

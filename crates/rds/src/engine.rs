@@ -41,6 +41,9 @@ pub enum TransportKind {
     Acked,
 }
 
+/// Default send buffer of a port (Linux: 212992 / 2).
+pub const DEFAULT_SNDBUF: usize = 106_496;
+
 /// Engine settings.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -54,6 +57,10 @@ pub struct EngineConfig {
     pub gen_num: Option<u32>,
     /// Receive buffer per bound port, bytes.
     pub default_rcvbuf: usize,
+    /// Send buffer per bound port, bytes: a port may queue a new message only while less than
+    /// this is queued and unconfirmed (Linux `rds_sk_sndbuf`: half of SO_SNDBUF, whose default
+    /// `net.core.wmem_default` is 212992).
+    pub default_sndbuf: usize,
     /// Reconnect back-off cap (spec 3.1 "Connection re-establishment": once per second).
     pub backoff_max: Duration,
     /// Seed for the random generator (back-off, generation, hash seeds); `None` = from the OS.
@@ -71,6 +78,7 @@ impl EngineConfig {
             transport: TransportKind::Tcp,
             gen_num: None,
             default_rcvbuf: 256 * 1024,
+            default_sndbuf: DEFAULT_SNDBUF,
             backoff_max: Duration::from_secs(1),
             seed: None,
             ack_every: 8,
@@ -306,6 +314,9 @@ impl Conn {
 #[derive(Debug)]
 struct Port {
     rcvbuf: usize,
+    /// Send buffer, and the payload bytes of this port's messages queued or unconfirmed.
+    sndbuf: usize,
+    snd_bytes: usize,
     queue: VecDeque<(Bytes, SocketAddrV4, Vec<Extension>)>,
     queued: usize,
     congested: bool,
@@ -382,6 +393,10 @@ pub struct PortInfo {
     pub queued: usize,
     /// Whether the port is marked congested.
     pub congested: bool,
+    /// Send buffer, bytes.
+    pub sndbuf: usize,
+    /// Payload bytes of this port's messages queued or not yet confirmed.
+    pub snd_bytes: usize,
 }
 
 /// Snapshot of the engine for `oxrdma rds info`.
@@ -501,6 +516,8 @@ impl Engine {
             port,
             Port {
                 rcvbuf: self.cfg.default_rcvbuf,
+                sndbuf: self.cfg.default_sndbuf,
+                snd_bytes: 0,
                 queue: VecDeque::new(),
                 queued: 0,
                 congested: false,
@@ -535,6 +552,17 @@ impl Engine {
             p.rcvbuf = bytes.max(1);
         }
         self.update_port_cong(port);
+    }
+
+    /// Sets a port's send buffer (Linux: half of SO_SNDBUF).
+    pub fn set_sndbuf(&mut self, port: u16, bytes: usize) {
+        if let Some(p) = self.ports.get_mut(&port) {
+            let was_full = p.snd_bytes >= p.sndbuf;
+            p.sndbuf = bytes.max(1);
+            if was_full && p.snd_bytes < p.sndbuf {
+                self.actions.push_back(Action::SendReady);
+            }
+        }
     }
 
     /// Takes the next datagram queued for `port`.
@@ -655,6 +683,15 @@ impl Engine {
             }
             None => 0,
         };
+        // Linux send.c rds_send_queue_rm: a message is queued only while the socket has less
+        // than its send buffer queued and unconfirmed (so the last one may go over); otherwise
+        // EAGAIN, or a blocking send waits until confirmations free space.
+        if let Some(p) = self.ports.get_mut(&sport) {
+            if p.snd_bytes >= p.sndbuf {
+                return Err(SendError::SendBufferFull);
+            }
+            p.snd_bytes += payload.len();
+        }
         let mut header = Header {
             sport,
             dport: dest.port(),
@@ -683,6 +720,13 @@ impl Engine {
 
     /// Whether sending from `sport` to `dest` would currently block (congestion or handshake).
     pub fn would_block(&self, sport: u16, dest: SocketAddrV4) -> Option<SendError> {
+        if self
+            .ports
+            .get(&sport)
+            .is_some_and(|p| p.snd_bytes >= p.sndbuf)
+        {
+            return Some(SendError::SendBufferFull);
+        }
         let conn = self.conns.get(dest.ip())?;
         if dest.port() != 0 && conn.peer_cong.get(dest.port()) {
             return Some(SendError::Congested);
@@ -1042,7 +1086,11 @@ impl Engine {
         let Some(id) = self.bound.get(&token).copied() else {
             return;
         };
-        let Some(path) = self.path_mut(id) else {
+        let Some(path) = self
+            .conns
+            .get_mut(&id.peer)
+            .and_then(|c| c.paths.get_mut(usize::from(id.index)))
+        else {
             return;
         };
         let Some(t) = path.transport.as_mut().filter(|t| t.token == token) else {
@@ -1050,8 +1098,14 @@ impl Engine {
         };
         t.acked = t.acked.max(acked.min(t.written));
         let a = t.acked;
+        let mut freed = false;
         while path.inflight.front().is_some_and(|f| f.end <= a) {
-            path.inflight.pop_front();
+            if let Some(f) = path.inflight.pop_front() {
+                freed |= release(&mut self.ports, &f.msg);
+            }
+        }
+        if freed {
+            self.actions.push_back(Action::SendReady);
         }
     }
 
@@ -1222,12 +1276,18 @@ impl Engine {
         if kind == TransportKind::Acked && h.ack != 0 {
             // Release everything the peer confirmed.
             let path = &mut conn.paths[pidx];
+            let mut freed = false;
             while path
                 .inflight
                 .front()
                 .is_some_and(|f| f.msg.seq.is_none_or(|s| s <= h.ack))
             {
-                path.inflight.pop_front();
+                if let Some(f) = path.inflight.pop_front() {
+                    freed |= release(&mut self.ports, &f.msg);
+                }
+            }
+            if freed {
+                self.actions.push_back(Action::SendReady);
             }
         }
         if h.is_cong_map() {
@@ -1331,9 +1391,21 @@ impl Engine {
                 for p in &mut conn.paths {
                     p.next_tx_seq = 1;
                     p.next_rx_seq = 0;
-                    p.inflight.clear();
-                    p.sendq.retain(|m| m.seq.is_none());
+                    // What the old peer never confirmed is dropped, as Linux does
+                    // (rds_conn_path_reset drops the retransmit queue).
+                    for f in p.inflight.drain(..) {
+                        release(&mut self.ports, &f.msg);
+                    }
+                    let ports = &mut self.ports;
+                    p.sendq.retain(|m| {
+                        let keep = m.seq.is_none();
+                        if !keep {
+                            release(ports, m);
+                        }
+                        keep
+                    });
                 }
+                self.actions.push_back(Action::SendReady);
                 // The probe/pong being processed was accepted already.
                 conn.paths[usize::from(id.index)].next_rx_seq = 0;
             }
@@ -1403,6 +1475,8 @@ impl Engine {
                 rcvbuf: p.rcvbuf,
                 queued: p.queued,
                 congested: p.congested,
+                sndbuf: p.sndbuf,
+                snd_bytes: p.snd_bytes,
             })
             .collect();
         ports.sort_by_key(|p| p.port);
@@ -1432,6 +1506,21 @@ impl Engine {
             })
         })
     }
+}
+
+/// A message has left our custody (confirmed, or dropped by a generation reset): its bytes no
+/// longer count against its port's send buffer. Returns whether that port could not send
+/// before and can now.
+fn release(ports: &mut HashMap<u16, Port>, m: &OutMsg) -> bool {
+    if !matches!(m.kind, Kind::Seq) {
+        return false;
+    }
+    let Some(p) = ports.get_mut(&m.header.sport) else {
+        return false;
+    };
+    let was_full = p.snd_bytes >= p.sndbuf;
+    p.snd_bytes = p.snd_bytes.saturating_sub(m.payload.len());
+    was_full && p.snd_bytes < p.sndbuf
 }
 
 fn finish(path: &mut Path, m: OutMsg, end: u64, kind: TransportKind) {

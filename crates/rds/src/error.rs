@@ -44,6 +44,10 @@ pub enum SendError {
     /// the peer's congestion map clears it.
     #[error("destination port is congested")]
     Congested,
+    /// The port's send buffer is full of queued and unconfirmed messages (Linux: EAGAIN for a
+    /// non-blocking send; a blocking send waits).
+    #[error("send buffer full")]
+    SendBufferFull,
     /// The multipath probe has not been answered yet (Linux: EAGAIN for non-blocking sends).
     #[error("connection handshake (multipath probe) pending")]
     HandshakePending,
@@ -58,7 +62,10 @@ pub enum SendError {
 impl SendError {
     /// Whether retrying later can succeed (the Linux EAGAIN class).
     pub fn is_would_block(&self) -> bool {
-        matches!(self, SendError::Congested | SendError::HandshakePending)
+        matches!(
+            self,
+            SendError::Congested | SendError::HandshakePending | SendError::SendBufferFull
+        )
     }
 
     /// Closest errno, as Linux's `sendmsg` on a PF_RDS socket reports it.
@@ -67,7 +74,7 @@ impl SendError {
             SendError::TooLong(_) => libc::EMSGSIZE,
             SendError::NotBound(_) => libc::ENOTCONN,
             SendError::Congested => libc::ENOBUFS,
-            SendError::HandshakePending => libc::EAGAIN,
+            SendError::HandshakePending | SendError::SendBufferFull => libc::EAGAIN,
             SendError::InvalidDestination => libc::EINVAL,
             SendError::Shutdown => libc::EPIPE,
         }

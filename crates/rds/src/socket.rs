@@ -99,6 +99,13 @@ impl RdsSocket {
         pump(&self.stack.inner);
     }
 
+    /// Sets the send buffer: a new message is queued only while less than this is queued and
+    /// unconfirmed (Linux: half of SO_SNDBUF).
+    pub fn set_sndbuf(&self, bytes: usize) {
+        lock(&self.stack.inner.engine).set_sndbuf(self.port, bytes);
+        pump(&self.stack.inner);
+    }
+
     /// Sends without waiting: would-block errors are returned as they are.
     pub fn try_send_to(&self, dest: SocketAddrV4, payload: Bytes) -> Result<(), SendError> {
         let r = lock(&self.stack.inner.engine).send(Instant::now(), self.port, dest, payload);

@@ -43,6 +43,8 @@ pub struct StackConfig {
     pub max_paths: u16,
     /// Default receive buffer per bound port, bytes.
     pub default_rcvbuf: usize,
+    /// Send buffer per bound port, bytes (see [`crate::engine::EngineConfig::default_sndbuf`]).
+    pub default_sndbuf: usize,
     /// Seed for the engine's random numbers (tests); `None` = from the OS.
     pub seed: Option<u64>,
     /// Where to dial a peer when it is not `peer:tcp_port` (NAT, port forwarding: e.g. a QEMU
@@ -73,6 +75,7 @@ impl StackConfig {
             tcp_port: RDS_TCP_PORT,
             max_paths: 8,
             default_rcvbuf: 256 * 1024,
+            default_sndbuf: crate::engine::DEFAULT_SNDBUF,
             seed: None,
             peer_addrs: HashMap::new(),
             transport: Transport::Tcp,
@@ -176,6 +179,7 @@ impl RdsStack {
             None => None,
         };
         ecfg.default_rcvbuf = cfg.default_rcvbuf;
+        ecfg.default_sndbuf = cfg.default_sndbuf;
         ecfg.seed = cfg.seed;
         let inner = Arc::new(Inner {
             engine: Mutex::new(Engine::new(ecfg)),

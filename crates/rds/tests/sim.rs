@@ -572,6 +572,71 @@ fn congestion_stops_and_restarts_senders() {
     assert_eq!((ch.lost, ch.dup), (0, 0));
 }
 
+/// The send buffer (Linux rds_send_queue_rm): a port queues a new message only while less than
+/// its send buffer is queued and unconfirmed, so the last one may go over by one message; a full
+/// port gets SendBufferFull, and confirmations (TCP acks here) free it with SendReady. A
+/// generation reset frees what the old peer never confirmed.
+#[test]
+fn send_buffer_bounds_what_a_port_queues() {
+    const TOTAL: u64 = 2_000;
+    const SNDBUF: usize = 16 * 1024;
+    const PAD: usize = 4000;
+    let mut sim = Sim::new(19, vec![cfg(A, 71, 1), cfg(B, 72, 1)]);
+    sim.nodes[0].bind(1000).unwrap();
+    sim.nodes[0].bind(1001).unwrap();
+    sim.nodes[1].bind(2000).unwrap();
+    sim.nodes[0].set_sndbuf(1000, SNDBUF);
+    let dest = SocketAddrV4::new(B, 2000);
+    let (mut sent, mut full, mut max_queued) = (0u64, 0u64, 0usize);
+    let mut ch = Checker::default();
+    let ready_before = sim.send_ready[0];
+    let ok = run_until(&mut sim, 200_000, |s| {
+        let now = s.now;
+        while sent < TOTAL {
+            match s.nodes[0].send(now, 1000, dest, payload(1000, 2000, sent, PAD)) {
+                Ok(()) => sent += 1,
+                Err(SendError::SendBufferFull) => {
+                    full += 1;
+                    break;
+                }
+                Err(SendError::HandshakePending) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let info = s.nodes[0].info();
+        let p = info.ports.iter().find(|p| p.port == 1000).unwrap();
+        max_queued = max_queued.max(p.snd_bytes);
+        ch.check(&mut s.inbox[1]);
+        ch.ok == TOTAL
+    });
+    assert!(ok, "delivered {} of {TOTAL}", ch.ok);
+    assert_eq!((ch.lost, ch.dup), (0, 0));
+    assert!(full > 0, "the sender never found its buffer full");
+    assert!(
+        sim.send_ready[0] > ready_before,
+        "no SendReady after confirmations"
+    );
+    // Below the buffer before the last message, which may go over by one message.
+    assert!(
+        (SNDBUF..SNDBUF + PAD + 12).contains(&max_queued),
+        "queued at most {max_queued} bytes with a {SNDBUF}-byte send buffer"
+    );
+    // Everything confirmed: the port's count is back to zero, and the other port never counted.
+    assert!(run_until(&mut sim, 1000, |s| s.nodes[0].idle_to(B)));
+    let info = sim.nodes[0].info();
+    for p in info
+        .ports
+        .iter()
+        .filter(|p| p.port == 1000 || p.port == 1001)
+    {
+        assert_eq!(p.snd_bytes, 0, "{p:?}");
+    }
+    assert_eq!(
+        info.ports.iter().find(|p| p.port == 1001).unwrap().sndbuf,
+        rds::engine::DEFAULT_SNDBUF
+    );
+}
+
 /// Ping/pong on port 0: the pong comes from port 0 with no payload; sport-0 pings are ignored.
 #[test]
 fn ping_pong() {

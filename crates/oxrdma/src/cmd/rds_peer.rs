@@ -309,6 +309,13 @@ pub async fn run(a: PeerArgs) -> CmdResult {
     if let Some(t) = side_echo {
         t.abort();
     }
+    // A send returns once the message is queued, and shutting the node down drops what is
+    // still queued (as closing a Linux RDS socket does): let the last echo reach the remote
+    // node first (bounded).
+    let t0 = Instant::now();
+    while !stack.idle_to(a.remote) && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     stack.shutdown();
     if let Err(e) = &r {
         say(&format!("FAIL {e}"));
