@@ -705,6 +705,60 @@ fn acked_transport_exactly_once_and_ack_only() {
     assert!(acks > 0 && acks < TOTAL / 2, "ack-only messages: {acks}");
 }
 
+/// RDS over RDMA (facts/rds-linux.md: "ACK_REQUIRED every 8 packets"): the sender sets it on every
+/// 8th data message and on the last one it has queued, so the receiver acks in batches.
+#[test]
+fn acked_transport_asks_for_an_ack_every_8_messages() {
+    let mut ca = cfg(A, 81, 1);
+    ca.transport = TransportKind::Acked;
+    let mut cb = cfg(B, 82, 1);
+    cb.transport = TransportKind::Acked;
+    let mut sim = Sim::new(29, vec![ca, cb]);
+    sim.nodes[0].bind(1000).unwrap();
+    sim.nodes[1].bind(2000).unwrap();
+    // Bring the path up and let everything settle.
+    let now = sim.now;
+    sim.nodes[0].ping(now, 1000, B).unwrap();
+    assert!(run_until(&mut sim, 500, |s| {
+        s.inbox[0]
+            .iter()
+            .any(|(p, d, _)| *p == 1000 && d.is_empty())
+            && s.nodes[0].idle_to(B)
+    }));
+    // Queue 61 messages at once, then read what node A writes on its transport.
+    let dest = SocketAddrV4::new(B, 2000);
+    for n in 0..61 {
+        let now = sim.now;
+        sim.nodes[0]
+            .send(now, 1000, dest, payload(1000, 2000, n, 20))
+            .unwrap();
+    }
+    let (_, tok) = sim.links[0]
+        .ends
+        .into_iter()
+        .find(|(n, _)| *n == 0)
+        .expect("node A has a transport");
+    let mut wire = BytesMut::new();
+    while let Some(b) = sim.nodes[0].poll_transmit(tok) {
+        wire.extend_from_slice(&b);
+    }
+    let mut flagged = Vec::new();
+    let mut data = 0u64;
+    let mut off = 0;
+    while off < wire.len() {
+        let h = rds::wire::Header::decode(&wire[off..]).expect("a header");
+        off += rds::wire::HEADER_LEN + h.len as usize;
+        if h.dport == 2000 {
+            data += 1;
+            if h.flags & rds::wire::flags::ACK_REQUIRED != 0 {
+                flagged.push(data);
+            }
+        }
+    }
+    assert_eq!(data, 61);
+    assert_eq!(flagged, vec![8, 16, 24, 32, 40, 48, 56, 61]);
+}
+
 /// The peer reconnects a path before the accepting side has read the end of the old
 /// connection: bytes TCP already acknowledged to the sender (so it will never resend them) still
 /// sit unread in the old socket. The acceptor must read the old connection to its end before
