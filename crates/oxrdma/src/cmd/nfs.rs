@@ -336,6 +336,10 @@ pub struct BenchArgs {
     /// GETATTR calls per transport.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
     getattrs: u64,
+    /// READ/WRITE calls kept in flight, as a client's readahead and write-behind do (GETATTR
+    /// stays at one). Latency is per call either way.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=128))]
+    depth: u64,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -430,20 +434,20 @@ async fn bench_nfs(
         pb.set_message(format!("{name} WRITE {}", human(io)));
         let mut h = hist();
         let t0 = std::time::Instant::now();
-        let mut off = 0u64;
-        while off < total {
-            let t = std::time::Instant::now();
-            let w = c
-                .write(&fh, off, buf.clone(), StableHow::Unstable)
-                .await?
-                .into_result()?;
-            let _ = h.record(t.elapsed().as_nanos() as u64);
-            if w.count == 0 {
-                return Err("WRITE wrote nothing".into());
+        windowed(total, io, a.depth, &mut h, pb, |off| {
+            let (c, fh, buf) = (c.clone(), fh.clone(), buf.clone());
+            async move {
+                let w = c
+                    .write(&fh, off, buf, StableHow::Unstable)
+                    .await?
+                    .into_result()?;
+                if w.count != io {
+                    return Err(format!("WRITE at {off} wrote {} of {io} bytes", w.count).into());
+                }
+                Ok(())
             }
-            off += u64::from(w.count);
-            pb.inc(u64::from(w.count));
-        }
+        })
+        .await?;
         c.commit(&fh).await?.into_result()?;
         let el = t0.elapsed();
         rows.push(row(
@@ -458,18 +462,19 @@ async fn bench_nfs(
         pb.set_message(format!("{name} READ {}", human(io)));
         let mut h = hist();
         let t0 = std::time::Instant::now();
-        let mut off = 0u64;
-        while off < total {
-            let t = std::time::Instant::now();
-            let r = c.read(&fh, off, io).await?.into_result()?;
-            let _ = h.record(t.elapsed().as_nanos() as u64);
-            let n = r.data.0.len() as u64;
-            if n == 0 {
-                return Err(format!("READ at {off} of {total} returned no data").into());
+        windowed(total, io, a.depth, &mut h, pb, |off| {
+            let (c, fh) = (c.clone(), fh.clone());
+            async move {
+                let r = c.read(&fh, off, io).await?.into_result()?;
+                if r.data.0.len() != io as usize {
+                    return Err(
+                        format!("READ at {off} returned {} of {io} bytes", r.data.0.len()).into(),
+                    );
+                }
+                Ok(())
             }
-            off += n;
-            pb.inc(n);
-        }
+        })
+        .await?;
         let el = t0.elapsed();
         rows.push(row(
             name,
@@ -500,6 +505,40 @@ async fn bench_nfs(
         &h,
     ));
     Ok(rows)
+}
+
+/// Calls `op(offset)` for every `io`-sized step of `total` bytes, at most `depth` at once,
+/// recording each call's latency.
+async fn windowed<F, Fut>(
+    total: u64,
+    io: u32,
+    depth: u64,
+    h: &mut hdrhistogram::Histogram<u64>,
+    pb: &indicatif::ProgressBar,
+    op: F,
+) -> Result<(), BoxErr>
+where
+    F: Fn(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<(), BoxErr>> + Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    let mut next = 0u64;
+    loop {
+        while next < total && (set.len() as u64) < depth {
+            let f = op(next);
+            set.spawn(async move {
+                let t = std::time::Instant::now();
+                f.await.map(|()| t.elapsed())
+            });
+            next += u64::from(io);
+        }
+        let Some(done) = set.join_next().await else {
+            return Ok(());
+        };
+        let el = done.map_err(|e| format!("bench task: {e}"))??;
+        let _ = h.record(el.as_nanos() as u64);
+        pb.inc(u64::from(io));
+    }
 }
 
 /// The raw TCP ceiling: `total` bytes streamed over one loopback connection in 1 MiB writes.
@@ -616,8 +655,8 @@ async fn bench(a: BenchArgs) -> CmdResult {
         return Ok(());
     }
     println!(
-        "NFSv3 sequential I/O, {} MiB per READ/WRITE run (4 KiB: at most 16 MiB), {} GETATTRs, one call in flight",
-        a.size_mb, a.getattrs
+        "NFSv3 sequential I/O, {} MiB per READ/WRITE run (4 KiB: at most 16 MiB), {} READ/WRITE call(s) in flight, {} GETATTRs one at a time",
+        a.size_mb, a.depth, a.getattrs
     );
     println!(
         "{:<9} {:<8} {:>8} {:>10} {:>10} {:>10} {:>10}",
@@ -665,8 +704,9 @@ fn bench_json(rows: &[Row], a: &BenchArgs, raw: Option<f64>, nfs: Option<f64>) -
         })
         .collect();
     format!(
-        "{{\"size_mb\":{},\"getattrs\":{},\"rows\":[{}],\"ratio_read_1mib_rdma_over_raw_tcp\":{},\"ratio_read_1mib_rdma_over_nfs_tcp\":{}}}",
+        "{{\"size_mb\":{},\"depth\":{},\"getattrs\":{},\"rows\":[{}],\"ratio_read_1mib_rdma_over_raw_tcp\":{},\"ratio_read_1mib_rdma_over_nfs_tcp\":{}}}",
         a.size_mb,
+        a.depth,
         a.getattrs,
         rs.join(","),
         num(raw),
