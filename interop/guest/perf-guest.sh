@@ -18,13 +18,15 @@ echo "ib_write_bw's own figure: $(awk '/^ *65536 / {print $4}' /tmp/bw | tail -1
 if [ -n "$bw" ]; then perf siw.write_bw.kernel "$bw" Gb/s; echo "CELL siw/ib_write_bw pass $bw Gb/s (64 KiB, ${DUR}s)"
 else cat /tmp/bw; echo "CELL siw/ib_write_bw fail no result"; fi
 if [ "${OX_PERF:-0}" = 1 ]; then
-    timeout $((DUR + 60)) taskset -c 1 $OX perf write --listen 10.0.2.15:19890 > /tmp/oxs 2>&1 & s=$!
+    # 64 KiB RDMA Writes with 128 in flight (ib_write_bw's default tx depth); the bandwidth is
+    # bytes over wall-clock time (CLOCK_MONOTONIC), in MB/s of 10^6 bytes.
+    timeout $((DUR + 120)) taskset -c 1 $OX perf write --listen 10.0.2.15:19890 > /tmp/oxs 2>&1 & s=$!
     sleep 2
-    timeout $((DUR + 60)) taskset -c 0 $OX perf write --connect 10.0.2.15:19890 --size 65536 --duration "$DUR" > /tmp/ox 2>&1
+    timeout $((DUR + 120)) taskset -c 0 $OX perf write --connect 10.0.2.15:19890 -s 65536 -t 128 -n "${OX_PERF_ITERS:-400}" --json > /tmp/ox 2>&1
     wait $s
-    ob=$(sed -n 's/.*bw_gbps=\([0-9.]*\).*/\1/p' /tmp/ox | tail -1)
+    ob=$(python3 -c 'import json,sys; r=json.loads(open("/tmp/ox").read().strip().splitlines()[-1])["rows"][-1]; print(round(r["bw_avg_mbs"]*8/1000, 3))' 2>/dev/null)
     if [ -n "$ob" ]; then perf siw.write_bw.oxrdma "$ob" Gb/s; echo "CELL siw/oxrdma-perf-write pass $ob Gb/s"
-    else cat /tmp/ox /tmp/oxs; echo "CELL siw/oxrdma-perf-write fail no bw_gbps= in output"; fi
+    else cat /tmp/ox /tmp/oxs; echo "CELL siw/oxrdma-perf-write fail no JSON row in output"; fi
 fi
 # ---- NFSv3/RDMA sequential read, kernel client: kernel nfsd vs oxrdma nfs serve
 readbw() {  # readbw SERVER EXPORT OPTS -> MB/s of a cold 64 MiB read
@@ -53,21 +55,25 @@ fi
 # ---- RDS datagram rate into a kernel rds_tcp receiver (netns ns1): kernel sender vs oxrdma sender
 modprobe rds_tcp; modprobe veth
 ip netns add ns1; ip link add v0 type veth peer name v1; ip link set v1 netns ns1
-ip addr add 10.99.0.1/24 dev v0; ip link set v0 up
-ip -n ns1 addr add 10.99.0.2/24 dev v1; ip -n ns1 link set v1 up; ip -n ns1 link set lo up
+# The receiver is 10.99.0.200; the kernel sender is 10.99.0.1 and oxrdma 10.99.0.3. Both must be
+# lower than the receiver (the lower address connects), and they must differ: rds_tcp keeps the
+# kernel sender's connection up after its socket closes, and while it is up the receiver shuts
+# down any other connection from 10.99.0.1 (rds_tcp_accept_one).
+ip addr add 10.99.0.1/24 dev v0; ip addr add 10.99.0.3/24 dev v0; ip link set v0 up
+ip -n ns1 addr add 10.99.0.200/24 dev v1; ip -n ns1 link set v1 up; ip -n ns1 link set lo up
 rdsrate() {  # rdsrate SIZE PORT SENDER... -> msg/s seen by the receiver
-    ip netns exec ns1 taskset -c 1 python3 $B/rds-peer.py recv 10.99.0.2 "$2" "$RDS_N" "$1" 0 120 > /tmp/rr 2>&1 & local r=$!
+    ip netns exec ns1 taskset -c 1 python3 $B/rds-peer.py recv 10.99.0.200 "$2" "$RDS_N" "$1" 0 120 > /tmp/rr 2>&1 & local r=$!
     sleep 1; shift 2
     taskset -c 0 "$@" > /tmp/rs 2>&1 & local w=$!
     wait $r; local rc=$?; kill $w 2>/dev/null; wait $w 2>/dev/null
     [ $rc = 0 ] && sed -n 's/.* \([0-9]*\) msg\/s.*/\1/p' /tmp/rr
 }
 for sz in 8192 256; do
-    k=$(rdsrate $sz $((4300 + sz % 1000)) python3 $B/rds-peer.py send 10.99.0.1 4400 10.99.0.2 $((4300 + sz % 1000)) "$RDS_N" "$sz")
+    k=$(rdsrate $sz $((4300 + sz % 1000)) python3 $B/rds-peer.py send 10.99.0.1 4400 10.99.0.200 $((4300 + sz % 1000)) "$RDS_N" "$sz")
     if [ -n "$k" ]; then perf rds.$sz.kernel "$k" msg/s; echo "CELL rds/rds_tcp-$sz pass $k msg/s"
     else cat /tmp/rr /tmp/rs; echo "CELL rds/rds_tcp-$sz fail no rate"; fi
     if [ "${OX_RDS:-0}" = 1 ]; then
-        o=$(rdsrate $sz $((4500 + sz % 1000)) $OX rds peer --connect 10.99.0.2:16385 --local 10.99.0.1 --remote 10.99.0.2 \
+        o=$(rdsrate $sz $((4500 + sz % 1000)) $OX rds peer --connect 10.99.0.200:16385 --local 10.99.0.3 --bind 10.99.0.3 --remote 10.99.0.200 \
             send --port 4401 --to $((4500 + sz % 1000)) --count "$RDS_N" --size "$sz")
         if [ -n "$o" ]; then perf rds.$sz.oxrdma "$o" msg/s; echo "CELL rds/oxrdma-$sz pass $o msg/s"
         else cat /tmp/rr /tmp/rs; echo "CELL rds/oxrdma-$sz fail no rate"; fi

@@ -10,7 +10,7 @@
 # oxrdma/kernel in the cells.
 . "$(dirname "$0")/../lib/common.sh"
 lp=0 ln=0 lr=0
-ix_landed perf write && lp=1
+ix_landed perf && lp=1
 ix_landed nfs serve && ln=1
 ix_landed rds peer && lr=1
 log=$IX_SCN_OUT/guest.log
@@ -25,7 +25,7 @@ ratio() {  # ratio CELL KEY_OX KEY_KERNEL LANDED WHAT
     if [ -n "$o" ] && [ -n "$k" ]; then cell "$1" pass "oxrdma/kernel = $(awk -v o="$o" -v k="$k" 'BEGIN{printf "%.2f", (k>0)?o/k:0}') ($o vs $k)"
     else cell "$1" skip "a figure is missing (oxrdma '$o', kernel '$k')"; fi
 }
-ratio ratio/write-bw siw.write_bw.oxrdma siw.write_bw.kernel $lp "perf write"
+ratio ratio/write-bw siw.write_bw.oxrdma siw.write_bw.kernel $lp "perf"
 ratio ratio/nfs-read nfs.read.oxrdma nfs.read.kernel $ln "nfs serve"
 ratio ratio/rds-8192 rds.8192.oxrdma rds.8192.kernel $lr "rds peer"
 ratio ratio/rds-256 rds.256.oxrdma rds.256.kernel $lr "rds peer"
