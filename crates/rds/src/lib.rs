@@ -54,5 +54,5 @@ pub mod wire;
 pub use engine::{Engine, EngineConfig, EngineInfo, TransportKind};
 pub use error::{RdsError, SendError, WireError};
 pub use rdma::RdmaConfig;
-pub use socket::{BlockingRdsSocket, RdsSocket};
+pub use socket::{BlockingRdsSocket, RdsSocket, SendWaits};
 pub use tcp::{RdsStack, StackConfig, Transport};

@@ -38,6 +38,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What a blocking send waited for (counts of would-block attempts before it was queued).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendWaits {
+    /// The destination port was marked congested by the peer's congestion map.
+    pub congested: u32,
+    /// This port's send buffer was full.
+    pub buffer_full: u32,
+    /// The multipath handshake was pending.
+    pub handshake: u32,
+}
+
 /// An RDS socket bound to (local address, RDS port).
 #[derive(Debug)]
 pub struct RdsSocket {
@@ -116,20 +127,37 @@ impl RdsSocket {
     /// Sends one datagram (≤ 1 MiB; zero-length is fine). Waits while the destination port is
     /// congested or the multipath handshake is pending, as a blocking Linux send does.
     pub async fn send_to(&self, dest: SocketAddrV4, payload: Bytes) -> Result<(), SendError> {
+        self.send_to_counted(dest, payload).await.map(|_| ())
+    }
+
+    /// [`RdsSocket::send_to`], also saying what made it wait: how many attempts found the
+    /// destination port congested, the send buffer full, or the handshake pending.
+    pub async fn send_to_counted(
+        &self,
+        dest: SocketAddrV4,
+        payload: Bytes,
+    ) -> Result<SendWaits, SendError> {
         if payload.len() > MAX_MSG_LEN {
             return Err(SendError::TooLong(payload.len()));
         }
+        let mut waits = SendWaits::default();
         loop {
             let ready = self.stack.inner.send_ready.notified();
             tokio::pin!(ready);
             ready.as_mut().enable();
             match self.try_send_to(dest, payload.clone()) {
                 Err(e) if e.is_would_block() => {
+                    match e {
+                        SendError::Congested => waits.congested += 1,
+                        SendError::SendBufferFull => waits.buffer_full += 1,
+                        _ => waits.handshake += 1,
+                    }
                     // Re-check periodically as well: a cleared congestion bit may arrive on a
                     // connection we are not notified about.
                     let _ = tokio::time::timeout(Duration::from_millis(100), ready).await;
                 }
-                r => return r,
+                Ok(()) => return Ok(waits),
+                Err(e) => return Err(e),
             }
         }
     }

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::{Args, Subcommand};
-use rds::{RdsSocket, RdsStack, SendError, StackConfig};
+use rds::{RdsSocket, RdsStack, StackConfig};
 
 use super::{CmdResult, wait_for_signal};
 
@@ -458,22 +458,16 @@ async fn send(
     let sock = stack.bind(port)?;
     let dest = SocketAddrV4::new(remote, to);
     let t0 = Instant::now();
-    // How often the remote node's congestion map stopped us (rds-tools counts these as the
-    // ENOBUFS of a non-blocking send).
-    let mut congested = 0u64;
+    // How many datagrams the remote node's congestion map held back (a non-blocking Linux
+    // send gets ENOBUFS for them), and how many waited for our own send buffer.
+    let (mut congested, mut buffer_full) = (0u64, 0u64);
     for seq in 0..count {
-        if seq % 32 == 31 {
-            // Let the connection tasks run: a congestion map update may be waiting.
-            tokio::task::yield_now().await;
-        }
         let data = Bytes::from(payload(seq, size));
-        match sock.try_send_to(dest, data.clone()) {
-            Ok(()) => continue,
-            Err(SendError::Congested) => congested += 1,
-            Err(e) if e.is_would_block() => {}
-            Err(e) => return Err(e.into()),
-        }
-        send_within(&sock, dest, data, timeout).await?;
+        let w = tokio::time::timeout(timeout, sock.send_to_counted(dest, data))
+            .await
+            .map_err(|_| format!("send to {dest} blocked for {timeout:?}"))??;
+        congested += u64::from(w.congested > 0);
+        buffer_full += u64::from(w.buffer_full > 0);
     }
     let dt = t0.elapsed().as_secs_f64().max(1e-6);
     // Keep the node up until TCP has taken everything off our hands, then a while longer.
@@ -489,7 +483,8 @@ async fn send(
         );
     }
     say(&format!(
-        "OK send {size} count={count} {:.0} msg/s {:.2} MB/s congested_waits={congested}",
+        "OK send {size} count={count} {:.0} msg/s {:.2} MB/s congested_waits={congested} \
+         sndbuf_waits={buffer_full}",
         count as f64 / dt,
         (count as f64 * size as f64) / dt / 1e6
     ));
