@@ -955,6 +955,44 @@ async fn pump_receives(inner: &Arc<ClientInner>, rcq: &CompletionQueue) {
     }
 }
 
+/// Cancels a call whose future is dropped before it completes (the caller's own timeout, a
+/// `select!` that took another branch, an aborted task).
+///
+/// 5666bis §5.4.1 (RFC 8166 §4.3.1): the memory of a canceled RPC must be fenced from the
+/// responder, which "cannot know that the requester is no longer waiting for a reply, and
+/// might proceed to read or even update memory". [`Requester::cancel`] takes the XID out of
+/// the pending table (a late reply is discarded and counted in `late_replies`) and
+/// invalidates every region of the call through the [`VerbsRegistrar`] before `drop`
+/// returns.
+struct CallGuard<'a> {
+    inner: &'a Arc<ClientInner>,
+    xid: u32,
+    armed: bool,
+}
+
+impl CallGuard<'_> {
+    fn cancel(&mut self, err: RpcError) {
+        if !std::mem::take(&mut self.armed) {
+            return;
+        }
+        let actions = {
+            let mut st = lock(&self.inner.state);
+            let ClientState { req, reg, .. } = &mut *st;
+            req.cancel(self.xid, err, reg)
+        };
+        // Only `Complete` (whose waiter, if any, is dropped or about to be) and `Close` (an
+        // invalidation failed: 5666bis §5.5.4, fence by closing) come back from a cancel;
+        // neither needs a runtime, so this is safe in `drop`.
+        apply_client(self.inner, actions);
+    }
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        self.cancel(RpcError::Transport("call dropped before its reply".into()));
+    }
+}
+
 impl RpcTransport for RdmaClient {
     fn call(&self, req: CallRequest) -> BoxFuture<'_, Result<Bytes, RpcError>> {
         Box::pin(async move {
@@ -1006,18 +1044,28 @@ impl RpcTransport for RdmaClient {
                 let ClientState { req, reg, .. } = &mut *st;
                 req.submit(call, reg)
             };
+            // From here on the call holds registered memory: if this future is dropped before
+            // the call completes, the guard cancels it.
+            let mut guard = CallGuard {
+                inner,
+                xid,
+                armed: true,
+            };
             apply_client(inner, actions);
             match tokio::time::timeout(timeout, rx).await {
-                Ok(Ok(r)) => r,
-                Ok(Err(_)) => Err(RpcError::Closed),
+                Ok(Ok(r)) => {
+                    // The engine completed it, after fencing its memory.
+                    guard.armed = false;
+                    r
+                }
+                Ok(Err(_)) => {
+                    // The waiter went away without a result: make sure nothing stays registered.
+                    guard.cancel(RpcError::Closed);
+                    Err(RpcError::Closed)
+                }
                 Err(_) => {
                     // 5666bis §5.4.1: fence the call's memory before reporting the timeout.
-                    let actions = {
-                        let mut st = lock(&inner.state);
-                        let ClientState { req, reg, .. } = &mut *st;
-                        req.cancel(xid, RpcError::Timeout, reg)
-                    };
-                    apply_client(inner, actions);
+                    guard.cancel(RpcError::Timeout);
                     Err(RpcError::Timeout)
                 }
             }

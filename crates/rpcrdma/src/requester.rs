@@ -100,6 +100,12 @@ pub struct RequesterStats {
     pub write_chunk_replies: u64,
     /// Replies sent as RDMA_NOMSG: the whole reply came through the Reply chunk (Long Reply).
     pub nomsg_replies: u64,
+    /// Calls cancelled before their reply ([`Requester::cancel`]: a timeout, or a caller that
+    /// gave up); their memory was fenced when they were cancelled.
+    pub cancelled: u64,
+    /// Replies that arrived for cancelled calls: their credit is taken back, the rest is
+    /// discarded.
+    pub late_replies: u64,
 }
 
 /// One connection's Requester.
@@ -403,12 +409,20 @@ impl Requester {
         out
     }
 
-    /// Abandon a call (timeout or cancellation). Its memory is fenced now; if it was sent,
-    /// it keeps its credit until a reply for it arrives or the connection ends.
+    /// Abandon a call (timeout, or a caller that stopped waiting). The call leaves the
+    /// pending table and every region it registered (Read chunks, Write chunks, Reply chunk,
+    /// Position-Zero Read chunk) is invalidated through `reg` before this returns; the
+    /// actions hold its `Complete` (with `err`) and a `Close` if some region could not be
+    /// invalidated. If it was sent, it keeps its credit until a reply for it arrives (that
+    /// reply is then discarded and counted in [`RequesterStats::late_replies`]) or the
+    /// connection ends. Unknown or already completed XIDs: nothing happens.
     pub fn cancel(&mut self, xid: u32, err: RpcError, reg: &mut dyn Registrar) -> Vec<Action> {
         let Some(o) = self.calls.get(&xid) else {
             return Vec::new();
         };
+        // 5666bis §5.4.1 (RFC 8166 §4.3.1): segments of canceled RPCs are fenced too, since
+        // "a responder cannot know that the requester is no longer waiting for a reply".
+        self.stats.cancelled += 1;
         if o.sent && self.connected {
             self.abandoned.insert(xid);
         } else {
@@ -479,6 +493,9 @@ impl Requester {
         if known {
             let result = self.reply_result(xid, &h, inline, reg);
             out.extend(self.finish(xid, result, remote_invalidated, reg));
+        } else {
+            // The reply to a cancelled call: its memory is already fenced, nobody waits.
+            self.stats.late_replies += 1;
         }
         out.extend(self.pump(reg));
         out

@@ -589,6 +589,106 @@ fn timeout_fences_memory_and_keeps_the_credit() {
     assert_eq!(h.req.in_flight(), 0);
 }
 
+/// 5666bis §5.4.1 (RFC 8166 §4.3.1): the segments of a canceled RPC are fenced, because the
+/// responder "cannot know that the requester is no longer waiting for a reply, and might
+/// proceed to read or even update memory". The call is cancelled while the server holds it
+/// (after its RDMA Read of the Read chunk); the server's RDMA Write into the Write chunk then
+/// fails, and the late reply is discarded and counted.
+#[test]
+fn cancelled_call_fences_every_chunk_and_discards_its_late_reply() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    // Prime the grant so the cancelled call's credit shows in `in_flight`.
+    echo(&mut h, 1, 10, 10, DdpPolicy::Inline, expect(10, 10, false));
+    let registered = h.creg.registered;
+    let d = pattern(5000, 9);
+    let x = pattern(3, 4);
+    let m = echo_message(2, OpaqueAuth::none(), reduce(1), 2, &d, &x);
+    // A Read chunk (the reduced argument), a Write chunk (the DDP-eligible result) and a
+    // Reply chunk (what stays in the reply may exceed the inline threshold).
+    let reply = ReplyExpectation {
+        max_len: Some(64 + 5000 + 6000),
+        ddp_items: vec![5000],
+    };
+    let a = h.req.submit(out_call(2, ECHO, m, reply), &mut h.creg);
+    h.client_actions(a);
+    let sent = h.to_server.pop_front().expect("the call was sent");
+    let (hd, _) = Header::decode(&sent).unwrap();
+    let Body::Msg(chunks) = &hd.body else {
+        panic!("expected RDMA_MSG, got {:?}", hd.body)
+    };
+    let read_seg = chunks.reads[0].target;
+    let write_seg = chunks.writes[0][0];
+    let reply_seg = chunks.reply.as_ref().expect("a Reply chunk")[0];
+    assert_eq!(h.creg.registered - registered, 3);
+    assert_eq!(h.creg.live(), 3);
+    // The server reads the Read chunk and starts working on the call.
+    let ready = h
+        .server_receive(sent)
+        .expect("the call reached the program");
+    // The caller gives up.
+    let a = h.req.cancel(
+        2,
+        RpcError::Transport("dropped by the caller".into()),
+        &mut h.creg,
+    );
+    h.client_actions(a);
+    assert!(matches!(
+        h.done.remove(&2),
+        Some(Err(RpcError::Transport(_)))
+    ));
+    // Every registration of the call is invalidated, and the peer can no longer use them.
+    assert_eq!(h.creg.live(), 0);
+    assert_eq!(h.creg.invalidated, h.creg.registered);
+    for s in [read_seg, write_seg, reply_seg] {
+        assert_eq!(h.creg.region_of(s.handle), None, "handle {:#x}", s.handle);
+    }
+    assert_eq!(h.creg.rdma_read(&read_seg), None);
+    assert!(!h.creg.rdma_write(&write_seg, b"late"));
+    assert_eq!(h.req.pending(), 0, "the XID left the pending table");
+    assert_eq!(h.req.in_flight(), 1, "the sent call keeps its credit");
+    assert_eq!(h.req.stats().cancelled, 1);
+    // The server finishes the call: its RDMA Write is refused (fenced memory) and its late
+    // reply completes nothing.
+    let result = h.rt.block_on(h.disp.dispatch(
+        ready.message,
+        oncrpc::CallContext::local(),
+        ready.policy,
+    ));
+    let completed = h.req.stats().completed;
+    let mut writes = 0;
+    let mut late = Vec::new();
+    for a in h.resp.reply(ready.token, result) {
+        match a {
+            rpcrdma::responder::Action::Write { segment, data } => {
+                assert_eq!(segment.handle, write_seg.handle);
+                assert!(
+                    !h.creg.rdma_write(&segment, &data),
+                    "fenced memory was written"
+                );
+                writes += 1;
+            }
+            rpcrdma::responder::Action::Send { data, invalidate } => {
+                late.extend(h.req.on_receive(data, invalidate, &mut h.creg))
+            }
+            rpcrdma::responder::Action::Close => panic!("server closed"),
+        }
+    }
+    assert_eq!(writes, 1, "the result went to the Write chunk");
+    assert!(
+        late.iter()
+            .all(|a| !matches!(a, rpcrdma::requester::Action::Complete { .. })),
+        "{late:?}"
+    );
+    h.client_actions(late);
+    assert!(h.done.is_empty());
+    let s = h.req.stats();
+    assert_eq!((s.late_replies, s.completed), (1, completed), "{s:?}");
+    assert_eq!(h.req.in_flight(), 0, "the late reply returned the credit");
+    // The connection goes on.
+    echo(&mut h, 3, 5000, 3, reduce(1), expect(5000, 3, true));
+    assert_eq!(h.creg.live(), 0);
+}
+
 #[test]
 fn reconnect_retransmits_with_same_xid_and_one_credit() {
     let mut h = Harness::new(cfg(8), cfg(8));
