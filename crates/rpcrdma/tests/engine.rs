@@ -252,6 +252,115 @@ fn long_call_long_reply_and_both() {
     assert_eq!(h.creg.live(), 0);
 }
 
+/// 5666bis §4.3.3: "In the absence of a mechanism for discovering a peer's inline threshold,
+/// senders MUST assume 1024 bytes." Without RFC 8797 private data from the peer, neither
+/// engine sends more than 1024 bytes: a 1540-byte call becomes a Long Call, a 1540-byte reply
+/// goes through the Reply chunk. With the peer's 4096 advertised, the same messages travel
+/// inline (so the test tells the two apart).
+#[test]
+fn senders_assume_1024_bytes_without_private_data() {
+    use rpcrdma::engine::{MemRegistrar, Params};
+    use rpcrdma::privdata::PrivateData;
+    assert_eq!(
+        Params::default().inline_send,
+        1024,
+        "before any negotiation"
+    );
+    let without: Params = Config::default().negotiate(None).into();
+    let with: Params = Config::default()
+        .negotiate(Some(PrivateData::new(4096, true)))
+        .into();
+    assert_eq!((without.inline_send, with.inline_send), (1024, 4096));
+    let data = pattern(10, 1);
+    let extra = pattern(1500, 2);
+    let message = || echo_message(7, OpaqueAuth::none(), DdpPolicy::Inline, 7, &data, &extra);
+    // The Requester as sender. Its own receive buffers are 1024 bytes, so it also offers a
+    // Reply chunk for the 1500-byte reply (used below).
+    let client = Config {
+        inline_recv: 1024,
+        ..cfg(8)
+    };
+    let sent = |params: Params| {
+        let mut reg = MemRegistrar::new(1);
+        let mut q = rpcrdma::requester::Requester::new(client.clone(), ulbs());
+        assert!(q.on_connect(params, &mut reg).is_empty());
+        let reply = expect(10, 1500, false);
+        match q
+            .submit(out_call(7, ECHO, message(), reply), &mut reg)
+            .pop()
+        {
+            Some(rpcrdma::requester::Action::Send { data, .. }) => data,
+            other => panic!("expected a Send: {other:?}"),
+        }
+    };
+    let call = sent(Params {
+        inline_recv: 1024,
+        ..without
+    });
+    assert!(call.len() <= 1024, "{} bytes", call.len());
+    let (hd, _) = Header::decode(&call).unwrap();
+    let Body::NoMsg(chunks) = &hd.body else {
+        panic!("expected a Long Call (RDMA_NOMSG): {:?}", hd.body)
+    };
+    assert!(chunks.reads.iter().all(|r| r.position == 0) && !chunks.reads.is_empty());
+    assert!(
+        chunks.reply.is_some(),
+        "a Reply chunk for the 1500-byte reply"
+    );
+    let short = sent(Params {
+        inline_recv: 1024,
+        ..with
+    });
+    assert!(short.len() > 1024);
+    assert!(matches!(
+        Header::decode(&short).unwrap().0.body,
+        Body::Msg(_)
+    ));
+    // The Responder as sender, answering the call that travelled inline (with its Reply
+    // chunk).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let replies = |params: Params| {
+        let mut r = rpcrdma::responder::Responder::new(
+            cfg(8),
+            params,
+            ulbs(),
+            std::collections::HashSet::new(),
+        );
+        let Incoming::Call(c) = r.on_receive(short.clone()) else {
+            panic!("the call was not delivered")
+        };
+        let reply =
+            rt.block_on(dispatcher().dispatch(c.message, oncrpc::CallContext::local(), c.policy));
+        r.reply(c.token, reply)
+    };
+    let last_send = |actions: Vec<rpcrdma::responder::Action>| {
+        let writes = actions
+            .iter()
+            .filter(|a| matches!(a, rpcrdma::responder::Action::Write { .. }))
+            .count();
+        match actions.into_iter().last() {
+            Some(rpcrdma::responder::Action::Send { data, .. }) => (writes, data),
+            other => panic!("expected a Send last: {other:?}"),
+        }
+    };
+    let (writes, long) = last_send(replies(without));
+    assert!(long.len() <= 1024, "{} bytes", long.len());
+    assert!(matches!(
+        Header::decode(&long).unwrap().0.body,
+        Body::NoMsg(_)
+    ));
+    assert!(writes >= 1, "the reply went into the Reply chunk");
+    let (writes, inline) = last_send(replies(with));
+    assert!(inline.len() > 1024);
+    assert!(matches!(
+        Header::decode(&inline).unwrap().0.body,
+        Body::Msg(_)
+    ));
+    assert_eq!(writes, 0);
+}
+
 /// The Reply chunk decision counts the reduced reply: a big DDP-eligible result that goes in a
 /// Write chunk does not also need a Reply chunk when the rest fits inline (5666bis §5.3.3 with
 /// §5.3.2; Linux's client does the same, and Linux nfsd 6.1 misreports the Reply chunk length

@@ -259,12 +259,19 @@ async fn loopback_backchannel_interleaved_with_forward_calls() {
     let conns = srv.connections();
     assert_eq!(conns.len(), 1);
     let sc = conns[0].clone();
-    // 5666bis §7.3.1: refused until the Upper Layer says the client is ready.
+    // 5666bis §7.3.1: refused until the Upper Layer says the client is ready, and nothing
+    // reaches the client.
+    let early = sc
+        .back_call(0x4000_0000, 1, 0, |_| {}, Duration::from_secs(5))
+        .await;
     assert!(
-        sc.back_call(0x4000_0000, 1, 0, |_| {}, Duration::from_secs(5))
-            .await
-            .is_err()
+        matches!(&early, Err(RpcError::Transport(s)) if s.contains("not enabled the backward direction")),
+        "{early:?}"
     );
+    // The forward call after it is answered only after anything sent before it (one
+    // connection, in order), so a backward call sent by mistake would be counted by now.
+    cl.call(CallRequest::null(PROG, VERS)).await.unwrap();
+    assert_eq!(cl.stats().back_calls, 0);
     sc.enable_backchannel();
     let mut set = tokio::task::JoinSet::new();
     for i in 0..50u32 {
