@@ -26,8 +26,9 @@
 //!
 //! What it does not do: RPC-over-RDMA version 2, the Read-Read transfer model, RDMA_MSGP
 //! padding, Write chunks in the backward direction, or reduction of any item its Upper-Layer
-//! Binding did not mark DDP-eligible. Requesters send calls of programs without a binding
-//! inline (5666bis §8 asks that they not be sent at all; see `CONFORMANCE.md`).
+//! Binding did not mark DDP-eligible. Requesters refuse calls of programs without a binding
+//! (`RpcError::NoBinding`, 5666bis §8); Responders still answer inline calls of such
+//! programs (see `CONFORMANCE.md`).
 
 pub mod driver;
 pub mod engine;

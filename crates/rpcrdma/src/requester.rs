@@ -1,9 +1,10 @@
 //! The Requester (client) engine, sans-IO.
 //!
 //! [`Requester::submit`] takes a finished RPC call message (with DDP-eligible arguments already
-//! reduced by the encoder) and what the Upper-Layer Binding knows about the reply; it registers
-//! memory through a [`Registrar`], picks the message form (5666bis §4.5) and emits a Send, or
-//! queues the call while the credit limit is reached (5666bis §4.3.1). [`Requester::on_receive`]
+//! reduced by the encoder) and what the Upper-Layer Binding knows about the reply; it refuses
+//! calls of programs without a binding (5666bis §8), registers memory through a
+//! [`Registrar`], picks the message form (5666bis §4.5) and emits a Send, or queues the call
+//! while the credit limit is reached (5666bis §4.3.1). [`Requester::on_receive`]
 //! matches replies by XID, fences the call's memory before completing it (5666bis §5.4.1),
 //! rebuilds the results from inline data, the Reply chunk and Write chunks, and releases
 //! queued calls. The same engine answers backward-direction calls (RFC 8167) with
@@ -106,6 +107,9 @@ pub struct RequesterStats {
     /// Replies that arrived for cancelled calls: their credit is taken back, the rest is
     /// discarded.
     pub late_replies: u64,
+    /// Calls refused without being sent: their program or version has no Upper-Layer
+    /// Binding (5666bis §8).
+    pub no_binding: u64,
 }
 
 /// One connection's Requester.
@@ -224,9 +228,31 @@ impl Requester {
         out
     }
 
-    /// Queue a call and send what the credit limit allows.
-    pub fn submit(&mut self, call: OutCall, reg: &mut dyn Registrar) -> Vec<Action> {
+    /// Queue a call and send what the credit limit allows. A call whose program and version
+    /// have no Upper-Layer Binding completes at once with [`RpcError::NoBinding`]: nothing is
+    /// registered or sent.
+    pub fn submit(&mut self, mut call: OutCall, reg: &mut dyn Registrar) -> Vec<Action> {
         let xid = call.xid;
+        // 5666bis §8 (RFC 8166 §6): "Requesters MUST NOT send RPC-over-RDMA messages for Upper
+        // Layer Protocols that do not have a Upper Layer Binding."
+        let Some(ulb) = self
+            .ulbs
+            .get(&call.prog)
+            .filter(|u| u.covers_version(call.vers))
+        else {
+            self.stats.no_binding += 1;
+            return vec![Action::Complete {
+                xid,
+                result: Err(RpcError::NoBinding {
+                    prog: call.prog,
+                    vers: call.vers,
+                }),
+            }];
+        };
+        if !ulb.has_ddp_items() {
+            // 5666bis §8.1: nothing of this program may be reduced, so no Write chunks.
+            call.no_reduction = true;
+        }
         self.calls.insert(
             xid,
             Outstanding {

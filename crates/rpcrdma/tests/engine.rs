@@ -2,6 +2,8 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 use common::*;
 use oncrpc::{AcceptStat, OpaqueAuth, ReplyExpectation, RpcError};
@@ -601,9 +603,37 @@ fn ineligible_read_chunk_gets_garbage_args() {
     assert_eq!(h.creg.live(), 0);
 }
 
+/// A client-side binding for a program the server has none for (client and server disagree).
+struct ClientOnlyBinding(u32);
+
+impl rpcrdma::ulb::UpperLayerBinding for ClientOnlyBinding {
+    fn program(&self) -> u32 {
+        self.0
+    }
+    fn call_ddp_items(
+        &self,
+        _vers: u32,
+        _proc_: u32,
+        _args: &[u8],
+    ) -> Result<Vec<std::ops::Range<usize>>, rpcrdma::ulb::UlbError> {
+        Ok(Vec::new())
+    }
+    fn max_reply_size(&self, _vers: u32, _proc_: u32, _args: &[u8]) -> Option<usize> {
+        None
+    }
+}
+
 #[test]
 fn program_without_binding_gets_garbage_args_for_chunks() {
     let mut h = Harness::new(cfg(8), cfg(8));
+    // Only the client has a binding for 100003 (its Requester refuses unbound programs).
+    let b: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(ClientOnlyBinding(100_003));
+    h.req = rpcrdma::requester::Requester::new(
+        cfg(8),
+        Arc::new(std::iter::once((100_003, b)).collect()),
+    );
+    let params = h.params;
+    assert!(h.req.on_connect(params, &mut h.creg).is_empty());
     let hdr = oncrpc::CallHeader {
         xid: 6,
         prog: 100_003,
@@ -696,6 +726,102 @@ fn timeout_fences_memory_and_keeps_the_credit() {
             .all(|x| !matches!(x, rpcrdma::requester::Action::Complete { .. }))
     );
     assert_eq!(h.req.in_flight(), 0);
+}
+
+/// 5666bis §8 (RFC 8166 §6): "Requesters MUST NOT send RPC-over-RDMA messages for Upper Layer
+/// Protocols that do not have a Upper Layer Binding." A call of a program without a binding,
+/// or of a version the binding does not cover, completes at once with `NoBinding`: nothing is
+/// registered or sent, and no credit is used.
+#[test]
+fn calls_without_a_binding_are_refused_before_sending() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    let registered = h.creg.registered;
+    for (xid, prog, vers) in [(1u32, PROG + 1, VERS), (2, PROG, VERS + 1)] {
+        // A call that would use a Read chunk and a Write chunk if it were sent.
+        let mut e = xdr::Encoder::new().with_policy(reduce(1));
+        oncrpc::CallHeader {
+            xid,
+            prog,
+            vers,
+            proc_: ECHO,
+            cred: OpaqueAuth::none(),
+            verf: OpaqueAuth::none(),
+        }
+        .encode(&mut e);
+        e.put_u32(xid);
+        e.put_ddp_opaque(pattern(5000, 1));
+        e.put_opaque(b"");
+        let call = rpcrdma::requester::OutCall {
+            prog,
+            vers,
+            ..out_call(xid, ECHO, e.finish(), expect(5000, 0, true))
+        };
+        let a = h.req.submit(call, &mut h.creg);
+        assert!(
+            matches!(
+                a.as_slice(),
+                [rpcrdma::requester::Action::Complete { xid: x, result: Err(RpcError::NoBinding { prog: p, vers: v }) }]
+                    if (*x, *p, *v) == (xid, prog, vers)
+            ),
+            "{a:?}"
+        );
+    }
+    assert!(h.to_server.is_empty(), "nothing was sent");
+    assert_eq!(h.creg.registered, registered, "nothing was registered");
+    assert_eq!((h.req.pending(), h.req.in_flight()), (0, 0));
+    let s = h.req.stats();
+    assert_eq!((s.no_binding, s.sent), (2, 0), "{s:?}");
+    // The bound program and version still go.
+    echo(&mut h, 3, 5000, 3, reduce(1), expect(5000, 3, true));
+    assert_eq!(h.req.stats().no_binding, 2);
+}
+
+/// A program whose binding makes nothing DDP-eligible (`InlineBinding`, e.g. NFSACL by RFC 8267
+/// §5.2) is sent, but gets no Write chunk even when the caller lists DDP-eligible results; the
+/// same call under the echo binding gets one.
+#[test]
+fn inline_binding_is_sent_without_write_chunks() {
+    use rpcrdma::engine::{MemRegistrar, Params};
+    use rpcrdma::ulb::{InlineBinding, UpperLayerBinding};
+    let params: Params = Config::default()
+        .negotiate(Some(Config::default().private_data()))
+        .into();
+    let inline: Arc<dyn UpperLayerBinding> = Arc::new(InlineBinding::new(PROG, VERS..=VERS));
+    let bindings = [
+        ("echo", ulbs()),
+        (
+            "inline",
+            Arc::new(std::iter::once((PROG, inline)).collect()),
+        ),
+    ];
+    for (name, b) in bindings {
+        let mut reg = MemRegistrar::new(5);
+        let mut q = rpcrdma::requester::Requester::new(cfg(8), b);
+        assert!(q.on_connect(params, &mut reg).is_empty());
+        let d = pattern(2000, 3);
+        let m = echo_message(
+            1,
+            OpaqueAuth::none(),
+            DdpPolicy::Inline,
+            1,
+            &d,
+            &Bytes::new(),
+        );
+        let sent = match q
+            .submit(out_call(1, ECHO, m, expect(2000, 0, true)), &mut reg)
+            .pop()
+        {
+            Some(rpcrdma::requester::Action::Send { data, .. }) => data,
+            other => panic!("{name}: expected a Send: {other:?}"),
+        };
+        let (hd, _) = Header::decode(&sent).unwrap();
+        let Body::Msg(chunks) = hd.body else {
+            panic!("{name}: expected RDMA_MSG")
+        };
+        let expected = usize::from(name == "echo");
+        assert_eq!(chunks.writes.len(), expected, "{name}");
+        assert_eq!(q.stats().write_chunk_calls, expected as u64, "{name}");
+    }
 }
 
 /// 5666bis §5.4.1 (RFC 8166 §4.3.1): the segments of a canceled RPC are fenced, because the
