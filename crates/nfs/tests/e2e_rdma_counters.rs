@@ -3,8 +3,9 @@
 //!
 //! - WRITE data goes in a Read chunk and READ data comes back in a Write chunk (RFC 8267
 //!   §4.1 with the NFS binding);
-//! - without a binding (no DDP), a WRITE larger than the inline threshold is a Long Call:
-//!   RDMA_NOMSG with a Position-Zero Read chunk (5666bis §4.5.3);
+//! - with a binding that makes nothing DDP-eligible (a client without a binding may not send
+//!   at all, RFC 8166 §6), a WRITE larger than the inline threshold is a Long Call: RDMA_NOMSG
+//!   with a Position-Zero Read chunk (5666bis §4.5.3);
 //! - a READDIRPLUS reply larger than the inline threshold comes back through the Reply chunk
 //!   as RDMA_NOMSG (5666bis §4.5.3 Long Reply);
 //! - permission and export-escape attempts fail over RDMA with the same NFSv3 status as over
@@ -25,6 +26,7 @@ use nfs::serve::{ServeConfig, start};
 use nfs::ulb::NfsBinding;
 use oncrpc::{RpcTransport, TcpClient};
 use rpcrdma::requester::RequesterStats;
+use rpcrdma::ulb::InlineBinding;
 use rpcrdma::{RdmaClient, TransportConfig};
 
 fn local() -> SocketAddr {
@@ -38,11 +40,12 @@ fn pattern(len: usize, seed: u8) -> Bytes {
         .into()
 }
 
-async fn client(addr: SocketAddr, binding: bool) -> (Arc<RdmaClient>, Nfs3Client) {
-    let ulbs: Vec<Arc<dyn rpcrdma::ulb::UpperLayerBinding>> = if binding {
+/// A client with the NFS binding (`ddp`), or with one under which nothing is DDP-eligible.
+async fn client(addr: SocketAddr, ddp: bool) -> (Arc<RdmaClient>, Nfs3Client) {
+    let ulbs: Vec<Arc<dyn rpcrdma::ulb::UpperLayerBinding>> = if ddp {
         vec![Arc::new(NfsBinding::new())]
     } else {
-        Vec::new()
+        vec![Arc::new(InlineBinding::new(nfs::nfs3::PROGRAM, 3..=3))]
     };
     let r = Arc::new(
         RdmaClient::connect_with(addr, TransportConfig::default(), ulbs, None)
@@ -147,7 +150,7 @@ async fn forms() {
     assert!(d.long_reply >= 1 && d.nomsg_replies >= 1, "{d:?}");
     assert_eq!(d.rdma_errors, 0, "{d:?}");
 
-    // Without a binding nothing is DDP-eligible: a 64 KiB WRITE exceeds the inline threshold
+    // With nothing DDP-eligible: a 64 KiB WRITE exceeds the inline threshold
     // and goes as a Long Call (RDMA_NOMSG, Position-Zero Read chunk); the 64 KiB READ reply
     // comes back through the Reply chunk.
     let (r2, c2) = client(rdma_addr, false).await;

@@ -122,6 +122,12 @@ pub enum RpcError {
     /// The transport has been shut down.
     #[error("RPC client is closed")]
     Closed,
+    /// The transport may not carry calls of this program and version, so nothing was sent.
+    /// RPC-over-RDMA carries only programs that have an Upper-Layer Binding (RFC 8166 §6:
+    /// "Requesters MUST NOT send RPC-over-RDMA messages for Upper-Layer Protocols that do not
+    /// have an Upper-Layer Binding").
+    #[error("program {prog} version {vers} has no Upper-Layer Binding on this transport; not sent")]
+    NoBinding { prog: u32, vers: u32 },
 }
 
 /// A client transport: sends calls, matches replies by XID, returns the results of an

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use oncrpc::{Dispatcher, RpcTransport, ServerConfig, TcpClient, TcpServer};
+use rpcrdma::ulb::{InlineBinding, UpperLayerBinding};
 use rpcrdma::{RdmaClient, RdmaServer, TransportConfig};
 
 /// One place to serve on or connect to.
@@ -133,9 +134,14 @@ pub async fn serve(
     }
 }
 
-/// Connect an RPC client transport to `endpoint`.
+/// Connect an RPC client transport to `endpoint`, for NULL calls of version `vers` of program
+/// `prog`. Over RPC-over-RDMA a program needs an Upper-Layer Binding (RFC 8166 §6) or the
+/// client refuses its calls; NULL has no DDP-eligible item, so the client declares a binding
+/// without any ([`InlineBinding`]).
 pub async fn connect(
     endpoint: Endpoint,
+    prog: u32,
+    vers: u32,
 ) -> Result<Arc<dyn RpcTransport>, Box<dyn std::error::Error + Send + Sync>> {
     match endpoint {
         Endpoint::Tcp(addr) => {
@@ -145,7 +151,9 @@ pub async fn connect(
             Ok(Arc::new(c))
         }
         Endpoint::Rdma(addr) => {
-            let c = RdmaClient::connect(addr, TransportConfig::default())
+            let null_only: Arc<dyn UpperLayerBinding> =
+                Arc::new(InlineBinding::new(prog, vers..=vers));
+            let c = RdmaClient::connect(addr, TransportConfig::default(), vec![null_only])
                 .await
                 .map_err(|e| format!("cannot connect to rdma://{addr}: {e}"))?;
             Ok(Arc::new(c))

@@ -708,9 +708,10 @@ struct ClientInner {
     next_xid: AtomicU32,
     back: Option<Dispatcher>,
     reconnects: AtomicU64,
-    /// Programs with an Upper-Layer Binding: only their calls may use Read or Write chunks
-    /// for DDP-eligible items (5666bis §8).
-    bound: HashSet<u32>,
+    /// Programs whose Upper-Layer Binding makes some item DDP-eligible: only their calls
+    /// are encoded with reduction (5666bis §8.1). Calls of programs without a binding are
+    /// refused by the Requester (5666bis §8).
+    reducing: HashSet<u32>,
 }
 
 impl ClientInner {
@@ -781,13 +782,20 @@ impl Drop for RdmaClient {
 }
 
 impl RdmaClient {
-    /// Connect to an RPC-over-RDMA server.
-    pub async fn connect(addr: SocketAddr, config: TransportConfig) -> Result<Self, DriverError> {
-        Self::connect_with(addr, config, Vec::new(), None).await
+    /// Connect to an RPC-over-RDMA server. `ulbs` are the Upper-Layer Bindings of the
+    /// programs this client calls: calls of any other program (or of a version its binding
+    /// does not cover) fail with [`RpcError::NoBinding`] without being sent (5666bis §8).
+    /// [`crate::ulb::InlineBinding`] serves programs with no DDP-eligible item.
+    pub async fn connect(
+        addr: SocketAddr,
+        config: TransportConfig,
+        ulbs: Vec<Arc<dyn UpperLayerBinding>>,
+    ) -> Result<Self, DriverError> {
+        Self::connect_with(addr, config, ulbs, None).await
     }
 
-    /// Connect with Upper-Layer Bindings (needed to place Write chunk data in replies) and an
-    /// optional backward-direction service (RFC 8167 callbacks).
+    /// [`RdmaClient::connect`] with an optional backward-direction service (RFC 8167
+    /// callbacks; backward-direction programs need no binding, 5666bis §7.4).
     pub async fn connect_with(
         addr: SocketAddr,
         config: TransportConfig,
@@ -795,7 +803,11 @@ impl RdmaClient {
         backchannel: Option<Dispatcher>,
     ) -> Result<Self, DriverError> {
         let cfg = config.rpc.clone();
-        let bound: HashSet<u32> = ulbs.iter().map(|u| u.program()).collect();
+        let reducing: HashSet<u32> = ulbs
+            .iter()
+            .filter(|u| u.has_ddp_items())
+            .map(|u| u.program())
+            .collect();
         let req = Requester::new(
             cfg.clone(),
             Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect()),
@@ -821,7 +833,7 @@ impl RdmaClient {
             next_xid: AtomicU32::new(rand::random::<u32>() | 1),
             back: backchannel,
             reconnects: AtomicU64::new(0),
-            bound,
+            reducing,
         });
         let task = tokio::spawn(client_recv_loop(inner.clone(), rcq));
         Ok(RdmaClient { inner, task })
@@ -965,16 +977,55 @@ async fn pump_receives(inner: &Arc<ClientInner>, rcq: &CompletionQueue) {
     }
 }
 
+/// Cancels a call whose future is dropped before it completes (the caller's own timeout, a
+/// `select!` that took another branch, an aborted task).
+///
+/// 5666bis §5.4.1 (RFC 8166 §4.3.1): the memory of a canceled RPC must be fenced from the
+/// responder, which "cannot know that the requester is no longer waiting for a reply, and
+/// might proceed to read or even update memory". [`Requester::cancel`] takes the XID out of
+/// the pending table (a late reply is discarded and counted in `late_replies`) and
+/// invalidates every region of the call through the [`VerbsRegistrar`] before `drop`
+/// returns.
+struct CallGuard<'a> {
+    inner: &'a Arc<ClientInner>,
+    xid: u32,
+    armed: bool,
+}
+
+impl CallGuard<'_> {
+    fn cancel(&mut self, err: RpcError) {
+        if !std::mem::take(&mut self.armed) {
+            return;
+        }
+        let actions = {
+            let mut st = lock(&self.inner.state);
+            let ClientState { req, reg, .. } = &mut *st;
+            req.cancel(self.xid, err, reg)
+        };
+        // Only `Complete` (whose waiter, if any, is dropped or about to be) and `Close` (an
+        // invalidation failed: 5666bis §5.5.4, fence by closing) come back from a cancel;
+        // neither needs a runtime, so this is safe in `drop`.
+        apply_client(self.inner, actions);
+    }
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        self.cancel(RpcError::Transport("call dropped before its reply".into()));
+    }
+}
+
 impl RpcTransport for RdmaClient {
     fn call(&self, req: CallRequest) -> BoxFuture<'_, Result<Bytes, RpcError>> {
         Box::pin(async move {
             let inner = &self.inner;
             let xid = inner.next_xid.fetch_add(1, Ordering::Relaxed);
             // Nothing is reduced under RPCSEC_GSS integrity or privacy (5666bis §10.2.2.3), nor
-            // for a program without an Upper-Layer Binding (5666bis §8.1: only items a binding
-            // marks DDP-eligible may be reduced). Long messages still use chunks.
+            // for a program whose binding makes nothing DDP-eligible (5666bis §8.1: only items
+            // a binding marks DDP-eligible may be reduced). Long messages still use chunks.
+            // Calls of programs without a binding are refused by `Requester::submit`.
             let no_reduction = Credential::parse(&req.cred).is_ok_and(|c| c.forbids_reduction())
-                || !inner.bound.contains(&req.prog);
+                || !inner.reducing.contains(&req.prog);
             let cfg = &inner.cfg.rpc;
             let policy = if no_reduction {
                 DdpPolicy::Inline
@@ -1016,18 +1067,28 @@ impl RpcTransport for RdmaClient {
                 let ClientState { req, reg, .. } = &mut *st;
                 req.submit(call, reg)
             };
+            // From here on the call holds registered memory: if this future is dropped before
+            // the call completes, the guard cancels it.
+            let mut guard = CallGuard {
+                inner,
+                xid,
+                armed: true,
+            };
             apply_client(inner, actions);
             match tokio::time::timeout(timeout, rx).await {
-                Ok(Ok(r)) => r,
-                Ok(Err(_)) => Err(RpcError::Closed),
+                Ok(Ok(r)) => {
+                    // The engine completed it, after fencing its memory.
+                    guard.armed = false;
+                    r
+                }
+                Ok(Err(_)) => {
+                    // The waiter went away without a result: make sure nothing stays registered.
+                    guard.cancel(RpcError::Closed);
+                    Err(RpcError::Closed)
+                }
                 Err(_) => {
                     // 5666bis §5.4.1: fence the call's memory before reporting the timeout.
-                    let actions = {
-                        let mut st = lock(&inner.state);
-                        let ClientState { req, reg, .. } = &mut *st;
-                        req.cancel(xid, RpcError::Timeout, reg)
-                    };
-                    apply_client(inner, actions);
+                    guard.cancel(RpcError::Timeout);
                     Err(RpcError::Timeout)
                 }
             }
@@ -1039,11 +1100,13 @@ impl RpcTransport for RdmaClient {
     }
 }
 
-/// Connect to `rdma://host:port` (RPC-over-RDMA over soft-iWARP, or the device in `config`)
-/// or `tcp://host:port` (ONC RPC over TCP with record marking, `oncrpc::TcpClient`).
+/// Connect to `rdma://host:port` (RPC-over-RDMA over soft-iWARP, or the device in `config`;
+/// `ulbs` as in [`RdmaClient::connect`]) or `tcp://host:port` (ONC RPC over TCP with record
+/// marking, `oncrpc::TcpClient`; `config` and `ulbs` are not used).
 pub async fn connect(
     url: &str,
     config: TransportConfig,
+    ulbs: Vec<Arc<dyn UpperLayerBinding>>,
 ) -> Result<Arc<dyn RpcTransport>, DriverError> {
     let (tcp, rest) = if let Some(r) = url.strip_prefix("rdma://") {
         (false, r)
@@ -1061,5 +1124,5 @@ pub async fn connect(
         let c = oncrpc::TcpClient::connect(addr).await?;
         return Ok(Arc::new(c));
     }
-    Ok(Arc::new(RdmaClient::connect(addr, config).await?))
+    Ok(Arc::new(RdmaClient::connect(addr, config, ulbs).await?))
 }

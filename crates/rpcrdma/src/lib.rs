@@ -14,8 +14,8 @@
 //!   thresholds, every message form (Short, Chunked with Read and Write chunks, Long Call via a
 //!   Position-Zero Read chunk, Long Reply via the Reply chunk), XDR round-up, DDP-eligibility
 //!   checks against the [`ulb::UpperLayerBinding`], chunk-complexity limits, fencing of memory
-//!   before an RPC completes (also on timeout), RPCSEC_GSS integrity/privacy (no reduction),
-//!   the error rules of 5666bis §5.5 (including RDMA_ERR_CHUNK for XIDs whose reply was lost),
+//!   before an RPC completes (also on timeout, and when the caller drops the call's future),
+//!   RPCSEC_GSS integrity/privacy (no reduction), the error rules of 5666bis §5.5 (including RDMA_ERR_CHUNK for XIDs whose reply was lost),
 //!   retransmission with the same XID after a reconnect, and the backward direction (RFC 8167)
 //!   with its own XIDs and credits, only after the Upper Layer enabled it.
 //! - [`driver`]: thin tokio drivers over the `verbs` crate: [`RdmaServer`] serves an
@@ -26,8 +26,9 @@
 //!
 //! What it does not do: RPC-over-RDMA version 2, the Read-Read transfer model, RDMA_MSGP
 //! padding, Write chunks in the backward direction, or reduction of any item its Upper-Layer
-//! Binding did not mark DDP-eligible. Requesters send calls of programs without a binding
-//! inline (5666bis §8 asks that they not be sent at all; see `CONFORMANCE.md`).
+//! Binding did not mark DDP-eligible. Requesters refuse calls of programs without a binding
+//! (`RpcError::NoBinding`, 5666bis §8); Responders still answer inline calls of such
+//! programs (see `CONFORMANCE.md`).
 
 pub mod driver;
 pub mod engine;

@@ -1,9 +1,10 @@
 //! The Requester (client) engine, sans-IO.
 //!
 //! [`Requester::submit`] takes a finished RPC call message (with DDP-eligible arguments already
-//! reduced by the encoder) and what the Upper-Layer Binding knows about the reply; it registers
-//! memory through a [`Registrar`], picks the message form (5666bis §4.5) and emits a Send, or
-//! queues the call while the credit limit is reached (5666bis §4.3.1). [`Requester::on_receive`]
+//! reduced by the encoder) and what the Upper-Layer Binding knows about the reply; it refuses
+//! calls of programs without a binding (5666bis §8), registers memory through a
+//! [`Registrar`], picks the message form (5666bis §4.5) and emits a Send, or queues the call
+//! while the credit limit is reached (5666bis §4.3.1). [`Requester::on_receive`]
 //! matches replies by XID, fences the call's memory before completing it (5666bis §5.4.1),
 //! rebuilds the results from inline data, the Reply chunk and Write chunks, and releases
 //! queued calls. The same engine answers backward-direction calls (RFC 8167) with
@@ -100,6 +101,15 @@ pub struct RequesterStats {
     pub write_chunk_replies: u64,
     /// Replies sent as RDMA_NOMSG: the whole reply came through the Reply chunk (Long Reply).
     pub nomsg_replies: u64,
+    /// Calls cancelled before their reply ([`Requester::cancel`]: a timeout, or a caller that
+    /// gave up); their memory was fenced when they were cancelled.
+    pub cancelled: u64,
+    /// Replies that arrived for cancelled calls: their credit is taken back, the rest is
+    /// discarded.
+    pub late_replies: u64,
+    /// Calls refused without being sent: their program or version has no Upper-Layer
+    /// Binding (5666bis §8).
+    pub no_binding: u64,
 }
 
 /// One connection's Requester.
@@ -218,9 +228,31 @@ impl Requester {
         out
     }
 
-    /// Queue a call and send what the credit limit allows.
-    pub fn submit(&mut self, call: OutCall, reg: &mut dyn Registrar) -> Vec<Action> {
+    /// Queue a call and send what the credit limit allows. A call whose program and version
+    /// have no Upper-Layer Binding completes at once with [`RpcError::NoBinding`]: nothing is
+    /// registered or sent.
+    pub fn submit(&mut self, mut call: OutCall, reg: &mut dyn Registrar) -> Vec<Action> {
         let xid = call.xid;
+        // 5666bis §8 (RFC 8166 §6): "Requesters MUST NOT send RPC-over-RDMA messages for Upper
+        // Layer Protocols that do not have a Upper Layer Binding."
+        let Some(ulb) = self
+            .ulbs
+            .get(&call.prog)
+            .filter(|u| u.covers_version(call.vers))
+        else {
+            self.stats.no_binding += 1;
+            return vec![Action::Complete {
+                xid,
+                result: Err(RpcError::NoBinding {
+                    prog: call.prog,
+                    vers: call.vers,
+                }),
+            }];
+        };
+        if !ulb.has_ddp_items() {
+            // 5666bis §8.1: nothing of this program may be reduced, so no Write chunks.
+            call.no_reduction = true;
+        }
         self.calls.insert(
             xid,
             Outstanding {
@@ -403,12 +435,20 @@ impl Requester {
         out
     }
 
-    /// Abandon a call (timeout or cancellation). Its memory is fenced now; if it was sent,
-    /// it keeps its credit until a reply for it arrives or the connection ends.
+    /// Abandon a call (timeout, or a caller that stopped waiting). The call leaves the
+    /// pending table and every region it registered (Read chunks, Write chunks, Reply chunk,
+    /// Position-Zero Read chunk) is invalidated through `reg` before this returns; the
+    /// actions hold its `Complete` (with `err`) and a `Close` if some region could not be
+    /// invalidated. If it was sent, it keeps its credit until a reply for it arrives (that
+    /// reply is then discarded and counted in [`RequesterStats::late_replies`]) or the
+    /// connection ends. Unknown or already completed XIDs: nothing happens.
     pub fn cancel(&mut self, xid: u32, err: RpcError, reg: &mut dyn Registrar) -> Vec<Action> {
         let Some(o) = self.calls.get(&xid) else {
             return Vec::new();
         };
+        // 5666bis §5.4.1 (RFC 8166 §4.3.1): segments of canceled RPCs are fenced too, since
+        // "a responder cannot know that the requester is no longer waiting for a reply".
+        self.stats.cancelled += 1;
         if o.sent && self.connected {
             self.abandoned.insert(xid);
         } else {
@@ -479,6 +519,9 @@ impl Requester {
         if known {
             let result = self.reply_result(xid, &h, inline, reg);
             out.extend(self.finish(xid, result, remote_invalidated, reg));
+        } else {
+            // The reply to a cancelled call: its memory is already fenced, nobody waits.
+            self.stats.late_replies += 1;
         }
         out.extend(self.pump(reg));
         out

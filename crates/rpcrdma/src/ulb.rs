@@ -15,8 +15,13 @@
 //!   (a chunk elsewhere is a DDP-eligibility violation: GARBAGE_ARGS, 5666bis §5.5.2).
 //! - Responder, reply side: the program's result encoder calls `put_ddp_opaque` for eligible
 //!   items, and the transport's [`xdr::DdpPolicy`] decides whether they land in Write chunks.
+//!
+//! 5666bis §8 (RFC 8166 §6): "Requesters MUST NOT send RPC-over-RDMA messages for Upper Layer
+//! Protocols that do not have a Upper Layer Binding." The Requester therefore refuses calls of
+//! programs (and versions, [`UpperLayerBinding::covers_version`]) it holds no binding for.
+//! Programs whose binding makes nothing DDP-eligible use [`InlineBinding`].
 
-use std::ops::Range;
+use std::ops::{Range, RangeInclusive};
 
 /// Chunk-complexity limits a Responder accepts (RFC 8267 §6.4.2 defaults for NFS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +85,21 @@ pub trait UpperLayerBinding: Send + Sync + 'static {
         ChunkLimits::default()
     }
 
+    /// Whether this binding covers version `vers` of the program (5666bis §8: a binding is
+    /// for an RPC Program and Version tuple). A Requester refuses calls of versions it does
+    /// not cover. The default covers every version.
+    fn covers_version(&self, vers: u32) -> bool {
+        let _ = vers;
+        true
+    }
+
+    /// Whether any item of the program is DDP-eligible. When not, a Requester reduces nothing
+    /// and offers no Write chunks for its calls; long messages still travel in a Position-Zero
+    /// Read chunk or the Reply chunk (5666bis §8.1). The default says some item is.
+    fn has_ddp_items(&self) -> bool {
+        true
+    }
+
     /// Requester side (added after the first version of this trait; the default keeps older
     /// implementations compiling): where the result items that the Responder moved into Write
     /// chunks belong. `results` is the reduced result stream (after the RPC reply header) and
@@ -96,5 +116,56 @@ pub trait UpperLayerBinding: Send + Sync + 'static {
     ) -> Result<Vec<usize>, UlbError> {
         let _ = (results, written);
         Err(UlbError::Unknown { vers, proc_ })
+    }
+}
+
+/// A binding under which no item of the program is DDP-eligible (RFC 8267 §5.2 says so of
+/// NFSACL; a test program only ever called with NULL is another case). Calls and replies
+/// travel inline, or whole in a Position-Zero Read chunk or the Reply chunk when they are long
+/// (5666bis §8.1: such items "MAY, however, be moved as part of a Position Zero Read Chunk or
+/// a Reply chunk"). A Responder holding it answers a Read chunk anywhere else with
+/// GARBAGE_ARGS. It cannot bound replies: callers give the bound in
+/// [`oncrpc::ReplyExpectation::max_len`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InlineBinding {
+    program: u32,
+    versions: RangeInclusive<u32>,
+}
+
+impl InlineBinding {
+    /// A binding for `versions` of `program`.
+    pub fn new(program: u32, versions: RangeInclusive<u32>) -> Self {
+        InlineBinding { program, versions }
+    }
+}
+
+impl UpperLayerBinding for InlineBinding {
+    fn program(&self) -> u32 {
+        self.program
+    }
+
+    fn call_ddp_items(
+        &self,
+        vers: u32,
+        proc_: u32,
+        _args: &[u8],
+    ) -> Result<Vec<Range<usize>>, UlbError> {
+        if self.versions.contains(&vers) {
+            Ok(Vec::new())
+        } else {
+            Err(UlbError::Unknown { vers, proc_ })
+        }
+    }
+
+    fn max_reply_size(&self, _vers: u32, _proc_: u32, _args: &[u8]) -> Option<usize> {
+        None
+    }
+
+    fn covers_version(&self, vers: u32) -> bool {
+        self.versions.contains(&vers)
+    }
+
+    fn has_ddp_items(&self) -> bool {
+        false
     }
 }

@@ -2,6 +2,8 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 use common::*;
 use oncrpc::{AcceptStat, OpaqueAuth, ReplyExpectation, RpcError};
@@ -252,6 +254,115 @@ fn long_call_long_reply_and_both() {
     assert_eq!(h.creg.live(), 0);
 }
 
+/// 5666bis §4.3.3: "In the absence of a mechanism for discovering a peer's inline threshold,
+/// senders MUST assume 1024 bytes." Without RFC 8797 private data from the peer, neither
+/// engine sends more than 1024 bytes: a 1540-byte call becomes a Long Call, a 1540-byte reply
+/// goes through the Reply chunk. With the peer's 4096 advertised, the same messages travel
+/// inline (so the test tells the two apart).
+#[test]
+fn senders_assume_1024_bytes_without_private_data() {
+    use rpcrdma::engine::{MemRegistrar, Params};
+    use rpcrdma::privdata::PrivateData;
+    assert_eq!(
+        Params::default().inline_send,
+        1024,
+        "before any negotiation"
+    );
+    let without: Params = Config::default().negotiate(None).into();
+    let with: Params = Config::default()
+        .negotiate(Some(PrivateData::new(4096, true)))
+        .into();
+    assert_eq!((without.inline_send, with.inline_send), (1024, 4096));
+    let data = pattern(10, 1);
+    let extra = pattern(1500, 2);
+    let message = || echo_message(7, OpaqueAuth::none(), DdpPolicy::Inline, 7, &data, &extra);
+    // The Requester as sender. Its own receive buffers are 1024 bytes, so it also offers a
+    // Reply chunk for the 1500-byte reply (used below).
+    let client = Config {
+        inline_recv: 1024,
+        ..cfg(8)
+    };
+    let sent = |params: Params| {
+        let mut reg = MemRegistrar::new(1);
+        let mut q = rpcrdma::requester::Requester::new(client.clone(), ulbs());
+        assert!(q.on_connect(params, &mut reg).is_empty());
+        let reply = expect(10, 1500, false);
+        match q
+            .submit(out_call(7, ECHO, message(), reply), &mut reg)
+            .pop()
+        {
+            Some(rpcrdma::requester::Action::Send { data, .. }) => data,
+            other => panic!("expected a Send: {other:?}"),
+        }
+    };
+    let call = sent(Params {
+        inline_recv: 1024,
+        ..without
+    });
+    assert!(call.len() <= 1024, "{} bytes", call.len());
+    let (hd, _) = Header::decode(&call).unwrap();
+    let Body::NoMsg(chunks) = &hd.body else {
+        panic!("expected a Long Call (RDMA_NOMSG): {:?}", hd.body)
+    };
+    assert!(chunks.reads.iter().all(|r| r.position == 0) && !chunks.reads.is_empty());
+    assert!(
+        chunks.reply.is_some(),
+        "a Reply chunk for the 1500-byte reply"
+    );
+    let short = sent(Params {
+        inline_recv: 1024,
+        ..with
+    });
+    assert!(short.len() > 1024);
+    assert!(matches!(
+        Header::decode(&short).unwrap().0.body,
+        Body::Msg(_)
+    ));
+    // The Responder as sender, answering the call that travelled inline (with its Reply
+    // chunk).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let replies = |params: Params| {
+        let mut r = rpcrdma::responder::Responder::new(
+            cfg(8),
+            params,
+            ulbs(),
+            std::collections::HashSet::new(),
+        );
+        let Incoming::Call(c) = r.on_receive(short.clone()) else {
+            panic!("the call was not delivered")
+        };
+        let reply =
+            rt.block_on(dispatcher().dispatch(c.message, oncrpc::CallContext::local(), c.policy));
+        r.reply(c.token, reply)
+    };
+    let last_send = |actions: Vec<rpcrdma::responder::Action>| {
+        let writes = actions
+            .iter()
+            .filter(|a| matches!(a, rpcrdma::responder::Action::Write { .. }))
+            .count();
+        match actions.into_iter().last() {
+            Some(rpcrdma::responder::Action::Send { data, .. }) => (writes, data),
+            other => panic!("expected a Send last: {other:?}"),
+        }
+    };
+    let (writes, long) = last_send(replies(without));
+    assert!(long.len() <= 1024, "{} bytes", long.len());
+    assert!(matches!(
+        Header::decode(&long).unwrap().0.body,
+        Body::NoMsg(_)
+    ));
+    assert!(writes >= 1, "the reply went into the Reply chunk");
+    let (writes, inline) = last_send(replies(with));
+    assert!(inline.len() > 1024);
+    assert!(matches!(
+        Header::decode(&inline).unwrap().0.body,
+        Body::Msg(_)
+    ));
+    assert_eq!(writes, 0);
+}
+
 /// The Reply chunk decision counts the reduced reply: a big DDP-eligible result that goes in a
 /// Write chunk does not also need a Reply chunk when the rest fits inline (5666bis §5.3.3 with
 /// §5.3.2; Linux's client does the same, and Linux nfsd 6.1 misreports the Reply chunk length
@@ -492,9 +603,37 @@ fn ineligible_read_chunk_gets_garbage_args() {
     assert_eq!(h.creg.live(), 0);
 }
 
+/// A client-side binding for a program the server has none for (client and server disagree).
+struct ClientOnlyBinding(u32);
+
+impl rpcrdma::ulb::UpperLayerBinding for ClientOnlyBinding {
+    fn program(&self) -> u32 {
+        self.0
+    }
+    fn call_ddp_items(
+        &self,
+        _vers: u32,
+        _proc_: u32,
+        _args: &[u8],
+    ) -> Result<Vec<std::ops::Range<usize>>, rpcrdma::ulb::UlbError> {
+        Ok(Vec::new())
+    }
+    fn max_reply_size(&self, _vers: u32, _proc_: u32, _args: &[u8]) -> Option<usize> {
+        None
+    }
+}
+
 #[test]
 fn program_without_binding_gets_garbage_args_for_chunks() {
     let mut h = Harness::new(cfg(8), cfg(8));
+    // Only the client has a binding for 100003 (its Requester refuses unbound programs).
+    let b: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(ClientOnlyBinding(100_003));
+    h.req = rpcrdma::requester::Requester::new(
+        cfg(8),
+        Arc::new(std::iter::once((100_003, b)).collect()),
+    );
+    let params = h.params;
+    assert!(h.req.on_connect(params, &mut h.creg).is_empty());
     let hdr = oncrpc::CallHeader {
         xid: 6,
         prog: 100_003,
@@ -587,6 +726,202 @@ fn timeout_fences_memory_and_keeps_the_credit() {
             .all(|x| !matches!(x, rpcrdma::requester::Action::Complete { .. }))
     );
     assert_eq!(h.req.in_flight(), 0);
+}
+
+/// 5666bis §8 (RFC 8166 §6): "Requesters MUST NOT send RPC-over-RDMA messages for Upper Layer
+/// Protocols that do not have a Upper Layer Binding." A call of a program without a binding,
+/// or of a version the binding does not cover, completes at once with `NoBinding`: nothing is
+/// registered or sent, and no credit is used.
+#[test]
+fn calls_without_a_binding_are_refused_before_sending() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    let registered = h.creg.registered;
+    for (xid, prog, vers) in [(1u32, PROG + 1, VERS), (2, PROG, VERS + 1)] {
+        // A call that would use a Read chunk and a Write chunk if it were sent.
+        let mut e = xdr::Encoder::new().with_policy(reduce(1));
+        oncrpc::CallHeader {
+            xid,
+            prog,
+            vers,
+            proc_: ECHO,
+            cred: OpaqueAuth::none(),
+            verf: OpaqueAuth::none(),
+        }
+        .encode(&mut e);
+        e.put_u32(xid);
+        e.put_ddp_opaque(pattern(5000, 1));
+        e.put_opaque(b"");
+        let call = rpcrdma::requester::OutCall {
+            prog,
+            vers,
+            ..out_call(xid, ECHO, e.finish(), expect(5000, 0, true))
+        };
+        let a = h.req.submit(call, &mut h.creg);
+        assert!(
+            matches!(
+                a.as_slice(),
+                [rpcrdma::requester::Action::Complete { xid: x, result: Err(RpcError::NoBinding { prog: p, vers: v }) }]
+                    if (*x, *p, *v) == (xid, prog, vers)
+            ),
+            "{a:?}"
+        );
+    }
+    assert!(h.to_server.is_empty(), "nothing was sent");
+    assert_eq!(h.creg.registered, registered, "nothing was registered");
+    assert_eq!((h.req.pending(), h.req.in_flight()), (0, 0));
+    let s = h.req.stats();
+    assert_eq!((s.no_binding, s.sent), (2, 0), "{s:?}");
+    // The bound program and version still go.
+    echo(&mut h, 3, 5000, 3, reduce(1), expect(5000, 3, true));
+    assert_eq!(h.req.stats().no_binding, 2);
+}
+
+/// A program whose binding makes nothing DDP-eligible (`InlineBinding`, e.g. NFSACL by RFC 8267
+/// §5.2) is sent, but gets no Write chunk even when the caller lists DDP-eligible results; the
+/// same call under the echo binding gets one.
+#[test]
+fn inline_binding_is_sent_without_write_chunks() {
+    use rpcrdma::engine::{MemRegistrar, Params};
+    use rpcrdma::ulb::{InlineBinding, UpperLayerBinding};
+    let params: Params = Config::default()
+        .negotiate(Some(Config::default().private_data()))
+        .into();
+    let inline: Arc<dyn UpperLayerBinding> = Arc::new(InlineBinding::new(PROG, VERS..=VERS));
+    let bindings = [
+        ("echo", ulbs()),
+        (
+            "inline",
+            Arc::new(std::iter::once((PROG, inline)).collect()),
+        ),
+    ];
+    for (name, b) in bindings {
+        let mut reg = MemRegistrar::new(5);
+        let mut q = rpcrdma::requester::Requester::new(cfg(8), b);
+        assert!(q.on_connect(params, &mut reg).is_empty());
+        let d = pattern(2000, 3);
+        let m = echo_message(
+            1,
+            OpaqueAuth::none(),
+            DdpPolicy::Inline,
+            1,
+            &d,
+            &Bytes::new(),
+        );
+        let sent = match q
+            .submit(out_call(1, ECHO, m, expect(2000, 0, true)), &mut reg)
+            .pop()
+        {
+            Some(rpcrdma::requester::Action::Send { data, .. }) => data,
+            other => panic!("{name}: expected a Send: {other:?}"),
+        };
+        let (hd, _) = Header::decode(&sent).unwrap();
+        let Body::Msg(chunks) = hd.body else {
+            panic!("{name}: expected RDMA_MSG")
+        };
+        let expected = usize::from(name == "echo");
+        assert_eq!(chunks.writes.len(), expected, "{name}");
+        assert_eq!(q.stats().write_chunk_calls, expected as u64, "{name}");
+    }
+}
+
+/// 5666bis §5.4.1 (RFC 8166 §4.3.1): the segments of a canceled RPC are fenced, because the
+/// responder "cannot know that the requester is no longer waiting for a reply, and might
+/// proceed to read or even update memory". The call is cancelled while the server holds it
+/// (after its RDMA Read of the Read chunk); the server's RDMA Write into the Write chunk then
+/// fails, and the late reply is discarded and counted.
+#[test]
+fn cancelled_call_fences_every_chunk_and_discards_its_late_reply() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    // Prime the grant so the cancelled call's credit shows in `in_flight`.
+    echo(&mut h, 1, 10, 10, DdpPolicy::Inline, expect(10, 10, false));
+    let registered = h.creg.registered;
+    let d = pattern(5000, 9);
+    let x = pattern(3, 4);
+    let m = echo_message(2, OpaqueAuth::none(), reduce(1), 2, &d, &x);
+    // A Read chunk (the reduced argument), a Write chunk (the DDP-eligible result) and a
+    // Reply chunk (what stays in the reply may exceed the inline threshold).
+    let reply = ReplyExpectation {
+        max_len: Some(64 + 5000 + 6000),
+        ddp_items: vec![5000],
+    };
+    let a = h.req.submit(out_call(2, ECHO, m, reply), &mut h.creg);
+    h.client_actions(a);
+    let sent = h.to_server.pop_front().expect("the call was sent");
+    let (hd, _) = Header::decode(&sent).unwrap();
+    let Body::Msg(chunks) = &hd.body else {
+        panic!("expected RDMA_MSG, got {:?}", hd.body)
+    };
+    let read_seg = chunks.reads[0].target;
+    let write_seg = chunks.writes[0][0];
+    let reply_seg = chunks.reply.as_ref().expect("a Reply chunk")[0];
+    assert_eq!(h.creg.registered - registered, 3);
+    assert_eq!(h.creg.live(), 3);
+    // The server reads the Read chunk and starts working on the call.
+    let ready = h
+        .server_receive(sent)
+        .expect("the call reached the program");
+    // The caller gives up.
+    let a = h.req.cancel(
+        2,
+        RpcError::Transport("dropped by the caller".into()),
+        &mut h.creg,
+    );
+    h.client_actions(a);
+    assert!(matches!(
+        h.done.remove(&2),
+        Some(Err(RpcError::Transport(_)))
+    ));
+    // Every registration of the call is invalidated, and the peer can no longer use them.
+    assert_eq!(h.creg.live(), 0);
+    assert_eq!(h.creg.invalidated, h.creg.registered);
+    for s in [read_seg, write_seg, reply_seg] {
+        assert_eq!(h.creg.region_of(s.handle), None, "handle {:#x}", s.handle);
+    }
+    assert_eq!(h.creg.rdma_read(&read_seg), None);
+    assert!(!h.creg.rdma_write(&write_seg, b"late"));
+    assert_eq!(h.req.pending(), 0, "the XID left the pending table");
+    assert_eq!(h.req.in_flight(), 1, "the sent call keeps its credit");
+    assert_eq!(h.req.stats().cancelled, 1);
+    // The server finishes the call: its RDMA Write is refused (fenced memory) and its late
+    // reply completes nothing.
+    let result = h.rt.block_on(h.disp.dispatch(
+        ready.message,
+        oncrpc::CallContext::local(),
+        ready.policy,
+    ));
+    let completed = h.req.stats().completed;
+    let mut writes = 0;
+    let mut late = Vec::new();
+    for a in h.resp.reply(ready.token, result) {
+        match a {
+            rpcrdma::responder::Action::Write { segment, data } => {
+                assert_eq!(segment.handle, write_seg.handle);
+                assert!(
+                    !h.creg.rdma_write(&segment, &data),
+                    "fenced memory was written"
+                );
+                writes += 1;
+            }
+            rpcrdma::responder::Action::Send { data, invalidate } => {
+                late.extend(h.req.on_receive(data, invalidate, &mut h.creg))
+            }
+            rpcrdma::responder::Action::Close => panic!("server closed"),
+        }
+    }
+    assert_eq!(writes, 1, "the result went to the Write chunk");
+    assert!(
+        late.iter()
+            .all(|a| !matches!(a, rpcrdma::requester::Action::Complete { .. })),
+        "{late:?}"
+    );
+    h.client_actions(late);
+    assert!(h.done.is_empty());
+    let s = h.req.stats();
+    assert_eq!((s.late_replies, s.completed), (1, completed), "{s:?}");
+    assert_eq!(h.req.in_flight(), 0, "the late reply returned the credit");
+    // The connection goes on.
+    echo(&mut h, 3, 5000, 3, reduce(1), expect(5000, 3, true));
+    assert_eq!(h.creg.live(), 0);
 }
 
 #[test]

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use common::*;
 use oncrpc::{AcceptStat, CallRequest, ReplyExpectation, RpcError, RpcTransport};
 use rpcrdma::engine::Config;
-use rpcrdma::ulb::UpperLayerBinding;
+use rpcrdma::ulb::{InlineBinding, UpperLayerBinding};
 use rpcrdma::{RdmaClient, RdmaServer, TransportConfig};
 use verbs::{Device, LoopbackFabric};
 
@@ -35,8 +35,13 @@ fn echo_req(tag: u32, data: Bytes, extra: Bytes, ddp: bool) -> CallRequest {
     .with_timeout(Duration::from_secs(20))
 }
 
+/// The echo program's binding, and one for a program the server does not run (so a bound
+/// client can see PROG_UNAVAIL).
 fn ulb_list() -> Vec<Arc<dyn UpperLayerBinding>> {
-    vec![Arc::new(EchoUlb)]
+    vec![
+        Arc::new(EchoUlb),
+        Arc::new(InlineBinding::new(PROG + 1, 1..=1)),
+    ]
 }
 
 async fn pair(
@@ -204,7 +209,7 @@ async fn loopback_error_paths() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_url_schemes() {
     assert!(
-        rpcrdma::connect("udp://127.0.0.1:1", TransportConfig::default())
+        rpcrdma::connect("udp://127.0.0.1:1", TransportConfig::default(), Vec::new())
             .await
             .is_err()
     );
@@ -219,6 +224,7 @@ async fn connect_url_schemes() {
     let t = rpcrdma::connect(
         &format!("rdma://{}", srv.local_addr()),
         TransportConfig::default(),
+        ulb_list(),
     )
     .await
     .unwrap();
@@ -259,12 +265,19 @@ async fn loopback_backchannel_interleaved_with_forward_calls() {
     let conns = srv.connections();
     assert_eq!(conns.len(), 1);
     let sc = conns[0].clone();
-    // 5666bis §7.3.1: refused until the Upper Layer says the client is ready.
+    // 5666bis §7.3.1: refused until the Upper Layer says the client is ready, and nothing
+    // reaches the client.
+    let early = sc
+        .back_call(0x4000_0000, 1, 0, |_| {}, Duration::from_secs(5))
+        .await;
     assert!(
-        sc.back_call(0x4000_0000, 1, 0, |_| {}, Duration::from_secs(5))
-            .await
-            .is_err()
+        matches!(&early, Err(RpcError::Transport(s)) if s.contains("not enabled the backward direction")),
+        "{early:?}"
     );
+    // The forward call after it is answered only after anything sent before it (one
+    // connection, in order), so a backward call sent by mistake would be counted by now.
+    cl.call(CallRequest::null(PROG, VERS)).await.unwrap();
+    assert_eq!(cl.stats().back_calls, 0);
     sc.enable_backchannel();
     let mut set = tokio::task::JoinSet::new();
     for i in 0..50u32 {
@@ -312,6 +325,7 @@ async fn connect_url_tcp() {
     let t = rpcrdma::connect(
         &format!("tcp://{}", srv.local_addr()),
         TransportConfig::default(),
+        Vec::new(),
     )
     .await
     .unwrap();
@@ -387,7 +401,7 @@ async fn loopback_reconnect_after_server_disconnect() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_without_binding_never_reduces() {
+async fn client_with_an_inline_binding_never_reduces() {
     let fabric = LoopbackFabric::new();
     let dev = Device::loopback(&fabric);
     let tc = TransportConfig {
@@ -402,9 +416,13 @@ async fn client_without_binding_never_reduces() {
     )
     .await
     .unwrap();
-    // No Upper-Layer Binding on the client: the DDP-eligible item travels inline (or in a
-    // Position-Zero chunk when long), and no Write chunk is offered.
-    let cl = RdmaClient::connect(srv.local_addr(), tc).await.unwrap();
+    // The client's binding for the echo program makes nothing DDP-eligible: the item the
+    // caller marks travels inline (or in a Position-Zero chunk when long), and no Write chunk
+    // is offered although the caller lists a DDP-eligible result.
+    let inline: Arc<dyn UpperLayerBinding> = Arc::new(InlineBinding::new(PROG, VERS..=VERS));
+    let cl = RdmaClient::connect(srv.local_addr(), tc, vec![inline])
+        .await
+        .unwrap();
     for n in [100usize, 2000, 9000] {
         let data = pattern(n, 4);
         let got = cl
@@ -414,6 +432,66 @@ async fn client_without_binding_never_reduces() {
         assert_eq!(got, echo_results_bytes(1, &data, &[]));
     }
     let s = cl.stats();
-    assert_eq!(s.chunked, 0, "{s:?}");
+    assert_eq!((s.chunked, s.write_chunk_calls), (0, 0), "{s:?}");
     assert!(s.long_call >= 1);
+}
+
+/// 5666bis §8 (RFC 8166 §6): "Requesters MUST NOT send RPC-over-RDMA messages for Upper Layer
+/// Protocols that do not have a Upper Layer Binding." Over the verbs driver: the refused calls
+/// fail with `NoBinding` and never reach the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_refuses_programs_without_a_binding() {
+    let fabric = LoopbackFabric::new();
+    let dev = Device::loopback(&fabric);
+    let (srv, cl) = pair(
+        dev.clone(),
+        "10.0.0.7:20049".parse().unwrap(),
+        Config::default(),
+        Config::default(),
+    )
+    .await;
+    let calls = || {
+        srv.counters()
+            .calls
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    cl.call(CallRequest::null(PROG, VERS)).await.unwrap();
+    assert_eq!(calls(), 1);
+    // A program the client has no binding for (a sent call would come back PROG_UNAVAIL) and
+    // a version the echo binding does not cover (PROG_MISMATCH).
+    for (prog, vers) in [(PROG + 2, 1), (PROG, VERS + 1)] {
+        let r = cl.call(CallRequest::null(prog, vers)).await;
+        assert!(
+            matches!(r, Err(RpcError::NoBinding { prog: p, vers: v }) if (p, v) == (prog, vers)),
+            "{r:?}"
+        );
+    }
+    let data = pattern(5000, 1);
+    let r = cl
+        .call(CallRequest::new(PROG + 2, 1, ECHO, move |e| {
+            e.put_ddp_opaque(data.clone());
+        }))
+        .await;
+    assert!(matches!(r, Err(RpcError::NoBinding { .. })), "{r:?}");
+    let s = cl.stats();
+    assert_eq!((s.sent, s.no_binding), (1, 3), "{s:?}");
+    assert_eq!(cl.live_registrations(), 0);
+    // A client with no binding at all sends nothing.
+    let bare = RdmaClient::connect(
+        srv.local_addr(),
+        TransportConfig {
+            device: Some(dev),
+            ..TransportConfig::default()
+        },
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        bare.call(CallRequest::null(PROG, VERS)).await,
+        Err(RpcError::NoBinding { .. })
+    ));
+    assert_eq!(bare.stats().sent, 0);
+    cl.call(CallRequest::null(PROG, VERS)).await.unwrap();
+    assert_eq!(calls(), 2, "only the two bound calls reached the server");
 }

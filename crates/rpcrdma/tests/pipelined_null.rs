@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use oncrpc::{Dispatcher, RpcClient, null_program};
+use rpcrdma::ulb::InlineBinding;
 use rpcrdma::{RdmaClient, RdmaServer, TransportConfig};
 
 const PROG: u32 = 0x2000_0099;
@@ -21,9 +22,14 @@ async fn pipelined_null_calls_depth_16() {
     .await
     .unwrap();
     let cl = Arc::new(
-        RdmaClient::connect(srv.local_addr(), TransportConfig::default())
-            .await
-            .unwrap(),
+        RdmaClient::connect(
+            srv.local_addr(),
+            TransportConfig::default(),
+            // RFC 8166 §6: the program needs a binding; NULL has nothing DDP-eligible.
+            vec![Arc::new(InlineBinding::new(PROG, 1..=1))],
+        )
+        .await
+        .unwrap(),
     );
     let rpc = RpcClient::new(cl.clone(), PROG, 1);
     rpc.null().await.unwrap();

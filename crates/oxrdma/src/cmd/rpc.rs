@@ -204,7 +204,7 @@ async fn bench_one(
     a: &BenchArgs,
     duration: Option<Duration>,
 ) -> Result<BenchResult, Box<dyn std::error::Error + Send + Sync>> {
-    let transport = endpoint::connect(target).await?;
+    let transport = endpoint::connect(target, a.prog, a.vers).await?;
     let client = RpcClient::new(transport.clone(), a.prog, a.vers);
     // One call first: fail fast with a clear message if the server does not serve the program.
     client

@@ -128,6 +128,9 @@ impl UpperLayerBinding for EchoUlb {
             ..Default::default()
         }
     }
+    fn covers_version(&self, vers: u32) -> bool {
+        vers == VERS
+    }
     fn max_reply_size(&self, _vers: u32, _proc_: u32, args: &[u8]) -> Option<usize> {
         Some(64 + args.len())
     }
