@@ -146,7 +146,10 @@ async fn run() {
         .and_then(|r| r.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no congested_waits= in {out}"));
-    assert!(waits > 0, "the congestion map never held a send back: {out}");
+    assert!(
+        waits > 0,
+        "the congestion map never held a send back: {out}"
+    );
 
     // echo: the remote node pings our echo port; three round trips, then the peer exits. RDS
     // drops a datagram for a port nobody has bound, so the remote node waits for the peer's
