@@ -73,6 +73,9 @@ pub struct Params {
     pub inline_send: usize,
     /// Our receive buffers' size.
     pub inline_recv: usize,
+    /// Largest message the peer may send us inline (our receive size capped by its send
+    /// size): the Requester's bound for an inline reply (5666bis §4.3.2, RFC 8797).
+    pub reply_inline: usize,
     /// The peer accepts Send With Invalidate.
     pub peer_remote_invalidate: bool,
 }
@@ -82,6 +85,7 @@ impl From<Negotiated> for Params {
         Params {
             inline_send: n.send_inline as usize,
             inline_recv: n.recv_inline as usize,
+            reply_inline: n.peer_send_inline as usize,
             peer_remote_invalidate: n.peer_remote_invalidate,
         }
     }
@@ -93,6 +97,7 @@ impl Default for Params {
         Params {
             inline_send: privdata::DEFAULT_INLINE as usize,
             inline_recv: privdata::DEFAULT_INLINE as usize,
+            reply_inline: privdata::DEFAULT_INLINE as usize,
             peer_remote_invalidate: false,
         }
     }

@@ -91,6 +91,10 @@ pub struct Negotiated {
     pub send_inline: u32,
     /// Largest message this end receives (its posted receive buffers).
     pub recv_inline: u32,
+    /// Largest message the peer sends us inline: our receive size, capped by the peer's send
+    /// size (RFC 8797 §4.2; 1024 without private data). A reply that may be longer needs a
+    /// Reply chunk even when our buffers could hold it.
+    pub peer_send_inline: u32,
     /// The peer accepts Send With Invalidate from us.
     pub peer_remote_invalidate: bool,
 }
@@ -103,11 +107,13 @@ impl Negotiated {
             Some(p) => Negotiated {
                 send_inline: own_send.min(p.recv_size),
                 recv_inline: own_recv.max(DEFAULT_INLINE),
+                peer_send_inline: own_recv.max(DEFAULT_INLINE).min(p.send_size),
                 peer_remote_invalidate: p.remote_invalidate,
             },
             None => Negotiated {
                 send_inline: own_send.min(DEFAULT_INLINE),
                 recv_inline: own_recv.max(DEFAULT_INLINE),
+                peer_send_inline: DEFAULT_INLINE,
                 peer_remote_invalidate: false,
             },
         }
@@ -163,10 +169,13 @@ mod tests {
         let n = Negotiated::new(4096, 4096, Some(PrivateData::new(4096, true)));
         assert_eq!(n.send_inline, 4096);
         assert!(n.peer_remote_invalidate);
+        assert_eq!(n.peer_send_inline, 4096);
         let n = Negotiated::new(4096, 4096, None);
         assert_eq!(n.send_inline, 1024);
+        assert_eq!((n.recv_inline, n.peer_send_inline), (4096, 1024));
         assert!(!n.peer_remote_invalidate);
         let n = Negotiated::new(8192, 8192, Some(PrivateData::new(2048, false)));
         assert_eq!(n.send_inline, 2048);
+        assert_eq!((n.recv_inline, n.peer_send_inline), (8192, 2048));
     }
 }

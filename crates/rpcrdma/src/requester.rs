@@ -345,7 +345,9 @@ impl Requester {
             None => cfg.default_reply_chunk,
         };
         let reply_hdr_room = 28 + 16 * writes.iter().map(|c| c.len() + 1).sum::<usize>();
-        let reply = if max_reply + reply_hdr_room > params.inline_recv {
+        // 5666bis §4.3.2 / RFC 8797: the Responder sends at most its own send size inline,
+        // which can be less than our receive buffers.
+        let reply = if max_reply + reply_hdr_room > params.reply_inline {
             let r = reg.register_sink(max_reply).map_err(reg_failed)?;
             let segs = r.segments.clone();
             o.reply_chunk = Some(o.regions.len());

@@ -297,6 +297,7 @@ fn senders_assume_1024_bytes_without_private_data() {
     };
     let call = sent(Params {
         inline_recv: 1024,
+        reply_inline: 1024,
         ..without
     });
     assert!(call.len() <= 1024, "{} bytes", call.len());
@@ -311,6 +312,7 @@ fn senders_assume_1024_bytes_without_private_data() {
     );
     let short = sent(Params {
         inline_recv: 1024,
+        reply_inline: 1024,
         ..with
     });
     assert!(short.len() > 1024);
@@ -1226,5 +1228,52 @@ fn read_chunk_with_round_up_included_is_accepted() {
     assert_eq!(
         h.done.remove(&13).unwrap().unwrap(),
         echo_results_bytes(13, &d, &[])
+    );
+}
+
+/// RFC 8797 §4.2 / 5666bis §4.3.2: a reply comes inline only if it fits both our receive
+/// buffers and the Responder's send size. Our buffers are 4096 bytes; a peer that sent no
+/// private data sends at most 1024, so a 1500-byte reply needs a Reply chunk from us, while a
+/// peer that advertised 4096 sends it inline.
+#[test]
+fn reply_chunk_when_the_peer_sends_less_than_we_receive() {
+    use rpcrdma::engine::{MemRegistrar, Params};
+    use rpcrdma::privdata::PrivateData;
+    let data = pattern(10, 1);
+    let extra = pattern(1500, 2);
+    let client = cfg(8);
+    assert_eq!(client.inline_recv, 4096);
+    let reply_chunk = |peer: Option<PrivateData>| {
+        let params: Params = client.negotiate(peer).into();
+        let mut reg = MemRegistrar::new(1);
+        let mut q = rpcrdma::requester::Requester::new(client.clone(), ulbs());
+        assert!(q.on_connect(params, &mut reg).is_empty());
+        let message = echo_message(7, OpaqueAuth::none(), DdpPolicy::Inline, 7, &data, &extra);
+        let Some(rpcrdma::requester::Action::Send { data, .. }) = q
+            .submit(
+                out_call(7, ECHO, message, expect(10, 1500, false)),
+                &mut reg,
+            )
+            .pop()
+        else {
+            panic!("expected a Send")
+        };
+        let (h, _) = Header::decode(&data).unwrap();
+        match h.body {
+            Body::Msg(c) | Body::NoMsg(c) => c.reply.is_some(),
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert!(
+        reply_chunk(None),
+        "no private data: the peer sends 1024 at most"
+    );
+    assert!(
+        reply_chunk(Some(PrivateData::new(1024, true))),
+        "the peer advertised 1024"
+    );
+    assert!(
+        !reply_chunk(Some(PrivateData::new(4096, true))),
+        "the peer sends 4096: inline"
     );
 }
