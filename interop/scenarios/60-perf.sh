@@ -15,7 +15,7 @@ ix_landed nfs serve && ln=1
 ix_landed rds peer && lr=1
 log=$IX_SCN_OUT/guest.log
 ix_guest "$log" -t $((IX_LIMIT - 20)) -s 2 -d "$IX_SHARE" -f "$IX_HERE/guest/perf-guest.sh" \
-    DUR="${IX_PERF_DUR:-5}" MB=64 RDS_N=300 OX_PERF=$lp OX_NFS=$ln OX_RDS=$lr
+    DUR="${IX_PERF_DUR:-5}" MB=64 RDS_N=${IX_RDS_PERF_N:-1000} OX_PERF=$lp OX_NFS=$ln OX_RDS=$lr
 cells_from_log "$log"
 grep -a '^PERF ' "$log" | tr -d '\r' | cut -d' ' -f2- | tr ' ' '\t' > "$IX_SCN_OUT/perf.tsv"
 val() { awk -F'\t' -v k="$1" '$1==k {print $2}' "$IX_SCN_OUT/perf.tsv"; }
