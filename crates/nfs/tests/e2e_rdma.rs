@@ -60,7 +60,7 @@ async fn run() {
         .unwrap();
     let c = Nfs3Client::new(Arc::new(rdma)).with_auth_sys(0, 0, vec![]);
     c.null().await.unwrap();
-    for (i, n) in [0usize, 1, 4095, 4096, (1 << 20) + 3]
+    for (i, n) in [0usize, 1, 4095, 4096, (1 << 20) + 3, 8 << 20]
         .into_iter()
         .enumerate()
     {
@@ -95,6 +95,6 @@ async fn run() {
         &c.readlink(&ln).await.unwrap().into_result().unwrap().data.0[..],
         b"r4096"
     );
-    assert_eq!(c.readdirplus_all(&root).await.unwrap().len(), 2 + 6);
+    assert_eq!(c.readdirplus_all(&root).await.unwrap().len(), 2 + 7);
     served.shutdown().await;
 }

@@ -6,7 +6,7 @@
 //! - with a binding that makes nothing DDP-eligible (a client without a binding may not send
 //!   at all, RFC 8166 §6), a WRITE larger than the inline threshold is a Long Call: RDMA_NOMSG
 //!   with a Position-Zero Read chunk (5666bis §4.5.3);
-//! - a READDIRPLUS reply larger than the inline threshold comes back through the Reply chunk
+//! - READDIRPLUS and READDIR replies larger than the inline threshold come back through the Reply chunk
 //!   as RDMA_NOMSG (5666bis §4.5.3 Long Reply);
 //! - permission and export-escape attempts fail over RDMA with the same NFSv3 status as over
 //!   TCP.
@@ -146,6 +146,27 @@ async fn forms() {
     let s2 = r.stats();
     let entries = c.readdirplus_all(&root).await.unwrap();
     assert_eq!(entries.len(), 2 + 1 + 80);
+    let d = delta(&s2, &r.stats());
+    assert!(d.long_reply >= 1 && d.nomsg_replies >= 1, "{d:?}");
+    assert_eq!(d.rdma_errors, 0, "{d:?}");
+
+    // The same for plain READDIR (RFC 8267 §4.1: its reply has no DDP-eligible item, so a
+    // reply over the inline threshold can only come back through the Reply chunk): 83 entries
+    // of about 52 bytes each are more than 4 KiB.
+    let s2 = r.stats();
+    let rd = c
+        .readdir(nfs::nfs3::ReaddirArgs {
+            dir: root.clone(),
+            cookie: 0,
+            cookieverf: Default::default(),
+            count: 16384,
+        })
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    assert!(rd.eof, "one READDIR of 16 KiB holds the whole directory");
+    assert_eq!(rd.entries.0.len(), 2 + 1 + 80);
     let d = delta(&s2, &r.stats());
     assert!(d.long_reply >= 1 && d.nomsg_replies >= 1, "{d:?}");
     assert_eq!(d.rdma_errors, 0, "{d:?}");
