@@ -159,7 +159,14 @@ impl Registrar for VerbsRegistrar {
 struct Router {
     next: AtomicU64,
     waiters: Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>,
+    /// Told the XID of a reply whose unsignaled Send failed (it completes only then).
+    on_reply_failed: Mutex<Option<ReplyFailed>>,
 }
+
+type ReplyFailed = Box<dyn Fn(u32) + Send + Sync>;
+
+/// `wr_id` tag of a reply's unsignaled Send; the low 32 bits carry its XID.
+const REPLY_WR: u64 = 1 << 63;
 
 impl Router {
     fn id(&self) -> u64 {
@@ -176,7 +183,13 @@ impl Router {
     async fn run(self: Arc<Self>, cq: CompletionQueue) {
         loop {
             let c = cq.next().await;
-            if let Some(tx) = lock(&self.waiters).remove(&c.wr_id) {
+            if c.wr_id & REPLY_WR != 0 {
+                if c.status != WcStatus::Success
+                    && let Some(f) = &*lock(&self.on_reply_failed)
+                {
+                    f(c.wr_id as u32);
+                }
+            } else if let Some(tx) = lock(&self.waiters).remove(&c.wr_id) {
                 let _ = tx.send(c.status);
             }
             if c.status != WcStatus::Success {
@@ -238,6 +251,38 @@ impl Link {
         } else {
             Err(verbs::VerbsError::Disconnected)
         }
+    }
+
+    /// Post the Send of the reply to `xid`, unsignaled: a reply costs no completion to wait
+    /// for. If it fails later (flushed by a connection that broke), the router hears of it and
+    /// reports the XID (5666bis §5.5.3/§5.5.4).
+    fn post_reply(
+        &self,
+        data: Bytes,
+        invalidate: Option<u32>,
+        xid: u32,
+    ) -> Result<(), verbs::VerbsError> {
+        let op = match invalidate {
+            Some(h) => SendOp::SendWithInvalidate(h),
+            None => SendOp::Send,
+        };
+        let mut wr = SendWr {
+            payload: Payload::Inline(data),
+            ..SendWr::new(REPLY_WR | u64::from(xid), op, Vec::new())
+        };
+        wr.signaled = false;
+        self.qp.post_send(wr)
+    }
+
+    /// Post a Send of `data` without waiting for (or asking for) its completion; errors
+    /// still complete, into the router, which nobody waits on for this WR.
+    fn post_send_unsignaled(&self, data: Bytes) -> Result<(), verbs::VerbsError> {
+        let mut wr = SendWr {
+            payload: Payload::Inline(data),
+            ..SendWr::new(self.router.id(), SendOp::Send, Vec::new())
+        };
+        wr.signaled = false;
+        self.qp.post_send(wr)
     }
 
     /// RDMA Write (unsignaled: errors still complete, and QP ordering puts it before the Send).
@@ -540,7 +585,7 @@ async fn serve_connection(
     let conn = req.accept(&qp, sh.cfg.conn_params()).await?;
     sh.counters.connections.fetch_add(1, Ordering::Relaxed);
     let router = Arc::new(Router::default());
-    let router_task = tokio::spawn(router.clone().run(scq));
+    let router_task = tokio::spawn(router.clone().run(scq.clone()));
     let link = Arc::new(Link {
         qp,
         conn,
@@ -549,6 +594,16 @@ async fn serve_connection(
         router_task,
     });
     let resp = Arc::new(Mutex::new(resp));
+    {
+        let (resp, sh) = (resp.clone(), sh.clone());
+        *lock(&link.router.on_reply_failed) = Some(Box::new(move |xid| {
+            // 5666bis §5.5.4: the connection is already gone (the Send was flushed); §5.5.3:
+            // the retransmission on the next connection is answered with ERR_CHUNK.
+            let _ = lock(&resp).reply_failed(xid);
+            let lost = lock(&resp).take_lost();
+            lock(&sh.lost).entry(peer.ip()).or_default().extend(lost);
+        }));
+    }
     let conn_id = sh.next_conn.fetch_add(1, Ordering::Relaxed);
     let sc = Arc::new(ServerConn {
         link: link.clone(),
@@ -584,9 +639,18 @@ async fn serve_connection(
             r.on_receive(msg)
         };
         let (sc, sh, ctx) = (sc.clone(), sh.clone(), ctx.clone());
-        tokio::spawn(async move {
+        let mut fut = Box::pin(async move {
             handle_incoming(inc, &sc, &sh, ctx).await;
         });
+        // A call that finishes at once (no RDMA Read to wait for, a service that answers without
+        // waiting) is handled here, with no task to spawn and wake; the others continue in
+        // their own task so that calls proceed concurrently.
+        let pending =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx).is_pending()))
+                .await;
+        if pending {
+            tokio::spawn(fut);
+        }
     }
     lock(&sh.conns).remove(&conn_id);
     lock(&sc.back_waiters).clear();
@@ -596,6 +660,16 @@ async fn serve_connection(
     }
     link.conn.disconnect().await;
     link.router_task.abort();
+    // Replies flushed by the disconnect that the router did not get to (it may be cancelled
+    // mid-way; what it did report is already recorded).
+    while let Some(c) = scq.try_next() {
+        if c.wr_id & REPLY_WR != 0
+            && c.status != WcStatus::Success
+            && let Some(f) = &*lock(&link.router.on_reply_failed)
+        {
+            f(c.wr_id as u32);
+        }
+    }
     Ok(())
 }
 
@@ -675,7 +749,15 @@ async fn run_server_actions(
     for a in actions {
         let r = match a {
             responder::Action::Write { segment, data } => link.write(segment, data),
-            responder::Action::Send { data, invalidate } => link.send(data, invalidate).await,
+            // A reply posted to a QP already in error would only be flushed, after the
+            // connection's receive loop has stopped listening for it: count it failed now.
+            responder::Action::Send { .. } if link.qp.state() == verbs::QpState::Error => {
+                Err(verbs::VerbsError::Disconnected)
+            }
+            responder::Action::Send { data, invalidate } => match xid {
+                Some(x) => link.post_reply(data, invalidate, x),
+                None => link.send(data, invalidate).await,
+            },
             responder::Action::Close => Err(verbs::VerbsError::Disconnected),
         };
         if r.is_err() {
@@ -859,14 +941,11 @@ fn apply_client(inner: &Arc<ClientInner>, actions: Vec<requester::Action>) {
     for a in actions {
         match a {
             requester::Action::Send { data, .. } => {
-                let inner2 = inner.clone();
-                // Posting is synchronous and ordered; the completion is awaited elsewhere.
-                let fut = async move {
-                    // A failed Send means the connection is gone; the receive loop sees the
-                    // flush and reconnects.
-                    let _ = inner2.link().send(data, None).await;
-                };
-                tokio::spawn(fut);
+                // Posted here, in order, from the caller's task: no task hop before the call
+                // is on the wire. Unsignaled: nothing waits for the completion, since a Send
+                // that fails means the connection is gone, which the receive loop sees (the
+                // flush of its posted Receives) and answers by reconnecting.
+                let _ = inner.link().post_send_unsignaled(data);
             }
             requester::Action::Complete { xid, result } => {
                 if let Some(tx) = lock(&inner.state).waiters.remove(&xid) {
@@ -893,7 +972,13 @@ fn apply_client(inner: &Arc<ClientInner>, actions: Vec<requester::Action>) {
                     }
                 });
             }
-            requester::Action::Close => fail_all(inner, "memory could not be fenced"),
+            requester::Action::Close => {
+                // 5666bis §5.5.4: memory that could not be invalidated is fenced by closing the
+                // connection, before the RPC completes: the QP is in the error state when
+                // `abort` returns, and the `Complete` that follows this action comes after.
+                inner.link().conn.abort();
+                fail_all(inner, "memory could not be fenced");
+            }
         }
     }
 }

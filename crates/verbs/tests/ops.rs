@@ -461,3 +461,83 @@ async fn direct_placement_small_reads() {
     })
     .await
 }
+
+/// Request/response traffic over TCP leaves from the posting context (like siw's
+/// `siw_post_send`), while a burst of posts with nothing arriving in between goes through the
+/// writer task; either way every message arrives once and in order.
+#[tokio::test]
+async fn ping_pong_sends_directly_and_bursts_through_the_writer() {
+    within(async {
+        let (e, k) = up(Kind::Tcp).await;
+        const ROUNDS: u64 = 200;
+        const BURST: u64 = 300;
+        let sbuf = e.s.pd.register_len(64 * 512, Access::LOCAL_WRITE).unwrap();
+        let cbuf = e.c.pd.register_len(64, Access::LOCAL_WRITE).unwrap();
+        for i in 0..512u64 {
+            e.s.qp
+                .post_recv(RecvWr {
+                    wr_id: i,
+                    sgl: vec![sbuf.sge(64 * i, 64)],
+                })
+                .unwrap();
+        }
+        // Ping-pong: the client sends, the server answers each message it receives.
+        for i in 0..ROUNDS {
+            e.c.qp
+                .post_recv(RecvWr {
+                    wr_id: 1000 + i,
+                    sgl: vec![cbuf.sge(0, 64)],
+                })
+                .unwrap();
+            let msg = format!("ping {i}");
+            e.c.qp
+                .post_send(SendWr::send_bytes(i, Bytes::from(msg.clone())))
+                .unwrap();
+            let r = e.s.rcq.next().await;
+            assert_eq!((r.wr_id, r.status), (i, WcStatus::Success));
+            assert_eq!(
+                sbuf.read(64 * i as usize, r.byte_len as usize).unwrap(),
+                msg.as_bytes()
+            );
+            e.s.qp
+                .post_send(SendWr::send_bytes(i, Bytes::from(format!("pong {i}"))))
+                .unwrap();
+            let r = e.c.rcq.next().await;
+            assert_eq!((r.wr_id, r.status), (1000 + i, WcStatus::Success));
+            assert_eq!(
+                cbuf.read(0, r.byte_len as usize).unwrap(),
+                format!("pong {i}").as_bytes()
+            );
+        }
+        let (cs, ss) = (k.c.stats(), k.s.stats());
+        // Every pong follows an arrival; every ping after the first follows the pong's arrival.
+        assert!(ss.direct_tx_fpdus >= ROUNDS - 1, "{ss:?}");
+        assert!(cs.direct_tx_fpdus >= ROUNDS - 1, "{cs:?}");
+        // A burst with nothing arriving: at most the first post goes directly.
+        let before = k.c.stats();
+        for i in 0..BURST {
+            e.c.qp
+                .post_send(SendWr::send_bytes(
+                    ROUNDS + i,
+                    Bytes::from(format!("burst {i}")),
+                ))
+                .unwrap();
+        }
+        for i in 0..BURST {
+            let r = e.s.rcq.next().await;
+            assert_eq!((r.wr_id, r.status), (ROUNDS + i, WcStatus::Success));
+            assert_eq!(
+                sbuf.read(64 * (ROUNDS + i) as usize, r.byte_len as usize)
+                    .unwrap(),
+                format!("burst {i}").as_bytes()
+            );
+        }
+        let after = k.c.stats();
+        assert_eq!(after.fpdus_tx - before.fpdus_tx, BURST, "{after:?}");
+        assert!(
+            after.direct_tx_fpdus - before.direct_tx_fpdus <= 1,
+            "{before:?} {after:?}"
+        );
+    })
+    .await
+}
