@@ -112,6 +112,84 @@ pub fn nfs2_call_item(proc_: u32, args: &[u8]) -> xdr::Result<Option<Range<usize
     }
 }
 
+/// NFSv2 (RFC 1094 §2.3) sizes: a file handle, `fattr` (17 words) and the data/path limits.
+mod nfs2_size {
+    pub const FHSIZE: usize = 32;
+    pub const FATTR: usize = 17 * 4;
+    pub const MAXDATA: usize = 8192;
+    pub const MAXPATHLEN: usize = 1024;
+}
+
+/// Offset, in an NFSv2 result stream, of the contents of the DDP-eligible item (READ data,
+/// READLINK path; RFC 8267 §4), or `None` when the result has none (an error status, another
+/// procedure). Works on reduced streams: only the length word is read.
+pub fn nfs2_reply_item_offset(proc_: u32, results: &[u8]) -> xdr::Result<Option<usize>> {
+    if proc_ != nfs2_proc::READ && proc_ != nfs2_proc::READLINK {
+        return Ok(None);
+    }
+    let mut dec = Decoder::new(results);
+    // RFC 1094 §2.3.1: stat NFS_OK is 0.
+    if dec.u32()? != 0 {
+        return Ok(None);
+    }
+    if proc_ == nfs2_proc::READ {
+        // readres: attributes, then data<NFS_MAXDATA>.
+        dec.skip(nfs2_size::FATTR)?;
+    }
+    dec.u32()?;
+    Ok(Some(dec.position()))
+}
+
+/// RFC 8267 §4.1 / §3: the largest NFSv2 reply (RPC header plus results, all inline) a call
+/// can produce, for every procedure of RFC 1094 §2.2 (READ and READDIR bounded by their count).
+pub fn nfs2_max_reply(proc_: u32, args: &[u8]) -> Option<usize> {
+    use nfs2_size::*;
+    // The count word of READ (fhandle, offset, count, totalcount) and READDIR (fhandle,
+    // cookie, count) sits right after the handle and one word.
+    let count_at_36 = || -> Option<usize> {
+        let w = args.get(FHSIZE + 4..FHSIZE + 8)?;
+        Some(u32::from_be_bytes(w.try_into().ok()?) as usize)
+    };
+    let attrstat = 4 + FATTR;
+    let diropres = 4 + FHSIZE + FATTR;
+    let results = match proc_ {
+        // NULL, ROOT, WRITECACHE: void.
+        0 | 3 | 7 => 0,
+        // GETATTR, SETATTR, WRITE: attrstat.
+        1 | 2 | nfs2_proc::WRITE => attrstat,
+        // LOOKUP, CREATE, MKDIR: diropres.
+        4 | 9 | 14 => diropres,
+        nfs2_proc::READLINK => 4 + xdr::opaque_len(MAXPATHLEN),
+        nfs2_proc::READ => 4 + FATTR + xdr::opaque_len(count_at_36()?.min(MAXDATA)),
+        // REMOVE, RENAME, LINK, SYMLINK, RMDIR: stat.
+        10 | 11 | 12 | nfs2_proc::SYMLINK | 15 => 4,
+        // READDIR: count bounds the entries; plus the status, the end of the list and eof.
+        16 => 4 + count_at_36()? + 4 + 4,
+        // STATFS: tsize, bsize, blocks, bfree, bavail.
+        17 => 4 + 5 * 4,
+        _ => return None,
+    };
+    Some(RPC_REPLY_HEADER_MAX + results)
+}
+
+/// The reply expectation a Requester attaches to an NFSv2 call: the maximum reply size and one
+/// Write chunk for READ data (its count, at most NFS_MAXDATA) or the READLINK path.
+pub fn nfs2_reply_expectation(proc_: u32, args: &[u8]) -> oncrpc::ReplyExpectation {
+    let ddp_items = match proc_ {
+        nfs2_proc::READ => args
+            .get(nfs2_size::FHSIZE + 4..nfs2_size::FHSIZE + 8)
+            .and_then(|w| w.try_into().ok())
+            .map(|w| vec![(u32::from_be_bytes(w) as usize).min(nfs2_size::MAXDATA)])
+            .unwrap_or_default(),
+        nfs2_proc::READLINK => vec![nfs2_size::MAXPATHLEN],
+        _ => Vec::new(),
+    };
+    oncrpc::ReplyExpectation {
+        max_len: nfs2_max_reply(proc_, args),
+        ddp_items,
+    }
+}
+
 /// RFC 8267 §4: the DDP-eligible argument of an NFSv3 call, checked against the whole
 /// argument structure.
 pub fn nfs3_call_item(proc_: u32, args: &[u8]) -> xdr::Result<Option<Range<usize>>> {
@@ -889,6 +967,7 @@ impl UpperLayerBinding for NfsBinding {
 
     fn max_reply_size(&self, vers: u32, proc_: u32, args: &[u8]) -> Option<usize> {
         match (vers, proc_) {
+            (2, _) => nfs2_max_reply(proc_, args),
             (3, _) => nfs3_max_reply(proc_, args),
             (4, 0) => Some(RPC_REPLY_HEADER_MAX),
             (4, NFS4_COMPOUND) => {
@@ -915,6 +994,7 @@ impl UpperLayerBinding for NfsBinding {
     ) -> Result<Vec<usize>, UlbError> {
         let garbage = |e: XdrError| UlbError::Garbage(e.to_string());
         let offsets: Vec<Option<usize>> = match (vers, proc_) {
+            (2, _) => vec![nfs2_reply_item_offset(proc_, results).map_err(garbage)?],
             (3, _) => vec![nfs3_reply_item_offset(proc_, results).map_err(garbage)?],
             (4, NFS4_COMPOUND) => compound_reply_item_offsets(results)?,
             _ => return Err(UlbError::Unknown { vers, proc_ }),

@@ -626,3 +626,122 @@ mod props {
         }
     }
 }
+
+/// NFSv2 results as RFC 1094 §2.3 lays them out: `stat`, then (READ) `fattr` and `nfsdata`, or
+/// (READLINK) `path`, with `item` the opaque's contents.
+fn nfs2_result(proc_: u32, item: &[u8], reduced: bool) -> Vec<u8> {
+    let mut v = 0u32.to_be_bytes().to_vec();
+    if proc_ == ulb::nfs2_proc::READ {
+        v.extend((0..17u32).flat_map(|w| w.to_be_bytes()));
+    }
+    v.extend((item.len() as u32).to_be_bytes());
+    if !reduced {
+        v.extend_from_slice(item);
+        v.resize(v.len() + (4 - item.len() % 4) % 4, 0);
+    }
+    v
+}
+
+#[test]
+fn nfs2_read_and_readlink_results_are_located() {
+    let b = NfsBinding::new();
+    // READ: stat (4) + fattr (68) + length word: the data starts at byte 76.
+    let r = nfs2_result(ulb::nfs2_proc::READ, b"abcdef", true);
+    assert_eq!(
+        ulb::nfs2_reply_item_offset(ulb::nfs2_proc::READ, &r).unwrap(),
+        Some(76)
+    );
+    assert_eq!(
+        b.reply_ddp_positions(2, ulb::nfs2_proc::READ, &r, &[6])
+            .unwrap(),
+        vec![76]
+    );
+    // READLINK: stat + length word.
+    let r = nfs2_result(ulb::nfs2_proc::READLINK, b"/x/y", true);
+    assert_eq!(
+        b.reply_ddp_positions(2, ulb::nfs2_proc::READLINK, &r, &[4])
+            .unwrap(),
+        vec![8]
+    );
+    // An error status has no item: a filled Write chunk is then an error, an unused one is not.
+    let err = 13u32.to_be_bytes(); // NFSERR_ACCES
+    assert_eq!(
+        ulb::nfs2_reply_item_offset(ulb::nfs2_proc::READ, &err).unwrap(),
+        None
+    );
+    assert!(
+        b.reply_ddp_positions(2, ulb::nfs2_proc::READ, &err, &[6])
+            .is_err()
+    );
+    assert_eq!(
+        b.reply_ddp_positions(2, ulb::nfs2_proc::READ, &err, &[0])
+            .unwrap(),
+        Vec::<usize>::new()
+    );
+    // Nothing else in NFSv2 has a DDP-eligible result (RFC 8267 §4).
+    assert_eq!(ulb::nfs2_reply_item_offset(1, &r).unwrap(), None);
+    // A truncated stream is an XDR error, not a panic.
+    assert!(ulb::nfs2_reply_item_offset(ulb::nfs2_proc::READ, &[0, 0, 0, 0, 1]).is_err());
+}
+
+#[test]
+fn nfs2_max_reply_bounds_every_procedure() {
+    let b = NfsBinding::new();
+    let hdr = ulb::RPC_REPLY_HEADER_MAX;
+    // readargs / readdirargs: fhandle[32], then a word, then count.
+    let with_count = |count: u32| {
+        let mut a = vec![0u8; 32 + 4];
+        a.extend(count.to_be_bytes());
+        a.extend(0u32.to_be_bytes());
+        a
+    };
+    for p in 0..=17u32 {
+        let args = with_count(100);
+        let max = b
+            .max_reply_size(2, p, &args)
+            .unwrap_or_else(|| panic!("proc {p}"));
+        assert!(max >= hdr, "proc {p}");
+    }
+    assert_eq!(b.max_reply_size(2, 18, &[]), None);
+    // READ of 100 bytes: the whole reply fits the estimate exactly.
+    let read = nfs2_result(ulb::nfs2_proc::READ, &[7u8; 100], false);
+    assert_eq!(
+        b.max_reply_size(2, ulb::nfs2_proc::READ, &with_count(100)),
+        Some(hdr + read.len())
+    );
+    // The count is capped at NFS_MAXDATA (8192), and a READ without a count has no estimate.
+    assert_eq!(
+        b.max_reply_size(2, ulb::nfs2_proc::READ, &with_count(1 << 20)),
+        Some(hdr + 4 + 68 + 4 + 8192)
+    );
+    assert_eq!(b.max_reply_size(2, ulb::nfs2_proc::READ, &[0u8; 8]), None);
+    // READLINK: the longest path (1024) fits.
+    let rl = nfs2_result(ulb::nfs2_proc::READLINK, &[b'a'; 1024], false);
+    assert_eq!(
+        b.max_reply_size(2, ulb::nfs2_proc::READLINK, &[0u8; 32]),
+        Some(hdr + rl.len())
+    );
+    // READDIR: count bytes of entries plus stat, end of list and eof.
+    assert_eq!(
+        b.max_reply_size(2, 16, &with_count(4096)),
+        Some(hdr + 4096 + 12)
+    );
+}
+
+#[test]
+fn nfs2_reply_expectation_asks_for_one_write_chunk_for_read_and_readlink() {
+    let mut read = vec![0u8; 36];
+    read.extend(3000u32.to_be_bytes());
+    read.extend(0u32.to_be_bytes());
+    let e = ulb::nfs2_reply_expectation(ulb::nfs2_proc::READ, &read);
+    assert_eq!(e.ddp_items, vec![3000]);
+    assert_eq!(
+        e.max_len,
+        Some(ulb::RPC_REPLY_HEADER_MAX + 4 + 68 + 4 + 3000)
+    );
+    let e = ulb::nfs2_reply_expectation(ulb::nfs2_proc::READLINK, &[0u8; 32]);
+    assert_eq!(e.ddp_items, vec![1024]);
+    let e = ulb::nfs2_reply_expectation(1, &[0u8; 32]);
+    assert!(e.ddp_items.is_empty());
+    assert_eq!(e.max_len, Some(ulb::RPC_REPLY_HEADER_MAX + 72));
+}
