@@ -56,6 +56,12 @@ fuzz_target!(|data: &[u8]| {
             if let Ok(Some(o)) = ulb::nfs3_reply_item_offset(p, rest) {
                 assert!(o <= rest.len());
             }
+            let _ = binding.max_reply_size(2, p, rest);
+            let _ = ulb::nfs2_reply_expectation(p, rest);
+            if let Ok(Some(o)) = ulb::nfs2_reply_item_offset(p, rest) {
+                assert!(o <= rest.len());
+            }
+            let _ = binding.reply_ddp_positions(2, p, rest, &[usize::from(sel & 1)]);
         }
         3 => {
             consistent::<GetattrRes>(&b);

@@ -602,6 +602,12 @@ mod props {
             let _ = b.max_reply_size(3, p, &data);
             let _ = b.reply_ddp_positions(3, p, &data, &[1]);
             let _ = b.reply_ddp_positions(4, 1, &data, &[1, 0, 1]);
+            let _ = b.max_reply_size(2, p, &data);
+            let _ = b.reply_ddp_positions(2, p, &data, &[1]);
+            let _ = ulb::nfs2_reply_expectation(p, &data);
+            if let Ok(Some(o)) = ulb::nfs2_reply_item_offset(p, &data) {
+                prop_assert!(o <= data.len());
+            }
         }
 
         #[test]
