@@ -53,7 +53,7 @@ fuzz_target!(|data: &[u8]| {
     let (msg, mut reads) = rest.split_at(rest.len() - cut);
     let mut ulbs: HashMap<u32, Arc<dyn UpperLayerBinding>> = HashMap::new();
     ulbs.insert(7, Arc::new(Toy));
-    let params = Params { inline_send: 1024, inline_recv: 1024, peer_remote_invalidate: split & 1 == 1 };
+    let params = Params { inline_send: 1024, inline_recv: 1024, reply_inline: 1024, peer_remote_invalidate: split & 1 == 1 };
     let cfg = Config { max_call_size: 1 << 16, ..Config::default() };
     let mut r = Responder::new(cfg, params, Arc::new(ulbs), HashSet::new());
     let mut inc = r.on_receive(Bytes::copy_from_slice(msg));

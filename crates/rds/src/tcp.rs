@@ -90,6 +90,9 @@ pub(crate) struct Inner {
     pub(crate) send_ready: Notify,
     pub(crate) conns: Mutex<HashMap<Token, ConnHandle>>,
     timer_wake: Notify,
+    /// The deadline the timer task sleeps until (`None`: no deadline), written under the
+    /// engine lock, so that `pump` wakes it only when an earlier deadline appeared.
+    timer_armed: Mutex<Option<Instant>>,
     shutdown: Notify,
     pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
     /// RDMA settings and device (`rdma_device` is `None` for TCP stacks).
@@ -188,6 +191,7 @@ impl RdsStack {
             send_ready: Notify::new(),
             conns: Mutex::new(HashMap::new()),
             timer_wake: Notify::new(),
+            timer_armed: Mutex::new(None),
             shutdown: Notify::new(),
             tasks: Mutex::new(Vec::new()),
             rdma,
@@ -258,9 +262,19 @@ impl RdsStack {
 
 /// Runs the engine's pending actions.
 pub(crate) fn pump(inner: &Arc<Inner>) {
-    let actions: Vec<Action> = {
+    let (actions, wake_timer): (Vec<Action>, bool) = {
         let mut e = lock(&inner.engine);
-        std::iter::from_fn(|| e.poll_action()).collect()
+        let actions: Vec<Action> = std::iter::from_fn(|| e.poll_action()).collect();
+        // Wake the timer task only for a deadline earlier than the one it sleeps until: most
+        // actions (every datagram sent) change no deadline, and a task wake-up per datagram
+        // is what a sender pays most for on a slow CPU.
+        let wake = !actions.is_empty()
+            && match (e.poll_timeout(), *lock(&inner.timer_armed)) {
+                (Some(d), Some(armed)) => d < armed,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+        (actions, wake)
     };
     if actions.is_empty() {
         return;
@@ -296,7 +310,9 @@ pub(crate) fn pump(inner: &Arc<Inner>) {
             Action::SendReady => inner.send_ready.notify_waiters(),
         }
     }
-    inner.timer_wake.notify_one();
+    if wake_timer {
+        inner.timer_wake.notify_one();
+    }
 }
 
 async fn accept_loop(inner: std::sync::Weak<Inner>, listener: TcpListener) {
@@ -335,10 +351,15 @@ async fn timer_loop(inner: std::sync::Weak<Inner>) {
         let Some(i) = inner.upgrade() else {
             return;
         };
-        let deadline = lock(&i.engine).poll_timeout();
         let wake = i.timer_wake.notified();
         tokio::pin!(wake);
         wake.as_mut().enable();
+        let deadline = {
+            let e = lock(&i.engine);
+            let d = e.poll_timeout();
+            *lock(&i.timer_armed) = d;
+            d
+        };
         match deadline {
             Some(d) => {
                 tokio::select! {
