@@ -1266,9 +1266,17 @@ async fn place_direct(
     Ok(Some(pad_len(ulen) + 4 - trailer_have))
 }
 
+/// What [`fill`] left behind.
+struct Filled {
+    /// The engine is closing (a Terminate or a disconnect): shut the stream after the pieces.
+    closing: bool,
+    /// The engine has more to send than one fill takes (~2 MiB): fill again after writing.
+    more: bool,
+}
+
 /// Moves what the engine has to send into `pieces` (at most ~2 MiB at a time) and records it in
-/// the capture. Returns whether the engine is closing.
-fn fill(eng: &mut Engine, pieces: &mut VecDeque<Piece>, ctx: &DriverCtx) -> bool {
+/// the capture.
+fn fill(eng: &mut Engine, pieces: &mut VecDeque<Piece>, ctx: &DriverCtx) -> Filled {
     let first_new = pieces.len();
     let mut bytes = 0usize;
     while pieces.len() < 1000 && bytes < (2 << 20) {
@@ -1312,7 +1320,10 @@ fn fill(eng: &mut Engine, pieces: &mut VecDeque<Piece>, ctx: &DriverCtx) -> bool
         let _ = lock(c).record_parts(Dir::Out, &parts);
     }
     ctx.drain(eng);
-    eng.closing
+    Filled {
+        closing: eng.closing,
+        more: eng.has_tx(),
+    }
 }
 
 /// The transmit side of a connection over TCP. Whoever holds `pieces` owns the stream's write
@@ -1357,12 +1368,14 @@ fn transmit_now(qp: &QpShared) {
         return;
     }
     let before = tx.ctx.stats.fpdus_tx.load(Ordering::Relaxed);
-    let closing = fill(&mut lock(&qp.engine), &mut pieces, &tx.ctx);
+    let f = fill(&mut lock(&qp.engine), &mut pieces, &tx.ctx);
     let n = tx.ctx.stats.fpdus_tx.load(Ordering::Relaxed) - before;
     tx.ctx.stats.direct_tx_fpdus.fetch_add(n, Ordering::Relaxed);
     // On an error the writer task meets the same error on its next write and tears down.
     let done = try_write_pieces(tx.w.as_ref(), &mut pieces).unwrap_or_default();
-    if !done || closing {
+    // The rest of a large post (beyond one fill), a full socket, or the close: the writer
+    // task's job, not the poster's.
+    if !done || f.more || f.closing {
         qp.wake.notify_one();
     }
 }
@@ -1427,20 +1440,22 @@ async fn tcp_writer_loop(tx: Arc<TxPath>) -> io::Result<()> {
     let s: &TcpStream = tx.w.as_ref();
     loop {
         let notified = ctx.qp.wake.notified();
-        let (closing, empty) = {
+        let (f, empty) = {
             let mut pieces = lock(&tx.pieces);
-            let closing = fill(&mut lock(&ctx.qp.engine), &mut pieces, ctx);
+            let f = fill(&mut lock(&ctx.qp.engine), &mut pieces, ctx);
             let empty = try_write_pieces(s, &mut pieces)?;
-            (closing, empty)
+            (f, empty)
         };
-        if empty {
-            if closing {
-                // Half-close the stream, as dropping the write half would.
-                return s_shutdown(&tx.w);
-            }
-            notified.await;
-        } else {
+        if !empty {
             s.writable().await?;
+        } else if f.more {
+            // One fill's worth went out; there is more: fill again at once.
+            tokio::task::yield_now().await;
+        } else if f.closing {
+            // Half-close the stream, as dropping the write half would.
+            return s_shutdown(&tx.w);
+        } else {
+            notified.await;
         }
     }
 }
@@ -1458,7 +1473,7 @@ async fn mem_writer_loop(mut w: WriteHalf<DuplexStream>, ctx: &DriverCtx) -> io:
     let mut pieces: VecDeque<Piece> = VecDeque::new();
     loop {
         let notified = ctx.qp.wake.notified();
-        let closing = fill(&mut lock(&ctx.qp.engine), &mut pieces, ctx);
+        let closing = fill(&mut lock(&ctx.qp.engine), &mut pieces, ctx).closing;
         if pieces.is_empty() {
             if closing {
                 w.shutdown().await?;

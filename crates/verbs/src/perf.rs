@@ -797,6 +797,7 @@ fn check(s: WcStatus) -> Result<(), VerbsError> {
     if s == WcStatus::Success {
         Ok(())
     } else {
+        tracing::warn!(?s, "perf: a work request completed with an error");
         Err(VerbsError::Protocol("perf: work request failed"))
     }
 }

@@ -541,3 +541,80 @@ async fn ping_pong_sends_directly_and_bursts_through_the_writer() {
     })
     .await
 }
+
+/// The `oxrdma perf write` pattern: 64 KiB RDMA Writes kept 128 deep, with a zero-length RDMA
+/// Read after every 40 as a placement fence. Every WR completes successfully, the Writes in order.
+/// 128 × 64 KiB posted at once is more than the transmit path takes in one go (~2 MiB): the
+/// rest must follow without another post (a stall here once ended in a flush).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_writes_with_zero_length_read_fences() {
+    // Several connections: whether a stall shows depends on how the two workers interleave.
+    for _ in 0..8 {
+        within(deep_writes_once()).await
+    }
+}
+
+async fn deep_writes_once() {
+    {
+        let (e, _k) = up(Kind::Tcp).await;
+        const SIZE: usize = 65536;
+        const ITERS: u64 = 400;
+        let src =
+            e.c.pd
+                .register(pattern(SIZE, 3), Access::LOCAL_WRITE)
+                .unwrap();
+        let dst =
+            e.s.pd
+                .register_len(
+                    SIZE,
+                    Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+                )
+                .unwrap();
+        let write = |id: u64| {
+            SendWr::new(
+                id,
+                SendOp::RdmaWrite {
+                    remote_addr: dst.addr(),
+                    rkey: dst.rkey(),
+                },
+                vec![src.sge(0, SIZE as u32)],
+            )
+        };
+        let fence = |id: u64| {
+            SendWr::new(
+                id,
+                SendOp::RdmaRead {
+                    remote_addr: dst.addr(),
+                    rkey: dst.rkey(),
+                },
+                vec![],
+            )
+        };
+        let (mut posted, mut done, mut fences) = (0u64, 0u64, 0u64);
+        let mut next_write = 0u64;
+        while done < ITERS || fences > 0 {
+            while posted < ITERS && posted - done < 128 {
+                e.c.qp.post_send(write(posted)).unwrap();
+                posted += 1;
+                if posted % 40 == 0 {
+                    e.c.qp.post_send(fence(1 << 63 | posted)).unwrap();
+                    fences += 1;
+                }
+            }
+            let c = e.c.scq.next().await;
+            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            if c.wr_id >= 1 << 63 {
+                assert_eq!(c.opcode, WcOpcode::RdmaRead);
+                // The fence completes once its response came back: after every Write posted
+                // before it completed (later Writes may complete first, as with siw).
+                assert!(c.wr_id & !(1 << 63) <= next_write, "{c:?}");
+                fences -= 1;
+            } else {
+                assert_eq!(c.wr_id, next_write, "{c:?}");
+                next_write += 1;
+                done += 1;
+            }
+        }
+        assert!(dst.read(0, SIZE).unwrap() == pattern(SIZE, 3));
+    }
+}
