@@ -1,5 +1,5 @@
 //! The client-side and binding decoders of the `nfs` crate: NFSv3 / MOUNT / port mapper
-//! results, the RFC 8267 NFSv4 COMPOUND argument scanner and result walker, and the NFSv2/v3
+//! and NFSACL results, the RFC 8267 NFSv4 COMPOUND argument scanner and result walker, and the NFSv2/v3
 //! DDP item locators. Never panics; every reported range lies inside the input; whatever
 //! decodes re-encodes to exactly the bytes consumed.
 #![no_main]
@@ -93,6 +93,10 @@ fuzz_target!(|data: &[u8]| {
             consistent::<nfs::portmap::List<nfs::portmap::Mapping>>(&b);
             consistent::<nfs::portmap::List<nfs::portmap::Rpcb>>(&b);
             consistent::<nfs::portmap::RpcbString>(&b);
+            // NFSACL (GETACL results and arguments, one ACL).
+            consistent::<nfs::nfsacl::GetAclRes>(&b);
+            consistent::<nfs::nfsacl::GetAclArgs>(&b);
+            consistent::<nfs::nfsacl::Acl>(&b);
         }
         _ => {
             if let Ok(s) = std::str::from_utf8(rest) {

@@ -17,10 +17,15 @@
 //! - [`client`]: NFSv3, MOUNT and port mapper clients over any `oncrpc::RpcTransport`, with
 //!   the binding applied (WRITE data and SYMLINK paths DDP-eligible; READ and READLINK calls
 //!   announce their reply's Write chunk and maximum size).
+//! - [`nfsacl`] and [`client::NfsAclClient`]: NFSACL v3 GETACL (the POSIX ACL side protocol)
+//!   types and client; [`ulb::NfsAclBinding`] provisions the GETACL reply and asks again with
+//!   a Reply chunk for the largest ACL after RDMA_ERR_CHUNK (short Reply chunk retry, RFC 8267
+//!   §3.1, §5.2), once.
 //! - [`serve`]: the entry point the CLI uses (NFS + MOUNT + port mapper over TCP), with the
 //!   documented place where the RPC-over-RDMA listener joins.
 //!
-//! What it does not do: NFSv4 service (only its RDMA binding), NLM/NSM locking, NFSACL,
+//! What it does not do: NFSv4 service (only its RDMA binding), NLM/NSM locking, an NFSACL
+//! server (the client and types only; a Linux client without it simply shows mode bits),
 //! RPCSEC_GSS, UDP, or device nodes for non-root callers. MKNOD of devices needs a root caller
 //! and a server running as root.
 
@@ -31,6 +36,7 @@ mod xdr_util;
 pub mod client;
 pub mod mount;
 pub mod nfs3;
+pub mod nfsacl;
 pub mod portmap;
 pub mod serve;
 pub mod server;

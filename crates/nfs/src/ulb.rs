@@ -900,6 +900,94 @@ pub fn short_reply_next_size(attempt: u32, previous: usize) -> Option<usize> {
 // The binding
 // ---------------------------------------------------------------------------------------------
 
+/// The NFSACL program's Upper-Layer Binding (program 100227, version 3). RFC 8267 §5.2:
+/// nothing in NFSACL is DDP-eligible, so calls and replies travel inline or whole in a
+/// Position-Zero Read chunk / the Reply chunk; the size of a GETACL reply cannot be known in
+/// advance, so a client estimates it from its own limit and uses short Reply chunk retry
+/// (RFC 8267 §3.1) when the server answers RDMA_ERR_CHUNK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NfsAclBinding {
+    /// ACL entries (per ACL) a first GETACL reply is provisioned for.
+    pub initial_entries: usize,
+}
+
+impl Default for NfsAclBinding {
+    /// Room for 32 entries per ACL at first (an ACL of a few named users and groups), the
+    /// protocol's 1024 on the one retry.
+    fn default() -> Self {
+        NfsAclBinding {
+            initial_entries: 32,
+        }
+    }
+}
+
+impl NfsAclBinding {
+    /// The largest GETACL reply (RPC header plus results) with `entries` per ACL.
+    pub fn getacl_max_reply(entries: usize) -> usize {
+        RPC_REPLY_HEADER_MAX + crate::nfsacl::getacl_results_max(entries)
+    }
+}
+
+impl UpperLayerBinding for NfsAclBinding {
+    fn program(&self) -> u32 {
+        NFSACL_PROGRAM
+    }
+
+    fn covers_version(&self, vers: u32) -> bool {
+        vers == crate::nfsacl::VERSION
+    }
+
+    fn has_ddp_items(&self) -> bool {
+        // RFC 8267 §5.2: no NFSACL data item is DDP-eligible.
+        false
+    }
+
+    fn call_ddp_items(
+        &self,
+        vers: u32,
+        proc_: u32,
+        _args: &[u8],
+    ) -> Result<Vec<Range<usize>>, UlbError> {
+        if vers != crate::nfsacl::VERSION || proc_ > crate::nfsacl::proc_::SETACL {
+            return Err(UlbError::Unknown { vers, proc_ });
+        }
+        Ok(Vec::new())
+    }
+
+    fn max_reply_size(&self, vers: u32, proc_: u32, _args: &[u8]) -> Option<usize> {
+        use crate::nfsacl::proc_ as p;
+        if vers != crate::nfsacl::VERSION {
+            return None;
+        }
+        match proc_ {
+            p::NULL => Some(RPC_REPLY_HEADER_MAX),
+            // RFC 8267 §5.2: "Legacy client implementations should choose a maximum size for
+            // ACLs based on their own internal limits."
+            p::GETACL => Some(Self::getacl_max_reply(self.initial_entries)),
+            // SETACL3res: status and post_op_attr.
+            p::SETACL => Some(RPC_REPLY_HEADER_MAX + 4 + POST_OP_ATTR_MAX),
+            _ => None,
+        }
+    }
+
+    fn short_reply_retry(
+        &self,
+        vers: u32,
+        proc_: u32,
+        args: &[u8],
+        attempt: u32,
+        previous: usize,
+    ) -> Option<usize> {
+        // RFC 8267 §5.2: GETACL may use short Reply chunk retry; once, straight to what the
+        // protocol can carry at most (NFS_ACL_MAX_ENTRIES in each ACL), so it is bounded.
+        if !short_reply_retry(NFSACL_PROGRAM, vers, proc_, args) || attempt != 1 {
+            return None;
+        }
+        let max = Self::getacl_max_reply(crate::nfsacl::MAX_ENTRIES as usize);
+        (max > previous).then_some(max)
+    }
+}
+
 /// The NFS program's Upper-Layer Binding (program 100003, versions 2, 3 and 4).
 #[derive(Debug, Default)]
 pub struct NfsBinding {
@@ -983,6 +1071,21 @@ impl UpperLayerBinding for NfsBinding {
     fn chunk_limits(&self) -> ChunkLimits {
         // RFC 8267 §6.4.2 defaults.
         ChunkLimits::default()
+    }
+
+    fn short_reply_retry(
+        &self,
+        vers: u32,
+        proc_: u32,
+        args: &[u8],
+        attempt: u32,
+        previous: usize,
+    ) -> Option<usize> {
+        // RFC 8267 §3.1 / §6.2.1: only an NFSv4.0 COMPOUND with a GETATTR.
+        if !short_reply_retry(nfs3::PROGRAM, vers, proc_, args) {
+            return None;
+        }
+        short_reply_next_size(attempt, previous)
     }
 
     fn reply_ddp_positions(

@@ -11,9 +11,10 @@
 //! - permission and export-escape attempts fail over RDMA with the same NFSv3 status as over
 //!   TCP.
 //!
-//! Short Reply chunk retry is not exercised: RFC 8267 §4.1 gives NFSv3 none (every NFSv3
-//! reply size is bounded from the arguments), and `ulb::short_reply_retry` is false for all
-//! NFSv3 procedures (tested in tests/ulb.rs).
+//! Short Reply chunk retry is not exercised here: RFC 8267 §4.1 gives NFSv3 none (every NFSv3
+//! reply size is bounded from the arguments; `ulb::short_reply_retry` is false for all NFSv3
+//! procedures, tests/ulb.rs). It is exercised with NFSACL GETACL (§5.2) in
+//! tests/short_reply_retry.rs.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

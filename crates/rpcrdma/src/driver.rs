@@ -794,6 +794,10 @@ struct ClientInner {
     /// are encoded with reduction (5666bis §8.1). Calls of programs without a binding are
     /// refused by the Requester (5666bis §8).
     reducing: HashSet<u32>,
+    /// The bindings by program, for the short Reply chunk retry policy (RFC 8267 §3.1).
+    ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
+    /// Calls sent again with a larger Reply chunk after RDMA_ERR_CHUNK.
+    short_reply_retries: AtomicU64,
 }
 
 impl ClientInner {
@@ -890,10 +894,9 @@ impl RdmaClient {
             .filter(|u| u.has_ddp_items())
             .map(|u| u.program())
             .collect();
-        let req = Requester::new(
-            cfg.clone(),
-            Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect()),
-        );
+        let ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>> =
+            Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect());
+        let req = Requester::new(cfg.clone(), ulbs.clone());
         let (link, rcq, params, pd) =
             open_client_link(addr, &config, req.receives_needed()).await?;
         let mut state = ClientState {
@@ -916,6 +919,8 @@ impl RdmaClient {
             back: backchannel,
             reconnects: AtomicU64::new(0),
             reducing,
+            ulbs,
+            short_reply_retries: AtomicU64::new(0),
         });
         let task = tokio::spawn(client_recv_loop(inner.clone(), rcq));
         Ok(RdmaClient { inner, task })
@@ -1103,6 +1108,58 @@ impl Drop for CallGuard<'_> {
 impl RpcTransport for RdmaClient {
     fn call(&self, req: CallRequest) -> BoxFuture<'_, Result<Bytes, RpcError>> {
         Box::pin(async move {
+            let mut req = req;
+            let mut tries = 0;
+            loop {
+                let r = self.call_once(&req).await;
+                let Err(RpcError::RdmaErrChunk) = r else {
+                    return r;
+                };
+                // RFC 8267 §3.1: a reply that did not fit may be asked for again, as a new
+                // transaction (a new XID, so that no cached reply holding the error answers
+                // it) with a larger Reply chunk, for the operations the binding allows, and
+                // not indefinitely (ERR_CHUNK has other causes).
+                tries += 1;
+                let Some(larger) = self.short_reply_retry_size(&req, tries) else {
+                    return r;
+                };
+                self.inner
+                    .short_reply_retries
+                    .fetch_add(1, Ordering::Relaxed);
+                req.reply.max_len = Some(larger);
+            }
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("rdma://{}", self.inner.addr)
+    }
+}
+
+impl RdmaClient {
+    /// Calls sent again with a larger Reply chunk after RDMA_ERR_CHUNK (RFC 8267 §3.1).
+    pub fn short_reply_retries(&self) -> u64 {
+        self.inner.short_reply_retries.load(Ordering::Relaxed)
+    }
+
+    /// The reply size to announce on short Reply chunk retry number `attempt` of `req`, or
+    /// `None` when its binding allows no (more) retries (RFC 8267 §3.1).
+    fn short_reply_retry_size(&self, req: &CallRequest, attempt: u32) -> Option<usize> {
+        let ulb = self.inner.ulbs.get(&req.prog)?;
+        let mut enc = Encoder::new();
+        (req.args)(&mut enc);
+        let args = enc.finish().to_bytes();
+        let previous = req
+            .reply
+            .max_len
+            .or_else(|| ulb.max_reply_size(req.vers, req.proc_, &args))
+            .unwrap_or(self.inner.cfg.rpc.default_reply_chunk);
+        ulb.short_reply_retry(req.vers, req.proc_, &args, attempt, previous)
+            .filter(|&n| n > previous)
+    }
+
+    fn call_once<'a>(&'a self, req: &'a CallRequest) -> BoxFuture<'a, Result<Bytes, RpcError>> {
+        Box::pin(async move {
             let inner = &self.inner;
             let xid = inner.next_xid.fetch_add(1, Ordering::Relaxed);
             // Nothing is reduced under RPCSEC_GSS integrity or privacy (5666bis §10.2.2.3), nor
@@ -1178,10 +1235,6 @@ impl RpcTransport for RdmaClient {
                 }
             }
         })
-    }
-
-    fn describe(&self) -> String {
-        format!("rdma://{}", self.inner.addr)
     }
 }
 

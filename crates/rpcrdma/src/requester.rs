@@ -545,12 +545,12 @@ impl Requester {
             Body::Error(e) => {
                 self.stats.rdma_errors += 1;
                 // 5666bis §5.5: an RDMA_ERROR completes the transaction with an error.
-                return Err(RpcError::Transport(match e {
-                    ErrorBody::Vers { low, high } => {
-                        format!("RDMA_ERR_VERS: peer supports versions {low}..={high}")
-                    }
-                    ErrorBody::Chunk => "RDMA_ERR_CHUNK".to_string(),
-                }));
+                return Err(match e {
+                    ErrorBody::Vers { low, high } => RpcError::Transport(format!(
+                        "RDMA_ERR_VERS: peer supports versions {low}..={high}"
+                    )),
+                    ErrorBody::Chunk => RpcError::RdmaErrChunk,
+                });
             }
             _ => return Err(RpcError::BadReply("unexpected rdma_proc in reply".into())),
         };

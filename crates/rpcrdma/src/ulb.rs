@@ -117,6 +117,25 @@ pub trait UpperLayerBinding: Send + Sync + 'static {
         let _ = (results, written);
         Err(UlbError::Unknown { vers, proc_ })
     }
+
+    /// Requester side: whether a call whose reply did not fit the reply resources offered
+    /// (RDMA_ERR_CHUNK) may be sent again as a new transaction (a new XID) announcing a larger
+    /// reply, and how large: `Some(size)` for retry number `attempt` (1-based) after a reply
+    /// bound of `previous` bytes, `None` for no (more) retries. RFC 8267 §3.1 ("short Reply
+    /// chunk retry") allows it only for the operations a binding names, since the reply size
+    /// of most can be estimated exactly, and never indefinitely; the default is no. `args` is
+    /// the call's argument stream (every item inline).
+    fn short_reply_retry(
+        &self,
+        vers: u32,
+        proc_: u32,
+        args: &[u8],
+        attempt: u32,
+        previous: usize,
+    ) -> Option<usize> {
+        let _ = (vers, proc_, args, attempt, previous);
+        None
+    }
 }
 
 /// A binding under which no item of the program is DDP-eligible (RFC 8267 §5.2 says so of

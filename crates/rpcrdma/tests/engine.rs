@@ -190,10 +190,7 @@ fn several_write_chunks_and_read_chunks() {
     h.client_actions(act);
     h.run();
     let e = h.done.remove(&1).unwrap().unwrap_err();
-    assert!(
-        matches!(e, RpcError::Transport(ref s) if s.contains("ERR_CHUNK")),
-        "{e}"
-    );
+    assert!(matches!(e, RpcError::RdmaErrChunk), "{e}");
     assert_eq!(h.resp.stats().err_chunk, 1);
     // ... and the call arguments go inline when sent with one Read chunk: then the reply uses
     // two Write chunks filled in order.
@@ -991,9 +988,10 @@ fn lost_reply_xid_gets_err_chunk_after_reconnect() {
     let a = h.req.on_connect(params, &mut h.creg);
     h.client_actions(a);
     h.run();
-    assert!(
-        matches!(h.done.remove(&7), Some(Err(RpcError::Transport(s))) if s.contains("ERR_CHUNK"))
-    );
+    assert!(matches!(
+        h.done.remove(&7),
+        Some(Err(RpcError::RdmaErrChunk))
+    ));
 }
 
 fn gss_integrity() -> OpaqueAuth {
