@@ -140,3 +140,61 @@ fn stress_self(transport: &str, row_name: &str) {
         assert!(row[6] > 0.0, "rtt: {text}");
     }
 }
+
+/// rds-stress -D over RDS/RDMA: every request advertises a buffer, the responder RDMA-writes
+/// 8 KiB into it before acking, and the requester counts the bytes once the ack completing
+/// the operation arrived and they checked out: mbi (requester) equals mbo (responder).
+#[test]
+fn rds_stress_rdma_size_fills_mbi_and_mbo() {
+    let out = oxrdma()
+        .args([
+            "rds",
+            "stress",
+            "--self",
+            "-T",
+            "1",
+            "-q",
+            "512",
+            "-a",
+            "64",
+            "-d",
+            "4",
+            "-D",
+            "8192",
+            "--transport",
+            "rdma",
+        ])
+        .output()
+        .expect("rds stress runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row: Vec<f64> = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("rds-rd"))
+        .unwrap_or_else(|| panic!("no rds-rd row in {text}"))
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().expect("a number"))
+        .collect();
+    let (acks_per_s, mbi, mbo) = (row[2], row[4], row[5]);
+    assert!(acks_per_s > 0.0 && mbi > 0.0, "{text}");
+    // 8 KiB per acked request, checked.
+    assert!((mbi - acks_per_s * 8.0).abs() <= 8.0 + mbi * 0.01, "{text}");
+    // The responder wrote at least what was checked (the last writes may miss the deadline).
+    assert!(mbo >= mbi, "{text}");
+}
+
+#[test]
+fn rds_stress_rdma_size_needs_rdma() {
+    let out = oxrdma()
+        .args(["rds", "stress", "--self", "-T", "1", "-D", "4096"])
+        .output()
+        .expect("rds stress runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("-D needs --transport rdma"), "{err}");
+}

@@ -13,7 +13,8 @@
 //! - [`socket`]: [`RdsStack`] (one per local IPv4 address: listener, connections, ports) and
 //!   [`RdsSocket`] with `send_to` / `recv_from`, plus [`BlockingRdsSocket`].
 //! - [`tools`]: library functions behind `oxrdma rds ping`, `rds stress` (and a raw-TCP
-//!   baseline); `rds info` is [`RdsStack::info`].
+//!   baseline; with `rdma_size`, rds-stress `-D`: an RDMA Write into a buffer each request
+//!   advertises, counted as mbi/mbo); `rds info` is [`RdsStack::info`].
 //!
 //! - [`rdma`]: RDS over RDMA on the `verbs` crate (`Transport::Rdma`; soft-iWARP by default):
 //!   the 32-byte connection private data with version negotiation, credit flow control,

@@ -85,6 +85,11 @@ pub struct StressParams {
     pub tasks: usize,
     /// `-T`: run time.
     pub duration: Duration,
+    /// `-D`: bytes of an RDMA operation each request carries (0: none). The request
+    /// advertises a fresh buffer (RDMA_DEST) and the responder RDMA-writes this many bytes
+    /// into it before its ack, which carries the RDMA extension that completes the operation.
+    /// RDS over RDMA only.
+    pub rdma_size: usize,
 }
 
 impl Default for StressParams {
@@ -96,6 +101,7 @@ impl Default for StressParams {
             depth: 1,
             tasks: 1,
             duration: Duration::from_secs(1),
+            rdma_size: 0,
         }
     }
 }
@@ -111,9 +117,11 @@ pub struct StressResult {
     pub rx_per_s: f64,
     /// Payload KiB per second, both directions.
     pub tx_rx_kib_per_s: f64,
-    /// RDMA KiB/s in (always 0: no RDMA operations over TCP).
+    /// RDMA KiB/s in: bytes the peer RDMA-wrote into this side's buffers (`-D`), counted
+    /// when the message completing the operation arrived and the bytes were checked.
     pub mbi_kib_per_s: f64,
-    /// RDMA KiB/s out (always 0: no RDMA operations over TCP).
+    /// RDMA KiB/s out: bytes this side RDMA-wrote (the responder's side of `-D`; filled in by
+    /// callers that run both ends).
     pub mbo_kib_per_s: f64,
     /// Mean request→ack round trip, microseconds.
     pub rtt_us: f64,
@@ -130,6 +138,15 @@ struct Tally {
     requests: u64,
     acks: u64,
     rtt_sum: Duration,
+    rdma_in: u64,
+}
+
+/// What the responder RDMA-writes for `-D`, and what the requester checks it received.
+fn rdma_pattern(len: usize) -> Bytes {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(7) ^ 0xa5)
+        .collect::<Vec<u8>>()
+        .into()
 }
 
 fn result(p: &StressParams, t: &Tally, elapsed: Duration) -> StressResult {
@@ -142,7 +159,7 @@ fn result(p: &StressParams, t: &Tally, elapsed: Duration) -> StressResult {
             + t.acks as f64 * p.ack_size as f64)
             / 1024.0
             / s,
-        mbi_kib_per_s: 0.0,
+        mbi_kib_per_s: t.rdma_in as f64 / 1024.0 / s,
         mbo_kib_per_s: 0.0,
         rtt_us: if t.acks == 0 {
             0.0
@@ -161,6 +178,14 @@ pub struct StressServer {
     tasks: Vec<JoinHandle<()>>,
     /// First RDS port; task `i` listens on `base_port + i`.
     pub base_port: u16,
+    rdma_out: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl StressServer {
+    /// Bytes RDMA-written into requesters' buffers so far (`-D`).
+    pub fn rdma_out_bytes(&self) -> u64 {
+        self.rdma_out.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl Drop for StressServer {
@@ -179,14 +204,46 @@ pub fn stress_server(
     tasks: usize,
     ack_size: usize,
 ) -> Result<StressServer, RdsError> {
+    stress_server_rdma(stack, base_port, tasks, ack_size, 0)
+}
+
+/// [`stress_server`] that also answers a request advertising a buffer (RDMA_DEST, `-D`) by
+/// RDMA-writing `rdma_size` bytes into it before the ack (RDS over RDMA stacks).
+pub fn stress_server_rdma(
+    stack: &RdsStack,
+    base_port: u16,
+    tasks: usize,
+    ack_size: usize,
+    rdma_size: usize,
+) -> Result<StressServer, RdsError> {
     let mut hs = Vec::new();
     let ack = Bytes::from(vec![0u8; ack_size]);
+    let data = rdma_pattern(rdma_size);
+    let rdma_out = Arc::new(std::sync::atomic::AtomicU64::new(0));
     for i in 0..tasks {
         let sock = stack.bind(base_port.wrapping_add(i as u16))?;
-        let ack = ack.clone();
+        let (ack, data, out) = (ack.clone(), data.clone(), rdma_out.clone());
         hs.push(tokio::spawn(async move {
-            while let Ok((_, src)) = sock.recv_from().await {
-                if sock.send_to(src, ack.clone()).await.is_err() {
+            while let Ok(d) = sock.recv_datagram().await {
+                let dest = d.ext.iter().find_map(|e| match e {
+                    crate::wire::Extension::RdmaDest { rkey, offset } => {
+                        Some(crate::rdma::cookie(*rkey, *offset))
+                    }
+                    _ => None,
+                });
+                let r = match dest {
+                    Some(c) if !data.is_empty() => {
+                        let r = sock
+                            .send_rdma_write(d.src, c, data.clone(), ack.clone())
+                            .await;
+                        if r.is_ok() {
+                            out.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        r
+                    }
+                    _ => sock.send_to(d.src, ack.clone()).await,
+                };
+                if r.is_err() {
                     break;
                 }
             }
@@ -195,7 +252,25 @@ pub fn stress_server(
     Ok(StressServer {
         tasks: hs,
         base_port,
+        rdma_out,
     })
+}
+
+/// One stress request; with `-D` it advertises a fresh use-once buffer for the responder's
+/// RDMA Write. `None` when sending failed.
+async fn stress_send(
+    sock: &RdsSocket,
+    stack: &RdsStack,
+    dest: SocketAddrV4,
+    req: &Bytes,
+    rdma_size: usize,
+) -> Option<Option<crate::rdma::RdmaBuffer>> {
+    if rdma_size == 0 {
+        return sock.send_to(dest, req.clone()).await.ok().map(|_| None);
+    }
+    let buf = stack.rdma_buffer(rdma_size).ok()?;
+    sock.send_rdma_dest(dest, &buf, req.clone()).await.ok()?;
+    Some(Some(buf))
 }
 
 /// Runs the request/ack client: `tasks` sockets, each keeping `depth` requests in flight to
@@ -213,32 +288,46 @@ pub async fn stress_client(
         let sock: RdsSocket = stack.bind(0)?;
         let dest = SocketAddrV4::new(*server.ip(), server.port().wrapping_add(i as u16));
         let req = Bytes::from(vec![0x55u8; p.req_size]);
+        let stack = stack.clone();
+        let expect = rdma_pattern(p.rdma_size);
         hs.push(tokio::spawn(async move {
-            let mut sent_at: VecDeque<Instant> = VecDeque::new();
+            let mut sent_at: VecDeque<(Instant, Option<crate::rdma::RdmaBuffer>)> = VecDeque::new();
             let mut t = Tally::default();
             for _ in 0..p.depth.max(1) {
-                if sock.send_to(dest, req.clone()).await.is_err() {
+                let Some(buf) = stress_send(&sock, &stack, dest, &req, p.rdma_size).await else {
                     return t;
-                }
-                sent_at.push_back(Instant::now());
+                };
+                sent_at.push_back((Instant::now(), buf));
                 t.requests += 1;
             }
             // Acks come back in order (one port pair, one path).
             while !sent_at.is_empty() {
                 let left =
                     deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(2);
-                let Ok(Ok(_)) = tokio::time::timeout(left, sock.recv_from()).await else {
+                let Ok(Ok(d)) = tokio::time::timeout(left, sock.recv_datagram()).await else {
                     break;
                 };
-                if let Some(t0) = sent_at.pop_front() {
+                if let Some((t0, buf)) = sent_at.pop_front() {
                     t.rtt_sum += t0.elapsed();
+                    // The ack completes the responder's RDMA Write into this request's buffer:
+                    // count its bytes once they are checked.
+                    if let Some(buf) = buf {
+                        let done = d.ext.iter().any(|e| {
+                            matches!(e, crate::wire::Extension::Rdma { rkey }
+                                if u64::from(*rkey) == buf.cookie() & 0xffff_ffff)
+                        });
+                        if done && buf.read() == expect {
+                            t.rdma_in += expect.len() as u64;
+                        }
+                    }
                 }
                 t.acks += 1;
                 if Instant::now() < deadline {
-                    if sock.send_to(dest, req.clone()).await.is_err() {
+                    let Some(buf) = stress_send(&sock, &stack, dest, &req, p.rdma_size).await
+                    else {
                         break;
-                    }
-                    sent_at.push_back(Instant::now());
+                    };
+                    sent_at.push_back((Instant::now(), buf));
                     t.requests += 1;
                 }
             }
@@ -251,6 +340,7 @@ pub async fn stress_client(
             g.requests += t.requests;
             g.acks += t.acks;
             g.rtt_sum += t.rtt_sum;
+            g.rdma_in += t.rdma_in;
         }
     }
     let elapsed = start.elapsed();

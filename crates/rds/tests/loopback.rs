@@ -277,6 +277,7 @@ async fn ping_and_stress_tools() {
         depth: 4,
         tasks: 2,
         duration: Duration::from_millis(300),
+        rdma_size: 0,
     };
     let s = rds::tools::stress_client(&a, SocketAddrV4::new(B, 9000), p)
         .await

@@ -138,6 +138,11 @@ pub struct StressArgs {
     /// Also measure a raw-TCP request/response with the same sizes, depth and tasks.
     #[arg(long)]
     baseline: bool,
+    /// RDMA bytes per request (rds-stress -D): each request advertises a fresh buffer and the
+    /// responder RDMA-writes this many bytes into it before acking; reported as mbi (and mbo
+    /// with --self). Needs --transport rdma.
+    #[arg(short = 'D', long = "rdma-size", default_value_t = 0)]
+    rdma_size: usize,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -312,12 +317,19 @@ async fn stress(a: StressArgs) -> CmdResult {
     if a.tasks == 0 || a.tasks > 1024 {
         return Err("-t must be 1..=1024".into());
     }
+    if a.rdma_size > 0 && matches!(a.common.transport, TransportArg::Tcp) {
+        return Err("-D needs --transport rdma: RDS over TCP has no RDMA operations".into());
+    }
+    if a.rdma_size > rds::wire::MAX_MSG_LEN {
+        return Err(format!("-D is at most {} bytes", rds::wire::MAX_MSG_LEN).into());
+    }
     let p = StressParams {
         req_size: a.req,
         ack_size: a.ack,
         depth: a.depth.max(1),
         tasks: a.tasks,
         duration: secs(a.time, "-T")?,
+        rdma_size: a.rdma_size,
     };
     let name = match a.common.transport {
         TransportArg::Tcp => "rds",
@@ -326,7 +338,7 @@ async fn stress(a: StressArgs) -> CmdResult {
     if a.server {
         let local = a.local.ok_or("--server needs --local ADDR (-r)")?;
         let stack = start_stack(local, &a.common).await?;
-        let _srv = rds::tools::stress_server(&stack, a.port, a.tasks, a.ack)?;
+        let _srv = rds::tools::stress_server_rdma(&stack, a.port, a.tasks, a.ack, a.rdma_size)?;
         let mut tcp = None;
         if a.baseline {
             let (h, addr) = rds::tools::tcp_baseline_server((local, a.port).into()).await?;
@@ -359,7 +371,7 @@ async fn stress(a: StressArgs) -> CmdResult {
             common.tport = Some(std::net::TcpListener::bind((ca, 0))?.local_addr()?.port());
         }
         let sb = start_stack(cb, &common).await?;
-        let srv = rds::tools::stress_server(&sb, a.port, a.tasks, a.ack)?;
+        let srv = rds::tools::stress_server_rdma(&sb, a.port, a.tasks, a.ack, a.rdma_size)?;
         let sa = start_stack(a.local.unwrap_or(ca), &common).await?;
         (sa, cb, Some(sb), Some(srv))
     } else {
@@ -382,7 +394,11 @@ async fn stress(a: StressArgs) -> CmdResult {
     );
     header();
     std::io::stdout().flush()?;
-    let r = rds::tools::stress_client(&client, SocketAddrV4::new(server_ip, a.port), p).await?;
+    let mut r = rds::tools::stress_client(&client, SocketAddrV4::new(server_ip, a.port), p).await?;
+    if let Some(srv) = &_srv {
+        // Both ends run in this process: the responders' RDMA Writes are its RDMA out.
+        r.mbo_kib_per_s = srv.rdma_out_bytes() as f64 / 1024.0 / r.elapsed.as_secs_f64().max(1e-9);
+    }
     row(name, &r);
     std::io::stdout().flush()?;
     if a.baseline {
