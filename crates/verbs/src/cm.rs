@@ -95,7 +95,12 @@ pub enum Provider {
     SoftIwarp(SoftIwarpConfig),
     /// The same protocol stack over in-memory pipes of a [`LoopbackFabric`].
     Loopback(LoopbackFabric, SoftIwarpConfig),
+    /// A real RDMA device (NIC, kernel siw or rxe) through rdma-core.
+    #[cfg(feature = "rdma-core")]
+    RdmaCore(crate::hw::RdmaCoreConfig),
 }
+
+static DEFAULT_DEVICE: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
 
 /// An RDMA device: owns the STag table; creates PDs, CQs, QPs, listeners and connections.
 #[derive(Clone)]
@@ -107,6 +112,9 @@ struct DeviceInner {
     table: Arc<StagTable>,
     provider: Provider,
     next_qp: AtomicU32,
+    /// The rdma-core device, or why it could not be opened.
+    #[cfg(feature = "rdma-core")]
+    hw: Option<Result<Arc<crate::hw::HwDevice>, VerbsError>>,
 }
 
 impl fmt::Debug for Device {
@@ -120,18 +128,123 @@ impl fmt::Debug for Device {
 impl Device {
     /// Open a device on `provider`.
     pub fn open(provider: Provider) -> Self {
+        #[cfg(feature = "rdma-core")]
+        let hw = match &provider {
+            Provider::RdmaCore(c) => Some(crate::hw::HwDevice::open(c.clone())),
+            _ => None,
+        };
         Self {
             inner: Arc::new(DeviceInner {
                 table: StagTable::new(),
                 provider,
                 next_qp: AtomicU32::new(1),
+                #[cfg(feature = "rdma-core")]
+                hw,
             }),
         }
+    }
+
+    /// Open an rdma-core device (feature `rdma-core`): fails with [`VerbsError::NoDevice`]
+    /// where rdma-core or the named device is missing.
+    #[cfg(feature = "rdma-core")]
+    pub fn rdma_core(config: crate::hw::RdmaCoreConfig) -> Result<Self, VerbsError> {
+        let d = Self::open(Provider::RdmaCore(config));
+        if let Some(Err(e)) = &d.inner.hw {
+            return Err(e.clone());
+        }
+        Ok(d)
+    }
+
+    /// A device from a provider name, as the CLI's `--provider` takes it: `soft-iwarp`, or
+    /// `rdma-core` / `rdma-core:DEVICE` (feature `rdma-core`).
+    pub fn from_spec(spec: &str) -> Result<Self, VerbsError> {
+        match spec {
+            "soft-iwarp" | "siw" | "" => Ok(Self::soft_iwarp()),
+            s if s == "rdma-core" || s.starts_with("rdma-core:") => {
+                #[cfg(feature = "rdma-core")]
+                {
+                    let name = s.strip_prefix("rdma-core:").map(str::to_string);
+                    Self::rdma_core(crate::hw::RdmaCoreConfig {
+                        device: name,
+                        ..Default::default()
+                    })
+                }
+                #[cfg(not(feature = "rdma-core"))]
+                Err(VerbsError::NoDevice(
+                    "this build has no rdma-core provider (build with --features rdma-core)".into(),
+                ))
+            }
+            _ => Err(VerbsError::InvalidArgument(
+                "unknown provider (soft-iwarp, rdma-core or rdma-core:DEVICE)",
+            )),
+        }
+    }
+
+    /// True for an rdma-core device.
+    pub fn is_rdma_core(&self) -> bool {
+        #[cfg(feature = "rdma-core")]
+        if self.inner.hw.is_some() {
+            return true;
+        }
+        false
+    }
+
+    /// The rdma-core device behind this `Device`, if it is one.
+    #[cfg(feature = "rdma-core")]
+    pub fn rdma_core_info(&self) -> Option<crate::hw::RdmaCoreDevice> {
+        match &self.inner.hw {
+            Some(Ok(h)) => Some(crate::hw::RdmaCoreDevice {
+                name: h.name.clone(),
+                iwarp: h.iwarp,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Provider and device, for people: `soft-iwarp`, `loopback` or `rdma-core:NAME`.
+    pub fn describe(&self) -> String {
+        match &self.inner.provider {
+            Provider::SoftIwarp(_) => "soft-iwarp".into(),
+            Provider::Loopback(..) => "loopback".into(),
+            #[cfg(feature = "rdma-core")]
+            Provider::RdmaCore(_) => match &self.inner.hw {
+                Some(Ok(h)) => format!(
+                    "rdma-core:{} ({})",
+                    h.name,
+                    if h.iwarp { "iWARP" } else { "IB/RoCE" }
+                ),
+                _ => "rdma-core (unavailable)".into(),
+            },
+        }
+    }
+
+    #[cfg(feature = "rdma-core")]
+    pub(crate) fn hw(&self) -> Option<Result<&Arc<crate::hw::HwDevice>, VerbsError>> {
+        self.inner
+            .hw
+            .as_ref()
+            .map(|r| r.as_ref().map_err(Clone::clone))
     }
 
     /// Soft-iWARP over TCP with default settings.
     pub fn soft_iwarp() -> Self {
         Self::open(Provider::SoftIwarp(SoftIwarpConfig::default()))
+    }
+
+    /// The process's default device: the one given to [`Device::set_default`] (the CLI's
+    /// `--provider`), else a new soft-iWARP device. Upper layers use it when their
+    /// configuration names no device.
+    pub fn default_device() -> Self {
+        DEFAULT_DEVICE
+            .get()
+            .cloned()
+            .unwrap_or_else(Self::soft_iwarp)
+    }
+
+    /// Make `dev` the process's default device (once; later calls are refused with the
+    /// device back).
+    pub fn set_default(dev: Device) -> Result<(), Device> {
+        DEFAULT_DEVICE.set(dev)
     }
 
     /// In-memory loopback provider on `fabric`.
@@ -149,6 +262,12 @@ impl Device {
     fn config(&self) -> &SoftIwarpConfig {
         match &self.inner.provider {
             Provider::SoftIwarp(c) | Provider::Loopback(_, c) => c,
+            #[cfg(feature = "rdma-core")]
+            Provider::RdmaCore(_) => {
+                static DEFAULT: std::sync::LazyLock<SoftIwarpConfig> =
+                    std::sync::LazyLock::new(SoftIwarpConfig::default);
+                &DEFAULT
+            }
         }
     }
 
@@ -159,7 +278,15 @@ impl Device {
 
     /// Create a completion queue.
     pub fn create_cq(&self) -> CompletionQueue {
-        CompletionQueue::new()
+        #[allow(unused_mut)]
+        let mut cq = CompletionQueue::new();
+        #[cfg(feature = "rdma-core")]
+        if let Some(h) = self.hw() {
+            cq.hw = Some(Arc::new(
+                h.and_then(|d| crate::hw::HwCq::create(d, cq.inner.clone())),
+            ));
+        }
+        cq
     }
 
     /// Create a reliable-connected QP in `pd`. Receives may be posted before connecting.
@@ -177,8 +304,35 @@ impl Device {
             send_cq.inner.clone(),
             recv_cq.inner.clone(),
         );
+        #[cfg(feature = "rdma-core")]
+        let hw = self.hw().map(|d| {
+            let d = d?;
+            let pd_hw = pd.hw.clone().ok_or(VerbsError::InvalidArgument(
+                "the PD belongs to another provider",
+            ))??;
+            let cq = |c: &CompletionQueue| -> Result<Arc<crate::hw::HwCq>, VerbsError> {
+                match c.hw.as_deref() {
+                    Some(Ok(h)) => Ok(h.clone()),
+                    Some(Err(e)) => Err(e.clone()),
+                    None => Err(VerbsError::InvalidArgument(
+                        "the CQ belongs to another provider",
+                    )),
+                }
+            };
+            let _ = d;
+            Ok(crate::hw::HwQueuePair::new(
+                &pd_hw,
+                &cq(send_cq)?,
+                &cq(recv_cq)?,
+                send_cq.inner.clone(),
+                recv_cq.inner.clone(),
+                qp_num,
+            ))
+        });
         QueuePair {
             shared: Arc::new(QpShared {
+                #[cfg(feature = "rdma-core")]
+                hw,
                 engine: Mutex::new(engine),
                 wake: Notify::new(),
                 qp_num,
@@ -197,6 +351,35 @@ impl Device {
         let (tx, rx) = mpsc::unbounded_channel();
         let dev = self.clone();
         match &self.inner.provider {
+            #[cfg(feature = "rdma-core")]
+            Provider::RdmaCore(_) => {
+                let hw = self
+                    .hw()
+                    .ok_or(VerbsError::InvalidState("no rdma-core device"))??
+                    .clone();
+                let l = crate::hw::listen(&hw, addr)?;
+                let local = l.local;
+                let task = tokio::spawn(async move {
+                    while let Ok(r) = l.next_request(&hw).await {
+                        let (local, peer) = (r.local, r.peer);
+                        let req = ConnectRequest {
+                            dev: dev.clone(),
+                            kind: ReqKind::Hw(r),
+                            local,
+                            peer,
+                        };
+                        if tx.send(req).is_err() {
+                            break;
+                        }
+                    }
+                });
+                Ok(Listener {
+                    rx,
+                    local_addr: local,
+                    task,
+                    fabric: None,
+                })
+            }
             Provider::SoftIwarp(_) => {
                 let l = TcpListener::bind(addr).await?;
                 let local = l.local_addr()?;
@@ -273,12 +456,32 @@ impl Device {
         params: ConnParams,
     ) -> Result<Connection, VerbsError> {
         params.validate()?;
+        #[cfg(feature = "rdma-core")]
+        if let Some(hw) = self.hw() {
+            let hw = hw?;
+            let qhw = qp.hw()?;
+            {
+                let mut c = lock(&qp.shared.connected);
+                if *c {
+                    return Err(VerbsError::InvalidState("QP already connected"));
+                }
+                *c = true;
+            }
+            let r = crate::hw::connect(hw, qhw, addr, &params.private_data, params.ird, params.ord)
+                .await;
+            if r.is_err() {
+                *lock(&qp.shared.connected) = false;
+            }
+            return Ok(Connection::from_hw(qp, r?));
+        }
         let (transport, local) = match &self.inner.provider {
             Provider::SoftIwarp(_) => {
                 let s = self.tune_tcp(TcpStream::connect(addr).await?)?;
                 let local = s.local_addr()?;
                 (Transport::Tcp(s), local)
             }
+            #[cfg(feature = "rdma-core")]
+            Provider::RdmaCore(_) => return Err(VerbsError::InvalidState("no rdma-core device")),
             Provider::Loopback(fabric, _) => {
                 let l = lock(&fabric.inner.listeners).get(&addr).cloned();
                 let Some(l) = l else {
@@ -389,10 +592,12 @@ async fn incoming(
     }
     let _ = tx.send(ConnectRequest {
         dev,
-        t,
-        req,
-        raw,
-        leftover: buf,
+        kind: ReqKind::Soft {
+            t,
+            req,
+            raw,
+            leftover: buf,
+        },
         local,
         peer,
     });
@@ -576,47 +781,83 @@ impl Listener {
 /// [`ConnectRequest::accept`] or [`ConnectRequest::reject`].
 pub struct ConnectRequest {
     dev: Device,
-    t: Transport,
-    req: MpaFrame,
-    raw: Bytes,
-    leftover: BytesMut,
+    kind: ReqKind,
     local: SocketAddr,
     peer: SocketAddr,
 }
 
+enum ReqKind {
+    /// A soft-iWARP MPA Request and the stream it came on.
+    Soft {
+        t: Transport,
+        req: MpaFrame,
+        raw: Bytes,
+        leftover: BytesMut,
+    },
+    /// An rdma_cm connect request (rdma-core provider).
+    #[cfg(feature = "rdma-core")]
+    Hw(crate::hw::HwConnReq),
+}
+
 impl fmt::Debug for ConnectRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConnectRequest")
-            .field("peer", &self.peer)
-            .field("request", &self.req)
-            .finish()
+        let mut d = f.debug_struct("ConnectRequest");
+        d.field("peer", &self.peer);
+        match &self.kind {
+            ReqKind::Soft { req, .. } => d.field("request", req),
+            #[cfg(feature = "rdma-core")]
+            ReqKind::Hw(r) => d.field("request", r),
+        };
+        d.finish()
     }
 }
 
 impl ConnectRequest {
+    fn mpa(&self) -> Option<&MpaFrame> {
+        match &self.kind {
+            ReqKind::Soft { req, .. } => Some(req),
+            #[cfg(feature = "rdma-core")]
+            ReqKind::Hw(_) => None,
+        }
+    }
     /// The initiator's ULP private data.
     pub fn private_data(&self) -> &Bytes {
-        &self.req.private_data
+        match &self.kind {
+            ReqKind::Soft { req, .. } => &req.private_data,
+            #[cfg(feature = "rdma-core")]
+            ReqKind::Hw(r) => &r.private_data,
+        }
     }
     /// The initiator's IRD (None for MPA revision 1).
     pub fn ird(&self) -> Option<u16> {
-        self.req.enhanced.map(|w| w.ird)
+        match &self.kind {
+            ReqKind::Soft { req, .. } => req.enhanced.map(|w| w.ird),
+            #[cfg(feature = "rdma-core")]
+            ReqKind::Hw(r) => Some(u16::from(r.peer_ird)),
+        }
     }
     /// The initiator's ORD (None for MPA revision 1).
     pub fn ord(&self) -> Option<u16> {
-        self.req.enhanced.map(|w| w.ord)
+        match &self.kind {
+            ReqKind::Soft { req, .. } => req.enhanced.map(|w| w.ord),
+            #[cfg(feature = "rdma-core")]
+            ReqKind::Hw(r) => Some(u16::from(r.peer_ord)),
+        }
     }
-    /// The initiator asked for peer-to-peer mode (RTR).
+    /// The initiator asked for peer-to-peer mode (RTR). Always false on rdma-core, where the
+    /// kernel driver handles it.
     pub fn peer_to_peer(&self) -> bool {
-        self.req.enhanced.is_some_and(|w| w.peer_to_peer)
+        self.mpa()
+            .and_then(|r| r.enhanced)
+            .is_some_and(|w| w.peer_to_peer)
     }
-    /// The initiator asked for CRC.
+    /// The initiator asked for CRC (false on rdma-core: the kernel driver decides).
     pub fn crc(&self) -> bool {
-        self.req.crc
+        self.mpa().is_some_and(|r| r.crc)
     }
-    /// MPA revision of the request.
+    /// MPA revision of the request (0 on rdma-core, where the kernel ran MPA).
     pub fn mpa_revision(&self) -> u8 {
-        self.req.revision
+        self.mpa().map_or(0, |r| r.revision)
     }
     /// The initiator's address.
     pub fn peer_addr(&self) -> SocketAddr {
@@ -628,8 +869,12 @@ impl ConnectRequest {
     }
 
     fn capture(&self, p: &ConnParams) -> Option<Capture> {
+        #[cfg_attr(not(feature = "rdma-core"), allow(irrefutable_let_patterns))]
+        let ReqKind::Soft { raw, .. } = &self.kind else {
+            return None;
+        };
         let mut c = self.dev.capture_for(p, self.local, self.peer, false)?;
-        let _ = c.record(Dir::In, &self.raw);
+        let _ = c.record(Dir::In, raw);
         Some(c)
     }
 
@@ -643,13 +888,33 @@ impl ConnectRequest {
         let mut capture = self.capture(&params);
         let ConnectRequest {
             dev,
-            mut t,
-            req,
-            leftover,
+            kind,
             local,
             peer,
-            ..
         } = self;
+        let (mut t, req, leftover) = match kind {
+            ReqKind::Soft {
+                t, req, leftover, ..
+            } => (t, req, leftover),
+            #[cfg(feature = "rdma-core")]
+            ReqKind::Hw(r) => {
+                let qhw = qp.hw()?;
+                {
+                    let mut c = lock(&qp.shared.connected);
+                    if *c {
+                        return Err(VerbsError::InvalidState("QP already connected"));
+                    }
+                    *c = true;
+                }
+                let res = r
+                    .accept(qhw, &params.private_data, params.ird, params.ord)
+                    .await;
+                if res.is_err() {
+                    *lock(&qp.shared.connected) = false;
+                }
+                return Ok(Connection::from_hw(qp, res?));
+            }
+        };
         let (reply, neg) = handshake::accept_request(&req, &params.setup())?;
         let b = reply.encode()?;
         if let Some(c) = capture.as_mut() {
@@ -673,9 +938,12 @@ impl ConnectRequest {
             ));
         }
         let mut capture = self.capture(&ConnParams::default());
-        let mut t = self.t;
-        let b =
-            handshake::reject_reply(&self.req, Bytes::copy_from_slice(private_data)).encode()?;
+        let (mut t, req) = match self.kind {
+            ReqKind::Soft { t, req, .. } => (t, req),
+            #[cfg(feature = "rdma-core")]
+            ReqKind::Hw(r) => return r.reject(private_data),
+        };
+        let b = handshake::reject_reply(&req, Bytes::copy_from_slice(private_data)).encode()?;
         if let Some(c) = capture.as_mut() {
             let _ = c.record(Dir::Out, &b);
         }
@@ -702,6 +970,9 @@ pub enum CmEvent {
 }
 
 pub(crate) struct QpShared {
+    /// The rdma-core QP (or why it cannot exist); declared first so it is destroyed first.
+    #[cfg(feature = "rdma-core")]
+    pub(crate) hw: Option<Result<crate::hw::HwQueuePair, VerbsError>>,
     pub(crate) engine: Mutex<Engine>,
     pub(crate) wake: Notify,
     pub(crate) qp_num: u32,
@@ -732,12 +1003,32 @@ impl fmt::Debug for QueuePair {
 }
 
 impl QueuePair {
-    /// QP number (local, unique per device).
+    /// The rdma-core QP behind this handle, if it is one.
+    #[cfg(feature = "rdma-core")]
+    fn hw(&self) -> Result<&crate::hw::HwQueuePair, VerbsError> {
+        match &self.shared.hw {
+            Some(Ok(h)) => Ok(h),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err(VerbsError::InvalidArgument(
+                "the QP belongs to another provider",
+            )),
+        }
+    }
+
+    /// QP number (local, unique per device; on rdma-core the device's number once connected).
     pub fn qp_num(&self) -> u32 {
+        #[cfg(feature = "rdma-core")]
+        if let Some(Ok(h)) = &self.shared.hw {
+            return h.qp_num();
+        }
         self.shared.qp_num
     }
     /// Current state.
     pub fn state(&self) -> QpState {
+        #[cfg(feature = "rdma-core")]
+        if let Some(h) = &self.shared.hw {
+            return h.as_ref().map_or(QpState::Error, |h| h.state());
+        }
         lock(&self.shared.engine).state
     }
     /// The PD the QP was created in.
@@ -756,6 +1047,10 @@ impl QueuePair {
     /// Post a send-queue WR (ibv_post_send). Fails only for malformed WRs or an unconnected QP;
     /// on an errored QP the WR completes with `WrFlushError`.
     pub fn post_send(&self, wr: SendWr) -> Result<(), VerbsError> {
+        #[cfg(feature = "rdma-core")]
+        if self.shared.hw.is_some() {
+            return self.hw()?.post_send(wr);
+        }
         lock(&self.shared.engine).post_send(wr)?;
         transmit_now(&self.shared);
         Ok(())
@@ -763,6 +1058,14 @@ impl QueuePair {
 
     /// Post several WRs in order.
     pub fn post_send_list(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), VerbsError> {
+        #[cfg(feature = "rdma-core")]
+        if self.shared.hw.is_some() {
+            let h = self.hw()?;
+            for wr in wrs {
+                h.post_send(wr)?;
+            }
+            return Ok(());
+        }
         {
             let mut e = lock(&self.shared.engine);
             for wr in wrs {
@@ -775,6 +1078,10 @@ impl QueuePair {
 
     /// Post a receive WR (ibv_post_recv). Allowed before the connection is established.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
+        #[cfg(feature = "rdma-core")]
+        if self.shared.hw.is_some() {
+            return self.hw()?.post_recv(wr);
+        }
         lock(&self.shared.engine).post_recv(wr);
         Ok(())
     }
@@ -791,6 +1098,9 @@ pub struct Connection {
     first: Mutex<Option<CmEvent>>,
     done: watch::Receiver<bool>,
     stats: Arc<StatsInner>,
+    /// The rdma_cm side of an rdma-core connection.
+    #[cfg(feature = "rdma-core")]
+    hw: Option<crate::hw::HwConnGuard>,
 }
 
 impl fmt::Debug for Connection {
@@ -808,6 +1118,11 @@ impl Drop for Connection {
     /// Dropping the connection disconnects it (like destroying an rdma_cm id): the QP goes to
     /// the error state, outstanding WRs are flushed, and the stream is closed.
     fn drop(&mut self) {
+        #[cfg(feature = "rdma-core")]
+        if self.hw.is_some() {
+            // HwConnGuard's own Drop disconnects.
+            return;
+        }
         if !*self.done.borrow() {
             lock(&self.qp.shared.engine).on_disconnect();
             self.qp.shared.wake.notify_one();
@@ -816,6 +1131,29 @@ impl Drop for Connection {
 }
 
 impl Connection {
+    #[cfg(feature = "rdma-core")]
+    fn from_hw(qp: &QueuePair, e: crate::hw::HwEstablished) -> Connection {
+        Connection {
+            qp: qp.clone(),
+            neg: Negotiated {
+                crc: false,
+                ird: e.ird,
+                ord: e.ord,
+                send_rtr: None,
+                await_rtr: false,
+                peer_private_data: e.peer_private_data,
+                peer_ird_ord: None,
+            },
+            local: e.local,
+            peer: e.peer,
+            events: tokio::sync::Mutex::new(e.events),
+            first: Mutex::new(Some(CmEvent::Established)),
+            done: e.done,
+            stats: Arc::new(StatsInner::default()),
+            hw: Some(e.guard),
+        }
+    }
+
     /// The connected QP.
     pub fn qp(&self) -> &QueuePair {
         &self.qp
@@ -889,6 +1227,11 @@ impl Connection {
     /// is in the error state, so no further remote access to any of its regions is placed and
     /// every outstanding WR is flushed; the stream is closed by the driver in the background.
     pub fn abort(&self) {
+        #[cfg(feature = "rdma-core")]
+        if let Some(h) = &self.hw {
+            h.abort();
+            return;
+        }
         lock(&self.qp.shared.engine).on_disconnect();
         self.qp.shared.wake.notify_one();
     }
@@ -959,6 +1302,8 @@ async fn start_connection(
         first: Mutex::new(None),
         done: done_rx,
         stats,
+        #[cfg(feature = "rdma-core")]
+        hw: None,
     };
     // Wait for Established (immediately, or after the RTR for a peer-to-peer responder).
     // A peer-to-peer responder waits for the RTR; give up like the MPA timers do.

@@ -6,7 +6,11 @@
 //!   connection setup of RFC 6581, DDP (RFC 5041) and RDMAP (RFC 5040), following the behaviour
 //!   of Linux `siw` (facts in `shared/facts/iwarp-and-linux-siw.md`);
 //! * **in-memory loopback** ([`Device::loopback`]): the same protocol stack over in-process
-//!   pipes of a [`LoopbackFabric`] — no sockets, fast and deterministic, for upper-layer tests.
+//!   pipes of a [`LoopbackFabric`] — no sockets, fast and deterministic, for upper-layer tests;
+//! * **rdma-core** (cargo feature `rdma-core`, `Device::rdma_core`, module `hw`): a real RDMA
+//!   device — a NIC, or the kernel's siw / rxe — through libibverbs and librdmacm, behind the
+//!   same types. [`Device::from_spec`] picks a provider by name (the CLI's `--provider`) and
+//!   [`Device::default_device`] is what upper layers use when configured with none.
 //!
 //! ## Shape of the API
 //!
@@ -75,13 +79,16 @@
 //! ## What it does not do
 //! No MPA markers (refused with R, like siw), no memory windows, atomics or immediate data (siw
 //! has none), no shared receive queues, no multi-SGE Read sinks, IPv6 endpoints are written as
-//! IPv4 in captures, and there is **no rdma-core provider**: the `rdma-core` feature only pulls in
-//! `sideway`; nothing uses it yet.
+//! IPv4 in captures. The rdma-core provider has its own list (module `hw`): no captures, CRC and
+//! peer-to-peer mode are the kernel driver's business, and its tagged offsets are virtual
+//! addresses (always address regions through [`MemoryRegion::addr`]).
 
 pub mod cm;
 pub mod cq;
 pub mod engine;
 pub mod handshake;
+#[cfg(feature = "rdma-core")]
+pub mod hw;
 pub mod mem;
 pub mod pcap;
 pub mod perf;
@@ -95,6 +102,8 @@ pub use cq::{
     Completion, CompletionQueue, Payload, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 pub use engine::{QpState, RtrKind};
+#[cfg(feature = "rdma-core")]
+pub use hw::{RdmaCoreConfig, RdmaCoreDevice, rdma_core_devices};
 pub use mem::{Access, MemoryRegion, ProtectionDomain};
 pub use wire::ddp::Terminate;
 
@@ -128,6 +137,9 @@ pub enum VerbsError {
     /// A wire decode error.
     #[error("wire: {0}")]
     Wire(#[from] wire::WireError),
+    /// No usable RDMA device (rdma-core provider), with the reason.
+    #[error("no RDMA device: {0}")]
+    NoDevice(String),
     /// I/O error (message kept as text so the error stays `Clone`).
     #[error("I/O: {0}")]
     Io(String),

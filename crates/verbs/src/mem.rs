@@ -227,6 +227,9 @@ pub struct ProtectionDomain {
     pub(crate) id: u32,
     pub(crate) table: Arc<StagTable>,
     pub(crate) device: crate::cm::Device,
+    /// The rdma-core PD (or why it could not be allocated); `None` for soft providers.
+    #[cfg(feature = "rdma-core")]
+    pub(crate) hw: Option<Result<Arc<crate::hw::HwPd>, VerbsError>>,
 }
 
 impl fmt::Debug for ProtectionDomain {
@@ -241,7 +244,15 @@ impl ProtectionDomain {
     pub(crate) fn new(device: crate::cm::Device) -> Self {
         let table = device.table();
         let id = table.next_pd.fetch_add(1, Ordering::Relaxed);
-        Self { id, table, device }
+        #[cfg(feature = "rdma-core")]
+        let hw = device.hw().map(|d| d.and_then(crate::hw::HwPd::alloc));
+        Self {
+            id,
+            table,
+            device,
+            #[cfg(feature = "rdma-core")]
+            hw,
+        }
     }
 
     /// The device this PD belongs to.
@@ -271,9 +282,31 @@ impl ProtectionDomain {
             ));
         }
         let inner = self.table.insert(self.id, v.into_boxed_slice(), access);
+        #[cfg(feature = "rdma-core")]
+        let hw = match &self.hw {
+            None => None,
+            Some(Err(e)) => {
+                self.table.remove(inner.index);
+                return Err(e.clone());
+            }
+            Some(Ok(pd)) => {
+                // The soft table entry is never used remotely on a hardware device: only the
+                // device sees the hardware STag.
+                self.table.remove(inner.index);
+                let (ptr, len) = {
+                    let mut d = lock(&inner.data);
+                    (d.as_mut_ptr(), d.len())
+                };
+                // SAFETY: the buffer is the region's boxed slice, which stays in place until
+                // the region is dropped or `take` moves it out, and both deregister first.
+                Some(unsafe { crate::hw::HwMr::new(pd, ptr, len, access)? })
+            }
+        };
         Ok(MemoryRegion {
             inner,
             table: self.table.clone(),
+            #[cfg(feature = "rdma-core")]
+            hw,
         })
     }
 }
@@ -282,6 +315,9 @@ impl ProtectionDomain {
 pub struct MemoryRegion {
     inner: Arc<MrInner>,
     table: Arc<StagTable>,
+    /// The rdma-core registration of the same buffer.
+    #[cfg(feature = "rdma-core")]
+    hw: Option<crate::hw::HwMr>,
 }
 
 impl fmt::Debug for MemoryRegion {
@@ -296,16 +332,29 @@ impl fmt::Debug for MemoryRegion {
 impl MemoryRegion {
     /// Local key (same as the STag on iWARP).
     pub fn lkey(&self) -> u32 {
+        #[cfg(feature = "rdma-core")]
+        if let Some(h) = &self.hw {
+            return h.lkey();
+        }
         self.inner.stag()
     }
 
     /// Remote key: the STag advertised to the peer.
     pub fn rkey(&self) -> u32 {
+        #[cfg(feature = "rdma-core")]
+        if let Some(h) = &self.hw {
+            return h.rkey();
+        }
         self.inner.stag()
     }
 
-    /// Base address (tagged offset of byte 0). Soft providers use zero-based TOs.
+    /// Base address (tagged offset of byte 0). Soft providers use zero-based TOs; rdma-core
+    /// uses the buffer's virtual address.
     pub fn addr(&self) -> u64 {
+        #[cfg(feature = "rdma-core")]
+        if let Some(h) = &self.hw {
+            return h.addr();
+        }
         self.inner.base
     }
 
@@ -343,7 +392,15 @@ impl MemoryRegion {
     /// region is left empty). For a sink whose contents the consumer wants once: copying a
     /// 1 MiB region into fresh memory cost 0.5-1.4 ms here, mostly page faults.
     pub fn take(&self, len: usize) -> Result<Bytes, VerbsError> {
+        if len > self.inner.len() {
+            return Err(VerbsError::OutOfBounds);
+        }
         lock(&self.inner.state).valid = false;
+        #[cfg(feature = "rdma-core")]
+        if let Some(h) = &self.hw {
+            // The device must be done with the buffer before it moves.
+            h.deregister();
+        }
         let mut d = lock(&self.inner.data);
         if len > d.len() {
             return Err(VerbsError::OutOfBounds);
@@ -372,19 +429,33 @@ impl MemoryRegion {
     /// Invalidate the STag locally (the local equivalent of a Local Invalidate WR).
     pub fn invalidate(&self) {
         lock(&self.inner.state).valid = false;
+        #[cfg(feature = "rdma-core")]
+        if let Some(h) = &self.hw {
+            h.deregister();
+        }
     }
 
     /// Re-register: rotate the 8-bit key (RFC 5040 §5: the consumer owns the key), optionally
     /// change the access rights, and make the region valid again. The old STag stops working.
+    ///
+    /// On rdma-core the buffer is registered again (the device picks the new STag); if that
+    /// fails the region stays invalid and the returned rkey is the stale one.
     pub fn reregister(&self, access: Option<Access>) -> u32 {
-        {
+        let access = {
             let mut st = lock(&self.inner.state);
             st.key = st.key.wrapping_add(1);
             st.valid = true;
             if let Some(a) = access {
                 st.access = a;
             }
+            st.access
+        };
+        #[cfg(feature = "rdma-core")]
+        if let Some(Err(e)) = self.hw.as_ref().map(|h| h.reregister(access)) {
+            tracing::warn!("re-registration failed: {e}");
+            lock(&self.inner.state).valid = false;
         }
+        let _ = access;
         self.rkey()
     }
 
@@ -404,6 +475,10 @@ impl MemoryRegion {
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         lock(&self.inner.state).valid = false;
+        #[cfg(feature = "rdma-core")]
+        if let Some(h) = &self.hw {
+            h.deregister();
+        }
         self.table.remove(self.inner.index);
     }
 }
