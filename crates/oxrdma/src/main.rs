@@ -23,6 +23,12 @@ struct Cli {
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
 
+    /// RDMA provider for every RDMA endpoint of the command: `soft-iwarp` (the default,
+    /// userspace iWARP over TCP), or `rdma-core` / `rdma-core:DEVICE` (a real device or kernel
+    /// siw/rxe through libibverbs and librdmacm; needs a build with `--features rdma-core`).
+    #[arg(long, global = true, env = "OXRDMA_PROVIDER", value_name = "SPEC")]
+    provider: Option<String>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -59,6 +65,8 @@ fn init_tracing(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: logs redirected to files stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
@@ -75,6 +83,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(spec) = cli.provider.as_deref() {
+        match verbs::Device::from_spec(spec) {
+            Ok(dev) => {
+                tracing::info!("RDMA provider: {}", dev.describe());
+                let _ = verbs::Device::set_default(dev);
+            }
+            Err(e) => {
+                eprintln!("oxrdma: --provider {spec}: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Rpc(c) => cmd::rpc::run(c).await,

@@ -144,3 +144,50 @@ fn listen_and_connect_in_two_processes() {
         assert!(status.success(), "server exits cleanly after the client");
     }
 }
+
+/// `--provider` picks the RDMA provider for the whole command: `soft-iwarp` runs (and the
+/// header names it); an unknown spec, or `rdma-core` in a build without the feature or on a
+/// machine without a device, is refused up front with the reason.
+#[test]
+fn provider_flag_selects_or_refuses() {
+    let out = oxrdma(&[
+        "--provider",
+        "soft-iwarp",
+        "perf",
+        "write",
+        "--self",
+        "-s",
+        "4096",
+        "-n",
+        "20",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("soft-iwarp"),
+        "header names the provider: {text}"
+    );
+    assert_eq!(rows(&out.stdout).len(), 1, "one result row: {text}");
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_oxrdma"))
+        .args(["--provider", "bogus", "perf", "write", "--self"])
+        .output()
+        .expect("oxrdma runs");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("unknown provider"), "{err}");
+
+    let hw = Command::new(env!("CARGO_BIN_EXE_oxrdma"))
+        .args(["--provider", "rdma-core", "perf", "write", "--self"])
+        .output()
+        .expect("oxrdma runs");
+    let err = String::from_utf8_lossy(&hw.stderr);
+    if hw.status.success() {
+        // A build with the feature on a machine with a device: it ran over that device.
+        assert!(
+            String::from_utf8_lossy(&hw.stdout).contains("rdma-core"),
+            "{err}"
+        );
+    } else {
+        assert!(err.contains("no RDMA device"), "{err}");
+    }
+}

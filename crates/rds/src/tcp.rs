@@ -169,7 +169,10 @@ impl RdsStack {
                 // one path per peer.
                 ecfg.transport = TransportKind::Acked;
                 ecfg.max_paths = 1;
-                let dev = r.device.clone().unwrap_or_else(verbs::Device::soft_iwarp);
+                let dev = r
+                    .device
+                    .clone()
+                    .unwrap_or_else(verbs::Device::default_device);
                 (None, r.clone(), Some(dev))
             }
         };

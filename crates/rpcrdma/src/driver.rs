@@ -73,7 +73,7 @@ impl Default for TransportConfig {
 
 impl TransportConfig {
     fn device(&self) -> Device {
-        self.device.clone().unwrap_or_else(Device::soft_iwarp)
+        self.device.clone().unwrap_or_else(Device::default_device)
     }
 
     fn conn_params(&self) -> ConnParams {
@@ -193,6 +193,7 @@ impl Router {
                 let _ = tx.send(c.status);
             }
             if c.status != WcStatus::Success {
+                tracing::debug!(status = ?c.status, opcode = ?c.opcode, "send queue completion in error");
                 // Flushes: fail every waiter.
                 lock(&self.waiters).clear();
             }
@@ -323,7 +324,9 @@ impl Link {
         let total: usize = waits.iter().map(|w| w.2).sum();
         let mut parts = Vec::with_capacity(waits.len());
         for (mr, rx, len) in waits {
-            if rx.await.unwrap_or(WcStatus::WrFlushError) != WcStatus::Success {
+            let st = rx.await.unwrap_or(WcStatus::WrFlushError);
+            if st != WcStatus::Success {
+                tracing::debug!(status = ?st, "RDMA Read completed in error");
                 return Err(verbs::VerbsError::Disconnected);
             }
             // The sink is local-only and used once: take its memory rather than copy it.
@@ -701,9 +704,11 @@ async fn handle_incoming(
                 for c in &p.reads {
                     match link.read_chunk(&c.segments).await {
                         Ok(d) => data.push(d),
-                        Err(_) => {
+                        Err(e) => {
                             // 5666bis §5.5.3: RDMA operational errors are fatal to the
                             // connection.
+                            tracing::info!(peer = %sc.peer, error = %e,
+                                "RDMA Read of a Read chunk failed; closing the connection");
                             link.conn.disconnect().await;
                             return;
                         }
@@ -760,7 +765,8 @@ async fn run_server_actions(
             },
             responder::Action::Close => Err(verbs::VerbsError::Disconnected),
         };
-        if r.is_err() {
+        if let Err(e) = r {
+            tracing::info!(error = %e, xid = ?xid, "reply could not be sent; closing the connection");
             // 5666bis §5.5.4: a reply that cannot be sent closes the connection.
             if let Some(x) = xid {
                 let _ = lock(resp).reply_failed(x);

@@ -107,6 +107,11 @@ pub struct PerfConfig {
     pub tcp_ceiling: bool,
     /// Provider settings (socket buffers, FPDU cap, read size, capture).
     pub soft: SoftIwarpConfig,
+    /// Use this device instead of a soft-iWARP one made from `soft` (an rdma-core device,
+    /// for example). With [`PerfTransport::Tcp`] only.
+    pub device: Option<Device>,
+    /// Address both ends use in [`run`] (an address of the RDMA device for rdma-core).
+    pub self_ip: std::net::IpAddr,
 }
 
 impl Default for PerfConfig {
@@ -121,6 +126,8 @@ impl Default for PerfConfig {
             crc: false,
             tcp_ceiling: true,
             soft: SoftIwarpConfig::default(),
+            device: None,
+            self_ip: std::net::Ipv4Addr::LOCALHOST.into(),
         }
     }
 }
@@ -295,7 +302,9 @@ impl Offer {
 }
 
 fn device(cfg: &PerfConfig) -> Device {
-    Device::open(Provider::SoftIwarp(cfg.soft.clone()))
+    cfg.device
+        .clone()
+        .unwrap_or_else(|| Device::open(Provider::SoftIwarp(cfg.soft.clone())))
 }
 
 fn validate(cfg: &PerfConfig) -> Result<usize, VerbsError> {
@@ -403,13 +412,7 @@ pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
         })?;
     }
 
-    let mut l = ds
-        .listen(
-            "127.0.0.1:0"
-                .parse()
-                .map_err(|_| VerbsError::InvalidArgument("addr"))?,
-        )
-        .await?;
+    let mut l = ds.listen(SocketAddr::new(cfg.self_ip, 0)).await?;
     let addr = l.local_addr();
     let p = ConnParams {
         crc: cfg.crc,
@@ -432,7 +435,16 @@ pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
         remote: &remote,
         nslots,
     };
-    let rows = sweep(cfg, &qpc, &scq_c, &local, remote.rkey(), 0, &peer).await?;
+    let rows = sweep(
+        cfg,
+        &qpc,
+        &scq_c,
+        &local,
+        remote.rkey(),
+        remote.addr(),
+        &peer,
+    )
+    .await?;
     conn.disconnect().await;
     sconn.closed().await;
     Ok(PerfReport {
@@ -499,7 +511,15 @@ pub async fn serve(
     addr: SocketAddr,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), VerbsError> {
-    let dev = Device::open(Provider::SoftIwarp(soft));
+    serve_on(Device::open(Provider::SoftIwarp(soft)), addr, ready).await
+}
+
+/// [`serve`] on a given device (soft-iWARP or rdma-core).
+pub async fn serve_on(
+    dev: Device,
+    addr: SocketAddr,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), VerbsError> {
     let mut l = dev.listen(addr).await?;
     let sink = tokio::net::TcpListener::bind(SocketAddr::new(l.local_addr().ip(), 0)).await?;
     let tcp_port = sink.local_addr()?.port();
@@ -880,7 +900,7 @@ mod tests {
                     transport,
                     crc: false,
                     tcp_ceiling: true,
-                    soft: SoftIwarpConfig::default(),
+                    ..Default::default()
                 };
                 let r = tokio::time::timeout(Duration::from_secs(20), run(&cfg))
                     .await

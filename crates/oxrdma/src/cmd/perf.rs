@@ -65,12 +65,16 @@ pub struct PerfArgs {
     /// Print the rows as JSON.
     #[arg(long)]
     json: bool,
+    /// With --self: the address both ends use (an address of the RDMA device with
+    /// `--provider rdma-core`).
+    #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
+    self_addr: std::net::IpAddr,
 }
 
 /// Run `oxrdma perf`.
 pub async fn run(a: PerfArgs) -> CmdResult {
     if let Some(addr) = a.listen {
-        return perf::serve(verbs::SoftIwarpConfig::default(), addr, |bound| {
+        return perf::serve_on(verbs::Device::default_device(), addr, |bound| {
             use std::io::Write;
             println!("listening on {bound}");
             let _ = std::io::stdout().flush();
@@ -101,11 +105,16 @@ pub async fn run(a: PerfArgs) -> CmdResult {
         window: a.window.clamp(1, 128),
         crc: a.crc,
         tcp_ceiling: !a.lat,
+        device: Some(verbs::Device::default_device()).filter(verbs::Device::is_rdma_core),
+        self_ip: a.self_addr,
         ..Default::default()
     };
     let (report, place) = match a.connect {
         Some(addr) => (perf::run_client(&cfg, addr).await?, format!("to {addr}")),
-        None => (perf::run(&cfg).await?, "in-process, 127.0.0.1".to_string()),
+        None => (
+            perf::run(&cfg).await?,
+            format!("in-process, {}", a.self_addr),
+        ),
     };
     if a.json {
         println!("{}", to_json(&report, &a));
@@ -132,9 +141,10 @@ const RULE: &str = "------------------------------------------------------------
 fn print_table(r: &PerfReport, a: &PerfArgs, place: &str) {
     println!("{RULE}");
     println!(
-        "                    {} {} Test (soft-iWARP, {place})",
+        "                    {} {} Test ({}, {place})",
         op_name(a.op),
-        if a.lat { "Latency" } else { "BW" }
+        if a.lat { "Latency" } else { "BW" },
+        verbs::Device::default_device().describe()
     );
     println!(
         " Window: {}   CRC: {}   Iterations: {}",
