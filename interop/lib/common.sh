@@ -200,6 +200,8 @@ ix_capture_stop() {
 #   hit it as often as ours, and a one-pass read of the same frames finds nothing malformed.
 # - unexplained: everything else. A `captures` cell fails when it is not zero. Each is listed in
 #   FILE.unexplained (frame number, protocols, expert messages, Info column).
+# Captures in a directory holding a `.no-rpcrdma` file are not RPC-over-RDMA (`oxrdma perf`) and
+# are decoded with Wireshark's RPCoRDMA dissector off.
 ix_capture_check() {
     local f=$1
     # The two-pass decode is the slow part (seconds per 100k frames); the captures cell and the
@@ -208,9 +210,13 @@ ix_capture_check() {
     ix_capture_check_uncached "$f" | tee "$f.check"
 }
 ix_capture_check_uncached() {
-    local f=$1 r
+    local f=$1 r off=()
     : >"$f.unexplained"; : >"$f.lossy"
-    r=$(tshark -2 --disable-protocol tibia -r "$f" -T fields -E separator='|' -e tcp.stream \
+    # A directory marked .no-rpcrdma holds captures of traffic that is not RPC-over-RDMA
+    # (`oxrdma perf`): Wireshark's RPCoRDMA heuristic would claim their Sends and call them
+    # malformed, so it is turned off and the iWARP layers alone are checked.
+    [ -e "$(dirname "$f")/.no-rpcrdma" ] && off=(--disable-protocol rpcordma)
+    r=$(tshark -2 --disable-protocol tibia "${off[@]}" -r "$f" -T fields -E separator='|' -e tcp.stream \
         -e _ws.malformed -e _ws.expert.severity -e rpcordma.writes_count -e rpcordma.rdma_length \
         -e tcp.analysis.lost_segment -e tcp.analysis.retransmission -e tcp.analysis.out_of_order \
         -e frame.number -e frame.protocols -e _ws.expert.message -e rpcordma.fragment.count \
