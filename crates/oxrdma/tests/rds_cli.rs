@@ -198,3 +198,26 @@ fn rds_stress_rdma_size_needs_rdma() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("-D needs --transport rdma"), "{err}");
 }
+
+#[test]
+fn rds_stress_rdma_size_needs_room_for_the_address() {
+    let out = oxrdma()
+        .args([
+            "rds",
+            "stress",
+            "--self",
+            "--transport",
+            "rdma",
+            "-T",
+            "1",
+            "-q",
+            "4",
+            "-D",
+            "4096",
+        ])
+        .output()
+        .expect("rds stress runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("-D needs -q of at least 8"), "{err}");
+}

@@ -21,7 +21,9 @@
 //!   4096-byte fragmentation, header checksums, and the engine's `Acked` mode (`h_ack`,
 //!   ACK_REQUIRED every 8 messages). One path per peer (as RDS/IB). RDMA Write operations:
 //!   [`RdsStack::rdma_buffer`] + [`RdsSocket::send_rdma_dest`] advertise a buffer (cookie =
-//!   rkey | offset << 32), [`RdsSocket::send_rdma_write`] writes it and sends the completing
+//!   rkey | offset << 32), [`RdsSocket::send_rdma_write`] writes it at the address the
+//!   application carried (Linux's `remote_vec.addr`: 0 on zero-based registrations, the
+//!   virtual address on rdma-core devices) plus the cookie's offset, and sends the completing
 //!   message with the RDMA extension; the receiver invalidates the rkey (use once).
 //!
 //! What it does not do (yet): RDMA Read operations, RDMA_BYTES, the RDMA args flags (FENCE,

@@ -431,6 +431,13 @@ impl RdmaBuffer {
         cookie(self.mr.rkey(), 0)
     }
 
+    /// The tagged offset of the buffer's first byte, which the peer adds the cookie's offset
+    /// to: 0 on zero-based providers (soft-iWARP), the virtual address on rdma-core devices.
+    /// Like Linux RDS applications, send it to the peer in the payload when it is not 0.
+    pub fn addr(&self) -> u64 {
+        self.mr.addr()
+    }
+
     /// The buffer's bytes.
     pub fn read(&self) -> Bytes {
         self.mr.read(0, self.mr.len()).unwrap_or_default()
@@ -474,8 +481,8 @@ pub(crate) fn complete_ops(inner: &Inner, ext: &[crate::wire::Extension]) {
 }
 
 /// Sender side: remembers the RDMA Write to post before the message naming `rkey`.
-pub(crate) fn queue_write(inner: &Inner, rkey: u32, offset: u32, data: Bytes) {
-    lock(&inner.rdma_ops).insert(rkey, (u64::from(offset), data));
+pub(crate) fn queue_write(inner: &Inner, rkey: u32, remote_addr: u64, data: Bytes) {
+    lock(&inner.rdma_ops).insert(rkey, (remote_addr, data));
 }
 
 struct Qp {

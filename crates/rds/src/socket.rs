@@ -234,15 +234,26 @@ impl RdsSocket {
     /// RDMA-writes `data` to the peer buffer named by `cookie` (`rkey | offset << 32`, from the
     /// peer's RDMA_DEST), then sends `payload` carrying the RDMA extension that completes the
     /// operation (facts: the op is posted before the Send that follows it). RDMA stacks only.
+    ///
+    /// `remote_addr` is the peer buffer's address as the peer's application reported it
+    /// ([`crate::rdma::RdmaBuffer::addr`]), like Linux's `remote_vec.addr`: the Write goes to
+    /// tagged offset `remote_addr + offset`. It is 0 for zero-based registrations (soft-iWARP,
+    /// and Linux RDS/IB's own) and the buffer's virtual address on an rdma-core device.
     pub async fn send_rdma_write(
         &self,
         dest: SocketAddrV4,
         cookie: u64,
+        remote_addr: u64,
         data: Bytes,
         payload: Bytes,
     ) -> Result<(), SendError> {
         let (rkey, offset) = crate::rdma::split_cookie(cookie);
-        crate::rdma::queue_write(&self.stack.inner, rkey, offset, data);
+        crate::rdma::queue_write(
+            &self.stack.inner,
+            rkey,
+            remote_addr.wrapping_add(u64::from(offset)),
+            data,
+        );
         self.send_ext(dest, payload, vec![crate::wire::Extension::Rdma { rkey }])
             .await
     }

@@ -231,10 +231,15 @@ pub fn stress_server_rdma(
                     }
                     _ => None,
                 });
+                // The requester's buffer address (see `stress_send`).
+                let base = d
+                    .payload
+                    .get(..8)
+                    .map_or(0, |b| u64::from_be_bytes(b.try_into().unwrap_or_default()));
                 let r = match dest {
                     Some(c) if !data.is_empty() => {
                         let r = sock
-                            .send_rdma_write(d.src, c, data.clone(), ack.clone())
+                            .send_rdma_write(d.src, c, base, data.clone(), ack.clone())
                             .await;
                         if r.is_ok() {
                             out.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -269,7 +274,13 @@ async fn stress_send(
         return sock.send_to(dest, req.clone()).await.ok().map(|_| None);
     }
     let buf = stack.rdma_buffer(rdma_size).ok()?;
-    sock.send_rdma_dest(dest, &buf, req.clone()).await.ok()?;
+    // The buffer's address goes in the request's first 8 bytes (big-endian), as rds-stress
+    // carries it in its own header: the responder writes at that address plus the cookie's
+    // offset (0 with zero-based registrations, the virtual address on rdma-core devices).
+    let mut r = bytes::BytesMut::with_capacity(req.len().max(8));
+    r.extend_from_slice(&buf.addr().to_be_bytes());
+    r.extend_from_slice(req.get(8..).unwrap_or_default());
+    sock.send_rdma_dest(dest, &buf, r.freeze()).await.ok()?;
     Some(Some(buf))
 }
 

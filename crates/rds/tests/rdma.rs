@@ -238,9 +238,15 @@ async fn rdma_write_op_delivered_with_cookie() {
         assert_eq!(cookie, buf.cookie());
         // A writes 6000 bytes into it and sends the completing message (RDMA extension).
         let data = Bytes::from((0..6000u32).map(|i| (i % 249) as u8).collect::<Vec<u8>>());
-        sa.send_rdma_write(db, cookie, data.clone(), Bytes::from_static(b"done"))
-            .await
-            .unwrap();
+        sa.send_rdma_write(
+            db,
+            cookie,
+            buf.addr(),
+            data.clone(),
+            Bytes::from_static(b"done"),
+        )
+        .await
+        .unwrap();
         let d = sb.recv_datagram().await.unwrap();
         assert_eq!(&d.payload[..], b"done");
         let (rkey, _) = rds::rdma::split_cookie(cookie);

@@ -320,6 +320,9 @@ async fn stress(a: StressArgs) -> CmdResult {
     if a.rdma_size > 0 && matches!(a.common.transport, TransportArg::Tcp) {
         return Err("-D needs --transport rdma: RDS over TCP has no RDMA operations".into());
     }
+    if a.rdma_size > 0 && a.req < 8 {
+        return Err("-D needs -q of at least 8: a request carries its buffer's address".into());
+    }
     if a.rdma_size > rds::wire::MAX_MSG_LEN {
         return Err(format!("-D is at most {} bytes", rds::wire::MAX_MSG_LEN).into());
     }
