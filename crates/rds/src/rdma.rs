@@ -9,7 +9,7 @@
 //!   every fragment repeats seq, len and ports; a mismatch is a protocol error.
 //! - [`Credits`]: the IB credit flow control.
 //!
-//! The driver ([`rdma_accept`], [`rdma_connect`], `conn_task`) runs one tokio task per RDMA
+//! The driver (`rdma_accept`, `rdma_connect`, `conn_task`) runs one tokio task per RDMA
 //! connection; the engine runs in its `Acked` mode (h_ack piggybacking, ACK_REQUIRED every 8).
 //!
 //! RDMA operations: RDMA Write only. The sink registers an [`RdmaBuffer`] and advertises it
