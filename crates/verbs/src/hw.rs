@@ -23,6 +23,10 @@
 //!   opcode, which `ibv_wc` does not), frees send-queue slots on time, and keeps the memory of
 //!   `Payload::Inline` sends alive until the device is done with it. WRs beyond the send
 //!   queue's depth wait in software and are posted as completions free slots.
+//! * Owned payloads (`Payload::Inline`) go into the WQE when the device takes that much inline
+//!   data, else are copied into one of the QP's registered 16 KiB bounce slots, else (bigger,
+//!   or all slots busy) registered for the one WR: a registration per message costs a system
+//!   call and page pinning each way.
 //! * Memory regions keep their bytes in the same heap buffer as the soft providers and
 //!   register it with `ibv_reg_mr`: tagged offsets are virtual addresses
 //!   ([`MemoryRegion::addr`](crate::MemoryRegion::addr) is the buffer's address). Invalidating a
@@ -595,6 +599,51 @@ struct SendSlot {
     signaled: bool,
     /// Memory of an inline payload (and its temporary registration) until completion.
     _keep: Option<(Bytes, Option<RawMr>)>,
+    /// The bounce slot an inline payload was copied into, freed on completion.
+    bounce: Option<u16>,
+}
+
+/// Size and number of the per-QP bounce slots for inline payloads too big for the device's
+/// inline data: copying up to 16 KiB is far cheaper than registering (pinning) the bytes and
+/// deregistering them again for every Send (measured: RDS 8 KiB messages over kernel siw).
+const BOUNCE_SLOT: usize = 16 * 1024;
+const BOUNCE_SLOTS: usize = 64;
+
+/// A registered buffer of [`BOUNCE_SLOTS`] slots of [`BOUNCE_SLOT`] bytes.
+struct Bounce {
+    // Declared before `buf`: deregistered before the memory is freed.
+    mr: RawMr,
+    buf: Box<[u8]>,
+    free: Vec<u16>,
+}
+
+impl Bounce {
+    fn new(pd: &Arc<HwPd>) -> Result<Bounce, VerbsError> {
+        let mut buf = vec![0u8; BOUNCE_SLOT * BOUNCE_SLOTS].into_boxed_slice();
+        // SAFETY: the buffer is kept beside its registration and freed after it (field order).
+        let mr = unsafe { RawMr::register(pd, buf.as_mut_ptr(), buf.len(), Access::NONE)? };
+        Ok(Bounce {
+            mr,
+            buf,
+            free: (0..BOUNCE_SLOTS as u16).rev().collect(),
+        })
+    }
+
+    /// Copy `b` into a free slot: (slot, address, lkey).
+    fn put(&mut self, b: &[u8]) -> Option<(u16, u64, u32)> {
+        if b.len() > BOUNCE_SLOT {
+            return None;
+        }
+        let i = self.free.pop()?;
+        let off = usize::from(i) * BOUNCE_SLOT;
+        // SAFETY: slot `i` was free, so the device is not reading it; `off + b.len()` is
+        // within the buffer (b.len() <= BOUNCE_SLOT, i < BOUNCE_SLOTS). Raw pointers: other
+        // slots may be in use by the device.
+        let dst = unsafe { self.buf.as_mut_ptr().add(off) };
+        // SAFETY: as above; `b` is not in the bounce buffer.
+        unsafe { ptr::copy_nonoverlapping(b.as_ptr(), dst, b.len()) };
+        Some((i, dst as u64, self.mr.keys().0))
+    }
 }
 
 struct Slab<T> {
@@ -652,6 +701,8 @@ struct CoreState {
     /// A registered scratch buffer (address, lkey): receives without a scatter list get one
     /// zero-length element of it, since some providers (siw's) refuse an empty list.
     scratch: Option<(u64, u32)>,
+    /// Bounce slots for inline payloads (registered on first use; `Err` if that failed).
+    bounce: Option<Result<Bounce, ()>>,
 }
 
 /// The bookkeeping of a hardware QP, shared with the CQ threads.
@@ -720,6 +771,9 @@ impl QpCore {
             })
         } else {
             let slot = st.sends.remove(wc.wr_id as usize)?;
+            if let (Some(i), Some(Ok(b))) = (slot.bounce, st.bounce.as_mut()) {
+                b.free.push(i);
+            }
             (status != WcStatus::Success || slot.signaled).then(|| Completion {
                 wr_id: slot.wr_id,
                 opcode: slot.opcode,
@@ -798,6 +852,17 @@ impl QpCore {
         self.post_one(&mut st, wr)
     }
 
+    /// Copy an inline payload into a bounce slot (registering the slots on first use).
+    fn bounce(&self, st: &mut CoreState, b: &[u8]) -> Option<(u16, u64, u32)> {
+        st.bounce
+            .get_or_insert_with(|| {
+                Bounce::new(&self.hw_pd).map_err(|e| tracing::debug!("no bounce buffer: {e}"))
+            })
+            .as_mut()
+            .ok()?
+            .put(b)
+    }
+
     fn post_one(&self, st: &mut CoreState, wr: SendWr) -> Result<(), VerbsError> {
         let opcode = send_opcode(&wr.opcode);
         // Gather lists longer than the device takes go through a bounce buffer.
@@ -822,6 +887,7 @@ impl QpCore {
             flags |= sys::ibv_send_flags::IBV_SEND_SOLICITED.0;
         }
         let mut keep = None;
+        let mut bounce = None;
         let mut sges: Vec<sys::ibv_sge> = Vec::new();
         match payload {
             Payload::Sgl(v) => {
@@ -843,10 +909,28 @@ impl QpCore {
             }
             Payload::Inline(b) => {
                 if !b.is_empty() {
-                    let mut lkey = 0;
-                    let mut mr = None;
-                    if b.len() <= st.max_inline && !matches!(wr.opcode, SendOp::RdmaRead { .. }) {
+                    let len = u32::try_from(b.len())
+                        .map_err(|_| VerbsError::InvalidArgument("payload over 4 GiB"))?;
+                    let readable = !matches!(wr.opcode, SendOp::RdmaRead { .. });
+                    if b.len() <= st.max_inline && readable {
+                        // Copied into the WQE by ibv_post_send (no lkey needed).
                         flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+                        sges.push(sys::ibv_sge {
+                            addr: b.as_ptr() as u64,
+                            length: len,
+                            lkey: 0,
+                        });
+                        keep = Some((b, None));
+                    } else if let Some((i, addr, lkey)) = (readable && b.len() <= BOUNCE_SLOT)
+                        .then(|| self.bounce(st, &b))
+                        .flatten()
+                    {
+                        bounce = Some(i);
+                        sges.push(sys::ibv_sge {
+                            addr,
+                            length: len,
+                            lkey,
+                        });
                     } else {
                         // SAFETY: `b` is kept in the slot (with the registration) until the
                         // WR completes; the device only reads it (no access flags).
@@ -858,16 +942,13 @@ impl QpCore {
                                 Access::NONE,
                             )?
                         };
-                        lkey = raw.keys().0;
-                        mr = Some(raw);
+                        sges.push(sys::ibv_sge {
+                            addr: b.as_ptr() as u64,
+                            length: len,
+                            lkey: raw.keys().0,
+                        });
+                        keep = Some((b, Some(raw)));
                     }
-                    sges.push(sys::ibv_sge {
-                        addr: b.as_ptr() as u64,
-                        length: u32::try_from(b.len())
-                            .map_err(|_| VerbsError::InvalidArgument("payload over 4 GiB"))?,
-                        lkey,
-                    });
-                    keep = Some((b, mr));
                 }
             }
         }
@@ -876,6 +957,7 @@ impl QpCore {
             opcode,
             signaled: wr.signaled,
             _keep: keep,
+            bounce,
         });
         // SAFETY: zeroed ibv_send_wr is a valid "no union field in use" state; we then fill
         // the fields the opcode needs. `sges` outlives the ibv_post_send call, which copies
@@ -919,6 +1001,9 @@ impl QpCore {
             sys::ibv_post_send(st.qp, &mut w, &mut bad)
         };
         if r != 0 {
+            if let (Some(i), Some(Ok(b))) = (bounce, st.bounce.as_mut()) {
+                b.free.push(i);
+            }
             st.sends.remove(slot);
             return Err(ret_err("ibv_post_send", r));
         }
@@ -1081,6 +1166,7 @@ impl HwQueuePair {
                     max_sge: 1,
                     max_inline: 0,
                     scratch: scratch_sge,
+                    bounce: None,
                 }),
                 send_cq: send_sink,
                 recv_cq: recv_sink,
@@ -1207,6 +1293,11 @@ impl HwQueuePair {
         // slot is the best approximation and all of them are re-posted.
         wrs.sort_by_key(|(i, _)| *i);
         st.early_recvs = wrs.into_iter().map(|(_, w)| w).collect();
+        // No send was posted before the connection failed; start the next QP clean.
+        st.sends = Slab::default();
+        if let Some(Ok(b)) = st.bounce.as_mut() {
+            b.free = (0..BOUNCE_SLOTS as u16).rev().collect();
+        }
     }
 }
 

@@ -477,3 +477,57 @@ async fn listener_reads_from_an_initiator_with_no_read_depth() {
         .expect("listener sees the disconnect");
     let (_, _) = (&a.rcq, &b.rcq);
 }
+
+/// Many owned-bytes Sends in flight at once, each bigger than the device's inline data: they
+/// are copied into the QP's bounce slots, and once those are all in use, registered one by one.
+/// Every message must arrive with its own bytes (a slot reused too early would show another's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_sends_beyond_the_bounce_slots_keep_their_bytes() {
+    let Some((dev, ip)) = device() else { return };
+    let (a, b) = (end(&dev), end(&dev));
+    const N: u64 = 300;
+    const LEN: usize = 6000;
+    let ring =
+        b.qp.pd()
+            .register_len(8192 * N as usize, Access::LOCAL_WRITE)
+            .unwrap();
+    for i in 0..N {
+        b.qp.post_recv(RecvWr {
+            wr_id: i,
+            sgl: vec![ring.sge(i * 8192, 8192)],
+        })
+        .unwrap();
+    }
+    let Some((ca, _cb, _)) = pair(
+        &dev,
+        ip,
+        &a,
+        &b,
+        ConnParams::default(),
+        ConnParams::default(),
+    )
+    .await
+    else {
+        return;
+    };
+    let msg = |i: u64| -> Vec<u8> { (0..LEN).map(|k| (k as u64 * 7 + i) as u8).collect() };
+    for i in 0..N {
+        let mut w = SendWr::send_bytes(i, Bytes::from(msg(i)));
+        w.signaled = i == N - 1;
+        a.qp.post_send(w).unwrap();
+    }
+    assert_eq!(next(&a.scq).await.wr_id, N - 1);
+    for i in 0..N {
+        let c = next(&b.rcq).await;
+        assert_eq!(
+            (c.wr_id, c.status, c.byte_len),
+            (i, WcStatus::Success, LEN as u32)
+        );
+        assert_eq!(
+            &ring.read(i as usize * 8192, LEN).unwrap()[..],
+            &msg(i)[..],
+            "message {i}"
+        );
+    }
+    ca.disconnect().await;
+}
