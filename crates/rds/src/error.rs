@@ -57,6 +57,13 @@ pub enum SendError {
     /// The stack is shut down.
     #[error("stack shut down")]
     Shutdown,
+    /// RDMA operations need an RDS over RDMA stack (Linux: EOPNOTSUPP on rds_tcp).
+    #[error("RDMA operations need an RDS over RDMA stack")]
+    NotRdma,
+    /// The RDMA operation did not complete: the connection failed before or while it ran
+    /// (Linux does not re-issue RDMA operations on a new connection).
+    #[error("the RDMA operation did not complete")]
+    RdmaFailed,
 }
 
 impl SendError {
@@ -77,6 +84,8 @@ impl SendError {
             SendError::HandshakePending | SendError::SendBufferFull => libc::EAGAIN,
             SendError::InvalidDestination => libc::EINVAL,
             SendError::Shutdown => libc::EPIPE,
+            SendError::NotRdma => libc::EOPNOTSUPP,
+            SendError::RdmaFailed => libc::EIO,
         }
     }
 }

@@ -22,7 +22,7 @@
 //! Not done: RDMA Read operations, IPv6 private data, version 4.x; the initial `dp_ack_seq` is
 //! sent but not applied on receive (retransmission with duplicate suppression covers it).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -187,6 +187,8 @@ pub struct Fragment {
     pub first: bool,
     /// RDMA Write (peer rkey, tagged offset, data) to post just before this Send.
     pub write: Option<(u32, u64, Bytes)>,
+    /// RDMA Read (peer rkey, tagged offset, length) to complete before this Send is posted.
+    pub read: Option<(u32, u64, u32)>,
 }
 
 impl Fragment {
@@ -216,6 +218,7 @@ impl Fragmenter {
                 payload: Bytes::new(),
                 first: true,
                 write: None,
+                read: None,
             }];
         }
         (0..payload.len())
@@ -225,6 +228,7 @@ impl Fragmenter {
                 payload: payload.slice(o..(o + FRAG_SIZE).min(payload.len())),
                 first: o == 0,
                 write: None,
+                read: None,
             })
             .collect()
     }
@@ -443,6 +447,13 @@ impl RdmaBuffer {
         self.mr.read(0, self.mr.len()).unwrap_or_default()
     }
 
+    /// Fills the buffer at `off` (what a peer's RDMA Read will fetch).
+    pub fn write(&self, off: usize, data: &[u8]) -> Result<(), crate::RdsError> {
+        self.mr
+            .write(off, data)
+            .map_err(|e| std::io::Error::other(e.to_string()).into())
+    }
+
     /// Whether the peer may still access it.
     pub fn is_valid(&self) -> bool {
         self.mr.is_valid()
@@ -482,7 +493,38 @@ pub(crate) fn complete_ops(inner: &Inner, ext: &[crate::wire::Extension]) {
 
 /// Sender side: remembers the RDMA Write to post before the message naming `rkey`.
 pub(crate) fn queue_write(inner: &Inner, rkey: u32, remote_addr: u64, data: Bytes) {
-    lock(&inner.rdma_ops).insert(rkey, (remote_addr, data));
+    lock(&inner.rdma_ops).insert(rkey, PendingOp::Write(remote_addr, data));
+}
+
+/// Sender side: remembers the RDMA Read to run before the message naming `rkey` is sent; the
+/// bytes come back through the receiver (dropped unanswered if the connection fails first).
+pub(crate) fn queue_read(
+    inner: &Inner,
+    rkey: u32,
+    remote_addr: u64,
+    len: u32,
+) -> tokio::sync::oneshot::Receiver<Bytes> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    lock(&inner.rdma_ops).insert(rkey, PendingOp::Read(remote_addr, len, tx));
+    rx
+}
+
+/// An RDMA operation waiting for the message that names its rkey.
+#[derive(Debug)]
+pub(crate) enum PendingOp {
+    /// Write `data` at the tagged offset.
+    Write(u64, Bytes),
+    /// Read this many bytes from the tagged offset and hand them over.
+    Read(u64, u32, tokio::sync::oneshot::Sender<Bytes>),
+}
+
+/// A Read posted ahead of the Send that must follow it.
+struct HeldRead {
+    wr_id: u64,
+    sink: verbs::MemoryRegion,
+    len: usize,
+    done: Option<tokio::sync::oneshot::Sender<Bytes>>,
+    frag: Fragment,
 }
 
 struct Qp {
@@ -693,6 +735,11 @@ async fn conn_task(
     let mut next_wr: u64 = 0;
     let scq = q.qp.send_cq().clone();
     let rcq = q.qp.recv_cq().clone();
+    // RDMA Reads: who waits for each (by rkey), and the one whose Send waits for it (the
+    // Send that names the rkey goes out only once the Read completed, like Linux's
+    // RDS_RDMA_FENCE; nothing is posted behind it meanwhile, which keeps RDS's order).
+    let mut read_waiters: HashMap<u32, tokio::sync::oneshot::Sender<Bytes>> = HashMap::new();
+    let mut held: Option<HeldRead> = None;
     'outer: loop {
         let Some(i) = inner.upgrade() else { return };
         // Pull messages from the engine while the queue is short.
@@ -710,11 +757,18 @@ async fn conn_task(
                                     // follows it (same QP, so it is placed first).
                                     for x in &h.ext.items {
                                         if let crate::wire::Extension::Rdma { rkey } = x
-                                            && let Some((off, data)) =
-                                                lock(&i.rdma_ops).remove(rkey)
+                                            && let Some(op) = lock(&i.rdma_ops).remove(rkey)
                                             && let Some(f0) = fr.first_mut()
                                         {
-                                            f0.write = Some((*rkey, off, data));
+                                            match op {
+                                                PendingOp::Write(off, data) => {
+                                                    f0.write = Some((*rkey, off, data));
+                                                }
+                                                PendingOp::Read(off, len, tx) => {
+                                                    f0.read = Some((*rkey, off, len));
+                                                    read_waiters.insert(*rkey, tx);
+                                                }
+                                            }
                                         }
                                     }
                                     outq.extend(fr);
@@ -735,7 +789,7 @@ async fn conn_task(
         drop(i);
         // Post what credits allow.
         let mut posted_any = false;
-        while in_flight < SQ_DEPTH {
+        while in_flight < SQ_DEPTH && held.is_none() {
             // A standalone credit update (ack-only header carrying h_credit) when at least half
             // the ring waits to be advertised. Only then: single-credit updates bouncing between
             // two blocked senders would keep the credits split into 1-credit packets for ever.
@@ -748,6 +802,7 @@ async fn conn_task(
                     payload: Bytes::new(),
                     first: true,
                     write: None,
+                    read: None,
                 });
             }
             let Some(f) = outq.front() else { break };
@@ -759,6 +814,39 @@ async fn conn_task(
                 break;
             }
             let Some(mut f) = outq.pop_front() else { break };
+            if let Some((rkey, off, len)) = f.read.take() {
+                let Ok(sink) =
+                    q.qp.pd()
+                        .register_len((len as usize).max(1), Access::LOCAL_WRITE)
+                else {
+                    break 'outer;
+                };
+                next_wr += 1;
+                let wr = SendWr::new(
+                    next_wr,
+                    verbs::SendOp::RdmaRead {
+                        remote_addr: off,
+                        rkey,
+                    },
+                    if len == 0 {
+                        Vec::new()
+                    } else {
+                        vec![sink.sge(0, len)]
+                    },
+                );
+                if q.qp.post_send(wr).is_err() {
+                    break 'outer;
+                }
+                in_flight += 1;
+                held = Some(HeldRead {
+                    wr_id: next_wr,
+                    sink,
+                    len: len as usize,
+                    done: read_waiters.remove(&rkey),
+                    frag: f,
+                });
+                break;
+            }
             if let Some((rkey, off, data)) = f.write.take() {
                 next_wr += 1;
                 let wr = SendWr {
@@ -840,6 +928,16 @@ async fn conn_task(
                         break 'outer;
                     }
                     in_flight = in_flight.saturating_sub(1);
+                    if held.as_ref().is_some_and(|h| h.wr_id == c.wr_id)
+                        && let Some(mut h) = held.take()
+                    {
+                        // The Read is done: hand its bytes over and let its Send go first.
+                        let Ok(data) = h.sink.take(h.len) else { break 'outer };
+                        if let Some(tx) = h.done.take() {
+                            let _ = tx.send(data);
+                        }
+                        outq.push_front(h.frag);
+                    }
                     next = scq.try_next();
                 }
             }

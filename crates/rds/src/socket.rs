@@ -247,6 +247,9 @@ impl RdsSocket {
         data: Bytes,
         payload: Bytes,
     ) -> Result<(), SendError> {
+        if self.stack.inner.rdma_device.is_none() {
+            return Err(SendError::NotRdma);
+        }
         let (rkey, offset) = crate::rdma::split_cookie(cookie);
         crate::rdma::queue_write(
             &self.stack.inner,
@@ -256,6 +259,43 @@ impl RdsSocket {
         );
         self.send_ext(dest, payload, vec![crate::wire::Extension::Rdma { rkey }])
             .await
+    }
+
+    /// RDMA-reads `len` bytes from the peer buffer named by `cookie` at `remote_addr` plus the
+    /// cookie's offset (see [`RdsSocket::send_rdma_write`]), then sends `payload` carrying the
+    /// RDMA extension, which tells the peer the operation is over (it invalidates the buffer:
+    /// use once). The Send waits for the Read to complete, as Linux orders it with
+    /// RDS_RDMA_FENCE. Returns the bytes read. RDMA stacks only.
+    pub async fn send_rdma_read(
+        &self,
+        dest: SocketAddrV4,
+        cookie: u64,
+        remote_addr: u64,
+        len: usize,
+        payload: Bytes,
+    ) -> Result<Bytes, SendError> {
+        if self.stack.inner.rdma_device.is_none() {
+            return Err(SendError::NotRdma);
+        }
+        let len = u32::try_from(len)
+            .ok()
+            .filter(|l| *l as usize <= crate::wire::MAX_MSG_LEN)
+            .ok_or(SendError::TooLong(len))?;
+        let (rkey, offset) = crate::rdma::split_cookie(cookie);
+        let rx = crate::rdma::queue_read(
+            &self.stack.inner,
+            rkey,
+            remote_addr.wrapping_add(u64::from(offset)),
+            len,
+        );
+        if let Err(e) = self
+            .send_ext(dest, payload, vec![crate::wire::Extension::Rdma { rkey }])
+            .await
+        {
+            lock(&self.stack.inner.rdma_ops).remove(&rkey);
+            return Err(e);
+        }
+        rx.await.map_err(|_| SendError::RdmaFailed)
     }
 
     /// Receives with a time limit (`None` on timeout).

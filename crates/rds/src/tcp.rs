@@ -103,7 +103,7 @@ pub(crate) struct Inner {
     /// Buffers registered for peers' RDMA operations, by rkey (invalidated after use).
     pub(crate) rdma_mrs: Mutex<HashMap<u32, Arc<verbs::MemoryRegion>>>,
     /// RDMA Writes to post before the message carrying `Extension::Rdma { rkey }`.
-    pub(crate) rdma_ops: Mutex<HashMap<u32, (u64, Bytes)>>,
+    pub(crate) rdma_ops: Mutex<HashMap<u32, crate::rdma::PendingOp>>,
 }
 
 impl std::fmt::Debug for Inner {

@@ -262,3 +262,99 @@ async fn rdma_write_op_delivered_with_cookie() {
     a.shutdown();
     b.shutdown();
 }
+
+/// RDMA Read operation: B fills and advertises a buffer (its address travels in the payload,
+/// as applications carry it), A reads part of it, and the message naming the rkey reaches B
+/// only after the Read (B's buffer is then invalidated: use once). Over the loopback provider
+/// and over soft-iWARP; a datagram sent right after arrives after it.
+async fn read_op(a: RdsStack, b: RdsStack) {
+    let sa = a.bind(4000).unwrap();
+    let sb = b.bind(4001).unwrap();
+    let (da, db) = (SocketAddrV4::new(A, 4000), SocketAddrV4::new(B, 4001));
+    let t = tokio::time::timeout(Duration::from_secs(10), async {
+        let buf = b.rdma_buffer(16384).unwrap();
+        let content: Vec<u8> = (0..16384u32).map(|i| (i % 241) as u8).collect();
+        buf.write(0, &content).unwrap();
+        sb.send_rdma_dest(da, &buf, Bytes::copy_from_slice(&buf.addr().to_be_bytes()))
+            .await
+            .unwrap();
+        let d = sa.recv_datagram().await.unwrap();
+        let cookie = d
+            .ext
+            .iter()
+            .find_map(|e| match e {
+                rds::wire::Extension::RdmaDest { rkey, offset } => {
+                    Some(rds::rdma::cookie(*rkey, *offset))
+                }
+                _ => None,
+            })
+            .expect("RDMA_DEST extension");
+        let base = u64::from_be_bytes(d.payload[..8].try_into().unwrap());
+        // 9000 bytes from offset 1000 of B's buffer.
+        let got = sa
+            .send_rdma_read(
+                db,
+                cookie,
+                base + 1000,
+                9000,
+                Bytes::from_static(b"read done"),
+            )
+            .await
+            .unwrap();
+        assert_eq!(&got[..], &content[1000..10000]);
+        sa.send_to(db, Bytes::from_static(b"after")).await.unwrap();
+        let d = sb.recv_datagram().await.unwrap();
+        assert_eq!(&d.payload[..], b"read done");
+        let (rkey, _) = rds::rdma::split_cookie(cookie);
+        assert!(
+            d.ext.contains(&rds::wire::Extension::Rdma { rkey }),
+            "{d:?}"
+        );
+        assert!(
+            !buf.is_valid(),
+            "use once: invalidated by the completing message"
+        );
+        assert_eq!(&sb.recv_datagram().await.unwrap().payload[..], b"after");
+    });
+    t.await.expect("RDMA read op within 10 s");
+    a.shutdown();
+    b.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdma_read_op_over_loopback_provider() {
+    let (a, b) = loopback_pair(8).await;
+    read_op(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdma_read_op_over_soft_iwarp() {
+    let (a, b) = siw_pair().await;
+    read_op(a, b).await;
+}
+
+/// RDMA operations on an RDS over TCP stack are refused (Linux: EOPNOTSUPP).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdma_ops_need_an_rdma_stack() {
+    let mut c = StackConfig::new(A);
+    c.tcp_port = 0;
+    let s = RdsStack::start(c).await.unwrap();
+    let sock = s.bind(4000).unwrap();
+    let dest = SocketAddrV4::new(B, 4001);
+    let e = sock
+        .send_rdma_read(dest, 1, 0, 10, Bytes::new())
+        .await
+        .unwrap_err();
+    assert_eq!(e, rds::SendError::NotRdma);
+    assert_eq!(e.errno(), libc_eopnotsupp());
+    let e = sock
+        .send_rdma_write(dest, 1, 0, Bytes::from_static(b"x"), Bytes::new())
+        .await
+        .unwrap_err();
+    assert_eq!(e, rds::SendError::NotRdma);
+    s.shutdown();
+}
+
+fn libc_eopnotsupp() -> i32 {
+    95 // EOPNOTSUPP on Linux
+}
