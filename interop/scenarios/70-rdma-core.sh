@@ -37,6 +37,9 @@ rm -f "$IX_SHARE/tmp/h2g-ready"; mkdir -p "$IX_SHARE/tmp"
 ) & h2g=$!
 ix_guest "$log" -t $((IX_LIMIT - 40)) -s 2 -p "$FP:$FP" -d "$IX_SHARE" -f "$IX_HERE/guest/rdma-core-guest.sh" \
     HOST_SOFT_PORT=$HP H2G_PORT=$FP MB=16
+# A guest that never got to its listener (no boot, a port taken) must not leave the host
+# waiting for it until the scenario's limit.
+[ -f "$IX_SHARE/tmp/h2g-ready" ] || kill $h2g 2>/dev/null
 wait $h2g 2>/dev/null; kill $srv 2>/dev/null; wait $srv 2>/dev/null
 cells_from_log "$log"
 if grep -q '^rc=0' "$IX_SCN_OUT/host-to-guest.log" 2>/dev/null; then
