@@ -25,8 +25,10 @@
 //!   application carried (Linux's `remote_vec.addr`: 0 on zero-based registrations, the
 //!   virtual address on rdma-core devices) plus the cookie's offset, and sends the completing
 //!   message with the RDMA extension; the receiver invalidates the rkey (use once).
+//!   [`RdsSocket::send_rdma_read`] reads from such a buffer, and its message follows the Read
+//!   (fenced, as RDS_RDMA_FENCE).
 //!
-//! What it does not do (yet): RDMA Read operations, RDMA_BYTES, the RDMA args flags (FENCE,
+//! What it does not do (yet): RDMA_BYTES, the RDMA args flags (FENCE,
 //! NOTIFY_ME, …), applying the peer's initial `dp_ack_seq`, IPv6, and TCP-AO.
 //!
 //! Behaviour worth knowing:
