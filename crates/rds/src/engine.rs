@@ -1428,6 +1428,11 @@ impl Engine {
         }
     }
 
+    /// Whether some bound port's send buffer is full (its senders wait for confirmations).
+    pub fn send_buffer_full(&self) -> bool {
+        self.ports.values().any(|p| p.snd_bytes >= p.sndbuf)
+    }
+
     /// Snapshot for `rds info`.
     pub fn info(&self) -> EngineInfo {
         let mut conns: Vec<ConnInfo> = self

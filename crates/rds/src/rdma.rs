@@ -700,6 +700,7 @@ fn start(
             }),
             peer,
             wake: Arc::clone(&wake),
+            awaiting_acks: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         },
     );
     let credits = Credits::new(ours, theirs);

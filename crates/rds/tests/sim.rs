@@ -596,6 +596,7 @@ fn send_buffer_bounds_what_a_port_queues() {
             match s.nodes[0].send(now, 1000, dest, payload(1000, 2000, sent, PAD)) {
                 Ok(()) => sent += 1,
                 Err(SendError::SendBufferFull) => {
+                    assert!(s.nodes[0].send_buffer_full());
                     full += 1;
                     break;
                 }
@@ -623,6 +624,7 @@ fn send_buffer_bounds_what_a_port_queues() {
     );
     // Everything confirmed: the port's count is back to zero, and the other port never counted.
     assert!(run_until(&mut sim, 1000, |s| s.nodes[0].idle_to(B)));
+    assert!(!sim.nodes[0].send_buffer_full());
     let info = sim.nodes[0].info();
     for p in info
         .ports
