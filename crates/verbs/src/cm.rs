@@ -282,9 +282,7 @@ impl Device {
         let mut cq = CompletionQueue::new();
         #[cfg(feature = "rdma-core")]
         if let Some(h) = self.hw() {
-            cq.hw = Some(Arc::new(
-                h.and_then(|d| crate::hw::HwCq::create(d, cq.inner.clone())),
-            ));
+            cq.hw = Some(h.and_then(|d| crate::hw::HwCq::create(d, cq.inner.clone())));
         }
         cq
     }
@@ -306,12 +304,12 @@ impl Device {
         );
         #[cfg(feature = "rdma-core")]
         let hw = self.hw().map(|d| {
-            let d = d?;
+            d?;
             let pd_hw = pd.hw.clone().ok_or(VerbsError::InvalidArgument(
                 "the PD belongs to another provider",
             ))??;
             let cq = |c: &CompletionQueue| -> Result<Arc<crate::hw::HwCq>, VerbsError> {
-                match c.hw.as_deref() {
+                match c.hw.as_ref() {
                     Some(Ok(h)) => Ok(h.clone()),
                     Some(Err(e)) => Err(e.clone()),
                     None => Err(VerbsError::InvalidArgument(
@@ -319,7 +317,6 @@ impl Device {
                     )),
                 }
             };
-            let _ = d;
             Ok(crate::hw::HwQueuePair::new(
                 &pd_hw,
                 &cq(send_cq)?,
@@ -460,19 +457,11 @@ impl Device {
         if let Some(hw) = self.hw() {
             let hw = hw?;
             let qhw = qp.hw()?;
-            {
-                let mut c = lock(&qp.shared.connected);
-                if *c {
-                    return Err(VerbsError::InvalidState("QP already connected"));
-                }
-                *c = true;
-            }
-            let r = crate::hw::connect(hw, qhw, addr, &params.private_data, params.ird, params.ord)
-                .await;
-            if r.is_err() {
-                *lock(&qp.shared.connected) = false;
-            }
-            return Ok(Connection::from_hw(qp, r?));
+            return Connection::establish_hw(
+                qp,
+                crate::hw::connect(hw, qhw, addr, &params.private_data, params.ird, params.ord),
+            )
+            .await;
         }
         let (transport, local) = match &self.inner.provider {
             Provider::SoftIwarp(_) => {
@@ -899,20 +888,11 @@ impl ConnectRequest {
             #[cfg(feature = "rdma-core")]
             ReqKind::Hw(r) => {
                 let qhw = qp.hw()?;
-                {
-                    let mut c = lock(&qp.shared.connected);
-                    if *c {
-                        return Err(VerbsError::InvalidState("QP already connected"));
-                    }
-                    *c = true;
-                }
-                let res = r
-                    .accept(qhw, &params.private_data, params.ird, params.ord)
-                    .await;
-                if res.is_err() {
-                    *lock(&qp.shared.connected) = false;
-                }
-                return Ok(Connection::from_hw(qp, res?));
+                return Connection::establish_hw(
+                    qp,
+                    r.accept(qhw, &params.private_data, params.ird, params.ord),
+                )
+                .await;
             }
         };
         let (reply, neg) = handshake::accept_request(&req, &params.setup())?;
@@ -1003,6 +983,16 @@ impl fmt::Debug for QueuePair {
 }
 
 impl QueuePair {
+    /// Mark the QP as having its connection (a QP carries one connection in its life).
+    fn claim_connection(&self) -> Result<(), VerbsError> {
+        let mut c = lock(&self.shared.connected);
+        if *c {
+            return Err(VerbsError::InvalidState("QP already connected"));
+        }
+        *c = true;
+        Ok(())
+    }
+
     /// The rdma-core QP behind this handle, if it is one.
     #[cfg(feature = "rdma-core")]
     fn hw(&self) -> Result<&crate::hw::HwQueuePair, VerbsError> {
@@ -1131,6 +1121,23 @@ impl Drop for Connection {
 }
 
 impl Connection {
+    /// Claim `qp`, run the rdma-core connect or accept, and give the QP back for another try
+    /// if that fails.
+    #[cfg(feature = "rdma-core")]
+    async fn establish_hw(
+        qp: &QueuePair,
+        establish: impl std::future::Future<Output = Result<crate::hw::HwEstablished, VerbsError>>,
+    ) -> Result<Connection, VerbsError> {
+        qp.claim_connection()?;
+        match establish.await {
+            Ok(e) => Ok(Connection::from_hw(qp, e)),
+            Err(e) => {
+                *lock(&qp.shared.connected) = false;
+                Err(e)
+            }
+        }
+    }
+
     #[cfg(feature = "rdma-core")]
     fn from_hw(qp: &QueuePair, e: crate::hw::HwEstablished) -> Connection {
         Connection {
@@ -1248,13 +1255,7 @@ async fn start_connection(
     local: SocketAddr,
     peer: SocketAddr,
 ) -> Result<Connection, VerbsError> {
-    {
-        let mut c = lock(&qp.shared.connected);
-        if *c {
-            return Err(VerbsError::InvalidState("QP already connected"));
-        }
-        *c = true;
-    }
+    qp.claim_connection()?;
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = watch::channel(false);
     // Writes straight from registered memory: TCP only, and only without CRC (the CRC would be

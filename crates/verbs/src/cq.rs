@@ -87,7 +87,7 @@ pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,
     /// The rdma-core CQ feeding `inner` (or why it could not be created).
     #[cfg(feature = "rdma-core")]
-    pub(crate) hw: Option<Arc<Result<Arc<crate::hw::HwCq>, crate::VerbsError>>>,
+    pub(crate) hw: Option<Result<Arc<crate::hw::HwCq>, crate::VerbsError>>,
 }
 
 impl fmt::Debug for CompletionQueue {

@@ -97,6 +97,15 @@ fn os_err(what: &str) -> VerbsError {
     VerbsError::Io(format!("{what}: {}", io::Error::last_os_error()))
 }
 
+/// Make a file descriptor of ours non-blocking.
+fn set_nonblocking(fd: RawFd) {
+    // SAFETY: fcntl on an fd the caller owns.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+    }
+}
+
 fn ret_err(what: &str, ret: i32) -> VerbsError {
     // Verbs calls return an errno (some providers negate it), or -1 with errno set.
     if ret == -1 {
@@ -109,14 +118,14 @@ fn ret_err(what: &str, ret: i32) -> VerbsError {
     }
 }
 
-/// The devices librdmacm can use. Fails with [`VerbsError::NoDevice`] when the libraries are
-/// missing or no device exists.
-pub fn rdma_core_devices() -> Result<Vec<RdmaCoreDevice>, VerbsError> {
+/// librdmacm's device contexts with their names. The contexts are owned by librdmacm and stay
+/// valid for the life of the process, after the array listing them is freed.
+fn device_contexts() -> Result<Vec<(*mut sys::ibv_context, RdmaCoreDevice)>, VerbsError> {
     let mut out = Vec::new();
     let mut n: i32 = 0;
     // SAFETY: rdma_get_devices returns NULL or an array of `n` context pointers owned by
-    // librdmacm (valid for the process lifetime); we only read device names from it and free
-    // the array, not the contexts.
+    // librdmacm; we read device names and transports from it and free the array, not the
+    // contexts.
     unsafe {
         let list = sys::rdma_get_devices(&mut n);
         if list.is_null() {
@@ -130,15 +139,25 @@ pub fn rdma_core_devices() -> Result<Vec<RdmaCoreDevice>, VerbsError> {
                 continue;
             }
             let dev = (*ctx).device;
-            out.push(RdmaCoreDevice {
-                name: CStr::from_ptr(sys::ibv_get_device_name(dev))
-                    .to_string_lossy()
-                    .into_owned(),
-                iwarp: (*dev).transport_type == sys::ibv_transport_type::IBV_TRANSPORT_IWARP,
-            });
+            out.push((
+                ctx,
+                RdmaCoreDevice {
+                    name: CStr::from_ptr(sys::ibv_get_device_name(dev))
+                        .to_string_lossy()
+                        .into_owned(),
+                    iwarp: (*dev).transport_type == sys::ibv_transport_type::IBV_TRANSPORT_IWARP,
+                },
+            ));
         }
         sys::rdma_free_devices(list);
     }
+    Ok(out)
+}
+
+/// The devices librdmacm can use. Fails with [`VerbsError::NoDevice`] when the libraries are
+/// missing or no device exists.
+pub fn rdma_core_devices() -> Result<Vec<RdmaCoreDevice>, VerbsError> {
+    let out: Vec<RdmaCoreDevice> = device_contexts()?.into_iter().map(|(_, d)| d).collect();
     if out.is_empty() {
         return Err(VerbsError::NoDevice("no RDMA device".into()));
     }
@@ -177,37 +196,22 @@ impl fmt::Debug for HwDevice {
 
 impl HwDevice {
     pub(crate) fn open(config: RdmaCoreConfig) -> Result<Arc<HwDevice>, VerbsError> {
-        let mut n: i32 = 0;
-        // SAFETY: see rdma_core_devices; the chosen context stays valid after the array is freed.
+        let all = device_contexts()?;
+        let chosen = all
+            .iter()
+            .find(|(_, d)| config.device.as_deref().is_none_or(|want| want == d.name));
+        let Some((ctx, found)) = chosen else {
+            return Err(VerbsError::NoDevice(match &config.device {
+                Some(d) => {
+                    let names: Vec<&str> = all.iter().map(|(_, d)| d.name.as_str()).collect();
+                    format!("no RDMA device named {d} (have: {})", names.join(", "))
+                }
+                None => "no RDMA device".into(),
+            }));
+        };
+        let (ctx, name, iwarp) = (*ctx, found.name.clone(), found.iwarp);
+        // SAFETY: ctx is one of librdmacm's live contexts (see device_contexts).
         unsafe {
-            let list = sys::rdma_get_devices(&mut n);
-            if list.is_null() {
-                return Err(VerbsError::NoDevice(
-                    "librdmacm found no RDMA device (or rdma-core is not installed)".into(),
-                ));
-            }
-            let mut chosen = None;
-            let mut names = Vec::new();
-            for i in 0..usize::try_from(n).unwrap_or(0) {
-                let ctx = *list.add(i);
-                if ctx.is_null() || (*ctx).device.is_null() {
-                    continue;
-                }
-                let name = CStr::from_ptr(sys::ibv_get_device_name((*ctx).device))
-                    .to_string_lossy()
-                    .into_owned();
-                if chosen.is_none() && config.device.as_deref().is_none_or(|d| d == name) {
-                    chosen = Some((ctx, name.clone()));
-                }
-                names.push(name);
-            }
-            sys::rdma_free_devices(list);
-            let Some((ctx, name)) = chosen else {
-                return Err(VerbsError::NoDevice(match &config.device {
-                    Some(d) => format!("no RDMA device named {d} (have: {})", names.join(", ")),
-                    None => "no RDMA device".into(),
-                }));
-            };
             let mut attr: sys::ibv_device_attr = std::mem::zeroed();
             let r = sys::ibv_query_device(ctx, &mut attr);
             if r != 0 {
@@ -216,8 +220,7 @@ impl HwDevice {
             let pos = |v: i32| u32::try_from(v).unwrap_or(0);
             Ok(Arc::new(HwDevice {
                 ctx,
-                iwarp: (*(*ctx).device).transport_type
-                    == sys::ibv_transport_type::IBV_TRANSPORT_IWARP,
+                iwarp,
                 name,
                 config,
                 max_qp_wr: pos(attr.max_qp_wr),
@@ -437,9 +440,7 @@ impl HwCq {
             if channel.is_null() {
                 return Err(os_err("ibv_create_comp_channel"));
             }
-            let fd = (*channel).fd;
-            let fl = libc::fcntl(fd, libc::F_GETFL);
-            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            set_nonblocking((*channel).fd);
             let cq = sys::ibv_create_cq(
                 dev.ctx,
                 i32::try_from(entries).unwrap_or(i32::MAX),
@@ -496,24 +497,23 @@ fn cq_thread(p: CqPtrs, sink: Arc<CqInner>, dev: Weak<HwDevice>) {
     // SAFETY (whole loop): the CQ, channel and eventfd outlive this thread (HwCq::drop joins
     // it first); `wcs` has capacity for the 32 entries ibv_poll_cq may write.
     unsafe {
+        // Poll up to 32 completions and hand them on; false when the CQ was empty.
+        let drain = |wcs: &mut Vec<sys::ibv_wc>| {
+            let n = sys::ibv_poll_cq(p.cq, 32, wcs.as_mut_ptr());
+            if n <= 0 {
+                return false;
+            }
+            wcs.set_len(usize::try_from(n).unwrap_or(0));
+            deliver(wcs, &sink, &dev);
+            wcs.set_len(0);
+            true
+        };
         sys::ibv_req_notify_cq(p.cq, 0);
         loop {
             // Drain, re-arm, drain again (the race rdma-core's man page describes).
-            loop {
-                let n = sys::ibv_poll_cq(p.cq, 32, wcs.as_mut_ptr());
-                if n <= 0 {
-                    break;
-                }
-                wcs.set_len(usize::try_from(n).unwrap_or(0));
-                deliver(&wcs, &sink, &dev);
-                wcs.set_len(0);
-            }
+            while drain(&mut wcs) {}
             sys::ibv_req_notify_cq(p.cq, 0);
-            let n = sys::ibv_poll_cq(p.cq, 32, wcs.as_mut_ptr());
-            if n > 0 {
-                wcs.set_len(usize::try_from(n).unwrap_or(0));
-                deliver(&wcs, &sink, &dev);
-                wcs.set_len(0);
+            if drain(&mut wcs) {
                 continue;
             }
             let mut fds = [
@@ -558,13 +558,17 @@ fn cq_thread(p: CqPtrs, sink: Arc<CqInner>, dev: Weak<HwDevice>) {
 
 fn deliver(wcs: &[sys::ibv_wc], sink: &CqInner, dev: &Weak<HwDevice>) {
     let Some(dev) = dev.upgrade() else { return };
+    // Completions come in runs of one QP: look each QP up once per run.
+    let mut last: Option<(u32, Option<Arc<QpCore>>)> = None;
     for wc in wcs {
-        let core = lock(&dev.qps).get(&wc.qp_num).and_then(Weak::upgrade);
-        let Some(core) = core else {
-            // A completion of a QP destroyed meanwhile.
-            continue;
-        };
-        if let Some(c) = core.complete(wc) {
+        if last.as_ref().is_none_or(|(n, _)| *n != wc.qp_num) {
+            let core = lock(&dev.qps).get(&wc.qp_num).and_then(Weak::upgrade);
+            last = Some((wc.qp_num, core));
+        }
+        // None: a completion of a QP destroyed meanwhile.
+        if let Some((_, Some(core))) = &last
+            && let Some(c) = core.complete(wc)
+        {
             sink.push(c);
         }
     }
@@ -1012,23 +1016,18 @@ impl QpCore {
 
     fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
         let mut st = lock(&self.st);
-        if st.qp.is_null() {
-            if st.state == QpState::Error {
-                drop(st);
-                self.recv_cq
-                    .push(flushed(wr.wr_id, WcOpcode::Recv, self.qp_num()));
-            } else {
-                st.early_recvs.push(wr);
-            }
-            return Ok(());
-        }
         if st.state == QpState::Error {
             drop(st);
             self.recv_cq
                 .push(flushed(wr.wr_id, WcOpcode::Recv, self.qp_num()));
-            return Ok(());
+            Ok(())
+        } else if st.qp.is_null() {
+            // Kept until the QP exists.
+            st.early_recvs.push(wr);
+            Ok(())
+        } else {
+            Self::post_recv_locked(&mut st, wr)
         }
-        Self::post_recv_locked(&mut st, wr)
     }
 
     fn post_recv_locked(st: &mut CoreState, wr: RecvWr) -> Result<(), VerbsError> {
@@ -1360,11 +1359,7 @@ impl Channel {
         }
         // SAFETY: ch is valid.
         let fd = unsafe { (*ch).fd };
-        // SAFETY: fcntl on our own fd.
-        unsafe {
-            let fl = libc::fcntl(fd, libc::F_GETFL);
-            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-        }
+        set_nonblocking(fd);
         let mut c = Channel { ch, afd: None };
         // SAFETY: the fd stays open while registered: Channel::drop drops the AsyncFd before
         // rdma_destroy_event_channel closes it.
@@ -1521,23 +1516,16 @@ impl CmId {
     fn check_device(&self, dev: &HwDevice) -> Result<(), VerbsError> {
         let v = self.verbs();
         if v == dev.ctx {
-            return Ok(());
+            Ok(())
+        } else if v.is_null() {
+            Err(VerbsError::InvalidArgument(
+                "the address is not on an RDMA device",
+            ))
+        } else {
+            Err(VerbsError::InvalidArgument(
+                "the address belongs to a different RDMA device than this Device",
+            ))
         }
-        let other = if v.is_null() {
-            "no device".to_string()
-        } else {
-            // SAFETY: a librdmacm context with a device.
-            unsafe {
-                CStr::from_ptr(sys::ibv_get_device_name((*v).device))
-                    .to_string_lossy()
-                    .into_owned()
-            }
-        };
-        Err(VerbsError::InvalidArgument(if other == "no device" {
-            "the address is not on an RDMA device"
-        } else {
-            "the address belongs to a different RDMA device than this Device"
-        }))
     }
 }
 
@@ -1766,49 +1754,62 @@ pub(crate) async fn connect(
     qp.instantiate(&id)?;
     let resp = ird.min(u16::from(dev.max_rd_atom)).min(255) as u8;
     let init = ord.min(u16::from(dev.max_init_rd_atom)).min(255) as u8;
+    // Route resolved and QP created on the id: rdma_connect may go.
+    let ev = establish(
+        &id,
+        qp,
+        private_data,
+        resp,
+        init,
+        sys::rdma_connect,
+        "rdma_connect",
+    )
+    .await?;
+    // The peer's answer bounds our depths: its IRD caps our ORD. The rdma_cm reports the
+    // reply's depths from our side, so its IRD is the event's initiator depth.
+    let ord_eff = if ev.initiator_depth > 0 {
+        init.min(ev.initiator_depth)
+    } else {
+        init
+    };
+    Ok(start(id, qp, ev, resp, ord_eff))
+}
+
+/// The last step of connect and accept: `call` (rdma_connect or rdma_accept) with our
+/// parameters, then wait for ESTABLISHED. On failure the QP is destroyed but the consumer's
+/// QP stays usable for another try (receives it had posted are flushed).
+async fn establish(
+    id: &CmId,
+    qp: &HwQueuePair,
+    private_data: &Bytes,
+    resp: u8,
+    init: u8,
+    call: unsafe extern "C" fn(*mut sys::rdma_cm_id, *mut sys::rdma_conn_param) -> i32,
+    what: &'static str,
+) -> Result<CmEv, VerbsError> {
     let result = async {
         {
             let mut p = conn_param(private_data, resp, init)?;
-            // SAFETY: route resolved and QP created; `p` and the private data outlive the call.
-            if unsafe { sys::rdma_connect(id.id, &mut p) } != 0 {
-                return Err(os_err("rdma_connect"));
+            // SAFETY: the caller created the QP on the id; `p` and the private data outlive
+            // the call.
+            if unsafe { call(id.id, &mut p) } != 0 {
+                return Err(os_err(what));
             }
         }
         id.chan
             .expect(
-                t::RDMA_CM_EVENT_ESTABLISHED,
+                sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
                 Duration::from_secs(15),
-                "connect",
+                what.strip_prefix("rdma_").unwrap_or(what),
             )
             .await
     }
     .await;
-    match result {
-        Ok(ev) => {
-            // The peer's answer bounds our depths: its IRD caps our ORD. The rdma_cm reports
-            // the reply's depths from our side, so its IRD is the event's initiator depth.
-            let ord_eff = if ev.initiator_depth > 0 {
-                init.min(ev.initiator_depth)
-            } else {
-                init
-            };
-            Ok(start(id, qp, ev, resp, ord_eff))
-        }
-        Err(e) => {
-            qp.abandon_for_retry();
-            Err(e)
-        }
+    if result.is_err() {
+        qp.abandon();
+        lock(&qp.core.st).state = QpState::Init;
     }
-}
-
-impl HwQueuePair {
-    /// A failed connect: destroy the QP but keep the consumer's QP usable for another try
-    /// (receives it had posted are flushed).
-    fn abandon_for_retry(&self) {
-        self.abandon();
-        let mut st = lock(&self.core.st);
-        st.state = QpState::Init;
-    }
+    result
 }
 
 /// A listening rdma_cm id.
@@ -1945,34 +1946,19 @@ impl HwConnReq {
             .min(u16::from(self.dev.max_init_rd_atom))
             .min(u16::from(self.peer_ird))
             .min(255) as u8;
-        let result = async {
-            {
-                let mut p = conn_param(private_data, resp, init)?;
-                // SAFETY: QP created on the id; `p` and the private data outlive the call.
-                if unsafe { sys::rdma_accept(id.id, &mut p) } != 0 {
-                    return Err(os_err("rdma_accept"));
-                }
-            }
-            id.chan
-                .expect(
-                    sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
-                    Duration::from_secs(15),
-                    "accept",
-                )
-                .await
-        }
-        .await;
-        match result {
-            Ok(mut ev) => {
-                // The initiator's private data came with the request.
-                ev.private_data = self.private_data.clone();
-                Ok(start(id, qp, ev, resp, init))
-            }
-            Err(e) => {
-                qp.abandon_for_retry();
-                Err(e)
-            }
-        }
+        let mut ev = establish(
+            &id,
+            qp,
+            private_data,
+            resp,
+            init,
+            sys::rdma_accept,
+            "rdma_accept",
+        )
+        .await?;
+        // The initiator's private data came with the request.
+        ev.private_data = self.private_data.clone();
+        Ok(start(id, qp, ev, resp, init))
     }
 
     pub(crate) fn reject(mut self, private_data: &[u8]) -> Result<(), VerbsError> {
