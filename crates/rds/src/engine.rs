@@ -334,6 +334,16 @@ pub struct Datagram {
     pub ext: Vec<Extension>,
 }
 
+impl Datagram {
+    /// The cookie of the buffer the sender advertised with RDMA_DEST, if it did.
+    pub fn rdma_dest_cookie(&self) -> Option<u64> {
+        self.ext.iter().find_map(|e| match e {
+            Extension::RdmaDest { rkey, offset } => Some(crate::rdma::cookie(*rkey, *offset)),
+            _ => None,
+        })
+    }
+}
+
 /// Snapshot of one path for `rds info`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathInfo {

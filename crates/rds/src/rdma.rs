@@ -930,11 +930,11 @@ async fn conn_task(
                     }
                     in_flight = in_flight.saturating_sub(1);
                     if held.as_ref().is_some_and(|h| h.wr_id == c.wr_id)
-                        && let Some(mut h) = held.take()
+                        && let Some(h) = held.take()
                     {
                         // The Read is done: hand its bytes over and let its Send go first.
                         let Ok(data) = h.sink.take(h.len) else { break 'outer };
-                        if let Some(tx) = h.done.take() {
+                        if let Some(tx) = h.done {
                             let _ = tx.send(data);
                         }
                         outq.push_front(h.frag);

@@ -231,6 +231,16 @@ impl RdsSocket {
         .await
     }
 
+    /// The rkey and tagged offset of an RDMA operation on the peer buffer named by `cookie`,
+    /// at `remote_addr` plus the cookie's offset. RDMA stacks only.
+    fn rdma_target(&self, cookie: u64, remote_addr: u64) -> Result<(u32, u64), SendError> {
+        if self.stack.inner.rdma_device.is_none() {
+            return Err(SendError::NotRdma);
+        }
+        let (rkey, offset) = crate::rdma::split_cookie(cookie);
+        Ok((rkey, remote_addr.wrapping_add(u64::from(offset))))
+    }
+
     /// RDMA-writes `data` to the peer buffer named by `cookie` (`rkey | offset << 32`, from the
     /// peer's RDMA_DEST), then sends `payload` carrying the RDMA extension that completes the
     /// operation (facts: the op is posted before the Send that follows it). RDMA stacks only.
@@ -247,16 +257,8 @@ impl RdsSocket {
         data: Bytes,
         payload: Bytes,
     ) -> Result<(), SendError> {
-        if self.stack.inner.rdma_device.is_none() {
-            return Err(SendError::NotRdma);
-        }
-        let (rkey, offset) = crate::rdma::split_cookie(cookie);
-        crate::rdma::queue_write(
-            &self.stack.inner,
-            rkey,
-            remote_addr.wrapping_add(u64::from(offset)),
-            data,
-        );
+        let (rkey, to) = self.rdma_target(cookie, remote_addr)?;
+        crate::rdma::queue_write(&self.stack.inner, rkey, to, data);
         self.send_ext(dest, payload, vec![crate::wire::Extension::Rdma { rkey }])
             .await
     }
@@ -274,20 +276,12 @@ impl RdsSocket {
         len: usize,
         payload: Bytes,
     ) -> Result<Bytes, SendError> {
-        if self.stack.inner.rdma_device.is_none() {
-            return Err(SendError::NotRdma);
-        }
+        let (rkey, to) = self.rdma_target(cookie, remote_addr)?;
         let len = u32::try_from(len)
             .ok()
             .filter(|l| *l as usize <= crate::wire::MAX_MSG_LEN)
             .ok_or(SendError::TooLong(len))?;
-        let (rkey, offset) = crate::rdma::split_cookie(cookie);
-        let rx = crate::rdma::queue_read(
-            &self.stack.inner,
-            rkey,
-            remote_addr.wrapping_add(u64::from(offset)),
-            len,
-        );
+        let rx = crate::rdma::queue_read(&self.stack.inner, rkey, to, len);
         if let Err(e) = self
             .send_ext(dest, payload, vec![crate::wire::Extension::Rdma { rkey }])
             .await

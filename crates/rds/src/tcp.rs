@@ -550,7 +550,7 @@ async fn conn_task(
                             // not the one the request took), whose TCP acknowledgments wake no
                             // one. While a sender waits for send-buffer space, let those paths
                             // look at their unacknowledged bytes now rather than at their next
-                            // 1 ms poll (8 KiB requests at depth 16: 6,300 -> ~110,000 req/s).
+                            // 1 ms poll (8 KiB requests at depth 16: 6,300 -> ~235,000 req/s).
                             if full {
                                 for (t, h) in lock(&i.conns).iter() {
                                     if *t != tok

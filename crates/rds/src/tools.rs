@@ -225,12 +225,7 @@ pub fn stress_server_rdma(
         let (ack, data, out) = (ack.clone(), data.clone(), rdma_out.clone());
         hs.push(tokio::spawn(async move {
             while let Ok(d) = sock.recv_datagram().await {
-                let dest = d.ext.iter().find_map(|e| match e {
-                    crate::wire::Extension::RdmaDest { rkey, offset } => {
-                        Some(crate::rdma::cookie(*rkey, *offset))
-                    }
-                    _ => None,
-                });
+                let dest = d.rdma_dest_cookie();
                 // The requester's buffer address (see `stress_send`).
                 let base = d
                     .payload

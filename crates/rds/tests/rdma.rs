@@ -225,16 +225,7 @@ async fn rdma_write_op_delivered_with_cookie() {
             .await
             .unwrap();
         let d = sa.recv_datagram().await.unwrap();
-        let cookie = d
-            .ext
-            .iter()
-            .find_map(|e| match e {
-                rds::wire::Extension::RdmaDest { rkey, offset } => {
-                    Some(rds::rdma::cookie(*rkey, *offset))
-                }
-                _ => None,
-            })
-            .expect("RDMA_DEST extension");
+        let cookie = d.rdma_dest_cookie().expect("RDMA_DEST extension");
         assert_eq!(cookie, buf.cookie());
         // A writes 6000 bytes into it and sends the completing message (RDMA extension).
         let data = Bytes::from((0..6000u32).map(|i| (i % 249) as u8).collect::<Vec<u8>>());
@@ -279,16 +270,7 @@ async fn read_op(a: RdsStack, b: RdsStack) {
             .await
             .unwrap();
         let d = sa.recv_datagram().await.unwrap();
-        let cookie = d
-            .ext
-            .iter()
-            .find_map(|e| match e {
-                rds::wire::Extension::RdmaDest { rkey, offset } => {
-                    Some(rds::rdma::cookie(*rkey, *offset))
-                }
-                _ => None,
-            })
-            .expect("RDMA_DEST extension");
+        let cookie = d.rdma_dest_cookie().expect("RDMA_DEST extension");
         let base = u64::from_be_bytes(d.payload[..8].try_into().unwrap());
         // 9000 bytes from offset 1000 of B's buffer.
         let got = sa
