@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -1019,7 +1019,7 @@ impl QueuePair {
         if let Some(h) = &self.shared.hw {
             return h.as_ref().map_or(QpState::Error, |h| h.state());
         }
-        lock(&self.shared.engine).state
+        lock_engine(&self.shared.engine).state
     }
     /// The PD the QP was created in.
     pub fn pd(&self) -> &ProtectionDomain {
@@ -1041,7 +1041,7 @@ impl QueuePair {
         if self.shared.hw.is_some() {
             return self.hw()?.post_send(wr);
         }
-        lock(&self.shared.engine).post_send(wr)?;
+        lock_engine(&self.shared.engine).post_send(wr)?;
         transmit_now(&self.shared);
         Ok(())
     }
@@ -1057,7 +1057,7 @@ impl QueuePair {
             return Ok(());
         }
         {
-            let mut e = lock(&self.shared.engine);
+            let mut e = lock_engine(&self.shared.engine);
             for wr in wrs {
                 e.post_send(wr)?;
             }
@@ -1072,8 +1072,39 @@ impl QueuePair {
         if self.shared.hw.is_some() {
             return self.hw()?.post_recv(wr);
         }
-        lock(&self.shared.engine).post_recv(wr);
+        lock_engine(&self.shared.engine).post_recv(wr);
         Ok(())
+    }
+}
+
+/// The lock of a queue pair's engine. Completion queue handlers
+/// ([`CompletionQueue::set_handler`]) that completions made under it call for run when the
+/// last such lock this thread holds is released, since they may post work requests.
+pub(crate) struct EngineGuard<'a> {
+    // Fields drop in declaration order: the mutex first, then the mark (whose drop may run
+    // handlers).
+    g: MutexGuard<'a, Engine>,
+    _held: crate::cq::HeldMark,
+}
+
+pub(crate) fn lock_engine(m: &Mutex<Engine>) -> EngineGuard<'_> {
+    let held = crate::cq::HeldMark::new();
+    EngineGuard {
+        g: lock(m),
+        _held: held,
+    }
+}
+
+impl std::ops::Deref for EngineGuard<'_> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.g
+    }
+}
+
+impl std::ops::DerefMut for EngineGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Engine {
+        &mut self.g
     }
 }
 
@@ -1114,7 +1145,7 @@ impl Drop for Connection {
             return;
         }
         if !*self.done.borrow() {
-            lock(&self.qp.shared.engine).on_disconnect();
+            lock_engine(&self.qp.shared.engine).on_disconnect();
             self.qp.shared.wake.notify_one();
         }
     }
@@ -1239,7 +1270,7 @@ impl Connection {
             h.abort();
             return;
         }
-        lock(&self.qp.shared.engine).on_disconnect();
+        lock_engine(&self.qp.shared.engine).on_disconnect();
         self.qp.shared.wake.notify_one();
     }
 }
@@ -1262,7 +1293,7 @@ async fn start_connection(
     // computed over bytes the application may still change).
     let zero_copy_tx = matches!(t, Transport::Tcp(_)) && !neg.crc;
     {
-        let mut e = lock(&qp.shared.engine);
+        let mut e = lock_engine(&qp.shared.engine);
         e.start(EngineParams {
             ird: u32::from(neg.ird),
             ord: u32::from(neg.ord),
@@ -1445,7 +1476,7 @@ fn spawn_driver(r: In, w: Out, leftover: BytesMut, ctx: Arc<DriverCtx>, done: wa
         if let Err(e) = res {
             tracing::debug!("writer ended: {e}");
             let _ = wctx.ev.send(CmEvent::Error(e.to_string()));
-            let mut eng = lock(&wctx.qp.engine);
+            let mut eng = lock_engine(&wctx.qp.engine);
             eng.on_disconnect();
             wctx.drain(&mut eng);
         }
@@ -1456,7 +1487,7 @@ fn spawn_driver(r: In, w: Out, leftover: BytesMut, ctx: Arc<DriverCtx>, done: wa
             let _ = ctx.ev.send(CmEvent::Error(e.to_string()));
         }
         {
-            let mut eng = lock(&ctx.qp.engine);
+            let mut eng = lock_engine(&ctx.qp.engine);
             eng.on_disconnect();
             ctx.drain(&mut eng);
         }
@@ -1481,27 +1512,29 @@ async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -> io::Resul
     let direct = matches!(r, In::Tcp(_)) && !ctx.crc && ctx.capture.is_none();
     let mut skip = 0usize;
     loop {
-        let send = {
-            let mut eng = lock(&ctx.qp.engine);
-            loop {
-                if eng.closing {
-                    break;
-                }
-                match dec.decode(&mut buf) {
+        let send = loop {
+            // The engine lock is taken per FPDU, not per read: posters on other threads wait
+            // for one placement at most, and completion handlers run between FPDUs.
+            let decoded = dec.decode(&mut buf);
+            let mut eng = lock_engine(&ctx.qp.engine);
+            let more = !eng.closing
+                && match decoded {
                     Ok(Some(u)) => {
                         ctx.stats.fpdus_rx.fetch_add(1, Ordering::Relaxed);
-                        eng.on_ulpdu(&u)
+                        eng.on_ulpdu(&u);
+                        true
                     }
-                    Ok(None) => break,
+                    Ok(None) => false,
                     Err(_) => {
                         // RFC 5044 §8: a CRC error is fatal; report it with a Terminate.
                         eng.on_llp_error(term::MPA_CRC);
-                        break;
+                        false
                     }
-                }
+                };
+            if !more {
+                ctx.drain(&mut eng);
+                break eng.has_tx() || eng.closing;
             }
-            ctx.drain(&mut eng);
-            eng.has_tx() || eng.closing
         };
         if send {
             // Read Responses, Terminates: out from this task when the queue is idle.
@@ -1536,7 +1569,7 @@ async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -> io::Resul
             skip -= k;
         }
         // After a Terminate nothing more is placed; keep reading until the peer closes.
-        if lock(&ctx.qp.engine).closing {
+        if lock_engine(&ctx.qp.engine).closing {
             buf.clear();
         }
     }
@@ -1564,7 +1597,7 @@ async fn place_direct(
         Ok(h) => h,
         Err(_) => return Ok(None),
     };
-    let Some((mr, off)) = lock(&ctx.qp.engine).direct_target(&hdr, plen) else {
+    let Some((mr, off)) = lock_engine(&ctx.qp.engine).direct_target(&hdr, plen) else {
         return Ok(None);
     };
     lock(&mr.data)[off..off + have].copy_from_slice(&buf[H..H + have]);
@@ -1601,7 +1634,7 @@ async fn place_direct(
         .fetch_add((plen - have) as u64, Ordering::Relaxed);
     ctx.qp.direct_armed.store(true, Ordering::Release);
     let send = {
-        let mut eng = lock(&ctx.qp.engine);
+        let mut eng = lock_engine(&ctx.qp.engine);
         eng.on_placed(&hdr, plen);
         ctx.drain(&mut eng);
         eng.has_tx()
@@ -1611,6 +1644,9 @@ async fn place_direct(
     }
     Ok(Some(pad_len(ulen) + 4 - trailer_have))
 }
+
+/// Payloads up to this size are copied into their FPDU's single buffer by [`fill`].
+const SMALL_FPDU_PAYLOAD: usize = 1024;
 
 /// What [`fill`] left behind.
 struct Filled {
@@ -1646,6 +1682,17 @@ fn fill(eng: &mut Engine, pieces: &mut VecDeque<Piece>, ctx: &DriverCtx) -> Fill
                 .zero_copy_tx_bytes
                 .fetch_add(*n as u64, Ordering::Relaxed);
         }
+        if s.mr_payload.is_none() && s.payload.len() <= SMALL_FPDU_PAYLOAD {
+            // A small FPDU (an RPC call or reply, an ack) is one piece: one allocation and one
+            // iovec instead of three.
+            let mut whole = BytesMut::with_capacity(2 + s.hdr.len() + s.payload.len() + tl);
+            whole.extend_from_slice(&prefix);
+            whole.extend_from_slice(&s.hdr);
+            whole.extend_from_slice(&s.payload);
+            whole.extend_from_slice(&trailer[..tl]);
+            pieces.push_back(Piece::B(whole.freeze()));
+            continue;
+        }
         let mut head = BytesMut::with_capacity(2 + s.hdr.len());
         head.extend_from_slice(&prefix);
         head.extend_from_slice(&s.hdr);
@@ -1655,7 +1702,13 @@ fn fill(eng: &mut Engine, pieces: &mut VecDeque<Piece>, ctx: &DriverCtx) -> Fill
         } else if !s.payload.is_empty() {
             pieces.push_back(Piece::B(s.payload));
         }
-        pieces.push_back(Piece::B(Bytes::copy_from_slice(&trailer[..tl])));
+        // Without CRC the trailer (pad and CRC field) is all zeros: no allocation for it.
+        let trailer = if trailer[..tl].iter().all(|&b| b == 0) {
+            Bytes::from_static(&[0u8; 8][..tl])
+        } else {
+            Bytes::copy_from_slice(&trailer[..tl])
+        };
+        pieces.push_back(Piece::B(trailer));
     }
     if let Some(c) = &ctx.capture
         && pieces.len() > first_new
@@ -1714,7 +1767,7 @@ fn transmit_now(qp: &QpShared) {
         return;
     }
     let before = tx.ctx.stats.fpdus_tx.load(Ordering::Relaxed);
-    let f = fill(&mut lock(&qp.engine), &mut pieces, &tx.ctx);
+    let f = fill(&mut lock_engine(&qp.engine), &mut pieces, &tx.ctx);
     let n = tx.ctx.stats.fpdus_tx.load(Ordering::Relaxed) - before;
     tx.ctx.stats.direct_tx_fpdus.fetch_add(n, Ordering::Relaxed);
     // On an error the writer task meets the same error on its next write and tears down.
@@ -1788,7 +1841,7 @@ async fn tcp_writer_loop(tx: Arc<TxPath>) -> io::Result<()> {
         let notified = ctx.qp.wake.notified();
         let (f, empty) = {
             let mut pieces = lock(&tx.pieces);
-            let f = fill(&mut lock(&ctx.qp.engine), &mut pieces, ctx);
+            let f = fill(&mut lock_engine(&ctx.qp.engine), &mut pieces, ctx);
             let empty = try_write_pieces(s, &mut pieces)?;
             (f, empty)
         };
@@ -1802,6 +1855,11 @@ async fn tcp_writer_loop(tx: Arc<TxPath>) -> io::Result<()> {
             return s_shutdown(&tx.w);
         } else {
             notified.await;
+            // Let the tasks that are ready to run post first (a batch of replies just woke
+            // their callers): what they post then leaves in one vectored write instead of one
+            // system call per message, like TCP's autocorking. Woken from a worker thread,
+            // this task would otherwise run next, before any of them.
+            tokio::task::yield_now().await;
         }
     }
 }
@@ -1819,7 +1877,7 @@ async fn mem_writer_loop(mut w: WriteHalf<DuplexStream>, ctx: &DriverCtx) -> io:
     let mut pieces: VecDeque<Piece> = VecDeque::new();
     loop {
         let notified = ctx.qp.wake.notified();
-        let closing = fill(&mut lock(&ctx.qp.engine), &mut pieces, ctx).closing;
+        let closing = fill(&mut lock_engine(&ctx.qp.engine), &mut pieces, ctx).closing;
         if pieces.is_empty() {
             if closing {
                 w.shutdown().await?;

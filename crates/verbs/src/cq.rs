@@ -1,8 +1,10 @@
 //! Completion queues and work requests.
 
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use tokio::sync::Notify;
@@ -68,16 +70,105 @@ pub struct Completion {
     pub qp_num: u32,
 }
 
-#[derive(Debug, Default)]
+/// A function given each completion of a queue, in the provider's context: see
+/// [`CompletionQueue::set_handler`].
+pub type CqHandler = Box<dyn Fn(Completion) + Send + Sync>;
+
+#[derive(Default)]
 pub(crate) struct CqInner {
     q: Mutex<VecDeque<Completion>>,
     notify: Notify,
+    handler: OnceLock<CqHandler>,
+    /// Held by the thread running the handler: completions are handed over in queue order.
+    draining: Mutex<()>,
+    /// On some thread's list of queues whose handler runs once it releases its engine locks.
+    deferred: AtomicBool,
+}
+
+impl fmt::Debug for CqInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CqInner")
+            .field("pending", &lock(&self.q).len())
+            .field("handler", &self.handler.get().is_some())
+            .finish()
+    }
+}
+
+thread_local! {
+    /// Provider locks (a soft-iWARP engine) this thread holds: a handler never runs under one,
+    /// since it may post work requests, which take them.
+    static HELD: Cell<u32> = const { Cell::new(0) };
+    /// Queues that got completions while `HELD` was non-zero.
+    static DEFERRED: RefCell<Vec<Arc<CqInner>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Marks the calling thread as holding a provider lock until dropped; queue handlers deferred
+/// meanwhile run when the outermost mark goes (after the lock itself was released: drop the
+/// lock guard first).
+pub(crate) struct HeldMark(());
+
+impl HeldMark {
+    pub(crate) fn new() -> Self {
+        HELD.with(|h| h.set(h.get() + 1));
+        HeldMark(())
+    }
+}
+
+impl Drop for HeldMark {
+    fn drop(&mut self) {
+        let outermost = HELD.with(|h| {
+            h.set(h.get() - 1);
+            h.get() == 0
+        });
+        if !outermost {
+            return;
+        }
+        loop {
+            let Some(cq) = DEFERRED.with(|d| d.borrow_mut().pop()) else {
+                return;
+            };
+            cq.deferred.store(false, Ordering::Release);
+            cq.run_handler();
+        }
+    }
 }
 
 impl CqInner {
-    pub(crate) fn push(&self, c: Completion) {
+    pub(crate) fn push(self: &Arc<Self>, c: Completion) {
         lock(&self.q).push_back(c);
-        self.notify.notify_one();
+        if self.handler.get().is_none() {
+            self.notify.notify_one();
+            return;
+        }
+        if HELD.with(Cell::get) > 0 {
+            if !self.deferred.swap(true, Ordering::AcqRel) {
+                DEFERRED.with(|d| d.borrow_mut().push(self.clone()));
+            }
+            return;
+        }
+        self.run_handler();
+    }
+
+    /// Hands queued completions to the handler, in order, unless another thread (or an outer
+    /// frame of this one) is doing so; that one then also takes what was queued meanwhile.
+    fn run_handler(&self) {
+        let Some(h) = self.handler.get() else { return };
+        loop {
+            {
+                let Ok(_draining) = self.draining.try_lock() else {
+                    return;
+                };
+                loop {
+                    let next = lock(&self.q).pop_front();
+                    let Some(c) = next else { break };
+                    h(c);
+                }
+            }
+            // Pushed after the last pop but while `draining` was still held: take it too.
+            if lock(&self.q).is_empty() {
+                return;
+            }
+        }
     }
 }
 
@@ -114,6 +205,26 @@ impl CompletionQueue {
     /// Non-blocking: take one completion.
     pub fn try_next(&self) -> Option<Completion> {
         lock(&self.inner.q).pop_front()
+    }
+
+    /// Hand every completion of this queue to `handler` from now on, in the context that
+    /// produces it, instead of queueing it for [`next`](Self::next) / [`poll`](Self::poll)
+    /// (like a kernel ULP's `ib_cq` completion handler, which runs in the provider's context).
+    /// Completions queued before are handed over at once. Saves waking a task per batch of
+    /// completions.
+    ///
+    /// soft-iWARP and loopback run it on the connection's receive task (or on whichever thread
+    /// posted the work request that completed), after releasing the queue pair's lock, so the
+    /// handler may post work requests; rdma-core runs it on the queue's polling thread, outside
+    /// any tokio runtime. It must not block for long: it holds up its connection's receive
+    /// path. Completions are handed over one at a time and in queue order. A queue has at most
+    /// one handler: a second call returns `false` and changes nothing.
+    pub fn set_handler(&self, handler: CqHandler) -> bool {
+        if self.inner.handler.set(handler).is_err() {
+            return false;
+        }
+        self.inner.run_handler();
+        true
     }
 
     /// Wait for the next completion.

@@ -556,7 +556,7 @@ fn cq_thread(p: CqPtrs, sink: Arc<CqInner>, dev: Weak<HwDevice>) {
     }
 }
 
-fn deliver(wcs: &[sys::ibv_wc], sink: &CqInner, dev: &Weak<HwDevice>) {
+fn deliver(wcs: &[sys::ibv_wc], sink: &Arc<CqInner>, dev: &Weak<HwDevice>) {
     let Some(dev) = dev.upgrade() else { return };
     // Completions come in runs of one QP: look each QP up once per run.
     let mut last: Option<(u32, Option<Arc<QpCore>>)> = None;

@@ -99,7 +99,8 @@ pub use cm::{
     Provider, QueuePair, SoftIwarpConfig,
 };
 pub use cq::{
-    Completion, CompletionQueue, Payload, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    Completion, CompletionQueue, CqHandler, Payload, RecvWr, SendOp, SendWr, Sge, WcOpcode,
+    WcStatus,
 };
 pub use engine::{QpState, RtrKind};
 #[cfg(feature = "rdma-core")]
