@@ -621,38 +621,29 @@ async fn serve_connection(
         local: Some(link.conn.local_addr()),
         transport: oncrpc::TransportKind::Rdma,
     });
-    loop {
-        let c = rcq.next().await;
-        if c.status != WcStatus::Success {
-            break;
-        }
-        let i = c.wr_id as usize;
-        let Some(mr) = link.recv_bufs.get(i) else {
-            break;
-        };
-        let msg = mr.read(0, c.byte_len as usize)?;
-        link.post_recv(i)?;
-        // Replies lost on an earlier connection of this peer (5666bis §5.5.3).
-        let lost = lock(&sh.lost).remove(&peer.ip());
-        let inc = {
-            let mut r = lock(&resp);
-            if let Some(l) = lost {
-                r.note_lost(l);
+    // Receives are handled in the provider's context (see `pump_receives`); this task waits
+    // for the first failed one.
+    let failed = Arc::new(tokio::sync::Notify::new());
+    {
+        let dead = std::sync::atomic::AtomicBool::new(false);
+        let (f, weak_sc, rt) = (
+            failed.clone(),
+            Arc::downgrade(&sc),
+            tokio::runtime::Handle::current(),
+        );
+        let (sh, ctx) = (sh.clone(), ctx.clone());
+        let installed = rcq.set_handler(Box::new(move |c| {
+            if dead.load(Ordering::Acquire) {
+                return;
             }
-            r.on_receive(msg)
-        };
-        let (sc, sh, ctx) = (sc.clone(), sh.clone(), ctx.clone());
-        let mut fut = Box::pin(async move {
-            handle_incoming(inc, &sc, &sh, ctx).await;
-        });
-        // A call that finishes at once (no RDMA Read to wait for, a service that answers without
-        // waiting) is handled here, with no task to spawn and wake; the others continue in
-        // their own task so that calls proceed concurrently.
-        let pending =
-            std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx).is_pending()))
-                .await;
-        if pending {
-            tokio::spawn(fut);
+            let Some(sc) = weak_sc.upgrade() else { return };
+            if !on_server_receive(&sc, &sh, &ctx, &rt, &c) {
+                dead.store(true, Ordering::Release);
+                f.notify_one();
+            }
+        }));
+        if installed {
+            failed.notified().await;
         }
     }
     lock(&sh.conns).remove(&conn_id);
@@ -674,6 +665,54 @@ async fn serve_connection(
         }
     }
     Ok(())
+}
+
+/// One receive completion of a server connection; `false` if the connection failed.
+fn on_server_receive(
+    sc: &Arc<ServerConn>,
+    sh: &Arc<ServerShared>,
+    ctx: &Arc<CallContext>,
+    rt: &tokio::runtime::Handle,
+    c: &verbs::Completion,
+) -> bool {
+    if c.status != WcStatus::Success {
+        return false;
+    }
+    let link = &sc.link;
+    let i = c.wr_id as usize;
+    let Some(mr) = link.recv_bufs.get(i) else {
+        return false;
+    };
+    let Ok(msg) = mr.read(0, c.byte_len as usize) else {
+        return false;
+    };
+    if link.post_recv(i).is_err() {
+        return false;
+    }
+    // Replies lost on an earlier connection of this peer (5666bis §5.5.3).
+    let lost = lock(&sh.lost).remove(&sc.peer.ip());
+    let inc = {
+        let mut r = lock(&sc.resp);
+        if let Some(l) = lost {
+            r.note_lost(l);
+        }
+        r.on_receive(msg)
+    };
+    let (sc, sh, ctx) = (sc.clone(), sh.clone(), ctx.clone());
+    let mut fut = Box::pin(async move {
+        handle_incoming(inc, &sc, &sh, ctx).await;
+    });
+    // A call that finishes at once (no RDMA Read to wait for, a service that answers without
+    // waiting) is handled here, with no task to spawn and wake; the others continue in their
+    // own task (polled again there, with its waker) so that calls proceed concurrently.
+    // (rdma-core runs this on its completion thread: enter the runtime for what the service
+    // calls, such as `spawn_blocking`.)
+    let _rt = rt.enter();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    if fut.as_mut().poll(&mut cx).is_pending() {
+        rt.spawn(fut);
+    }
+    true
 }
 
 async fn handle_incoming(
@@ -792,6 +831,8 @@ struct ClientInner {
     addr: SocketAddr,
     cfg: TransportConfig,
     state: Mutex<ClientState>,
+    /// Calls whose callers found `state` locked; submitted by its holder (see `submit_call`).
+    inbox: Mutex<Vec<Work>>,
     link: Mutex<Arc<Link>>,
     next_xid: AtomicU32,
     back: Option<Dispatcher>,
@@ -804,6 +845,9 @@ struct ClientInner {
     ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
     /// Calls sent again with a larger Reply chunk after RDMA_ERR_CHUNK.
     short_reply_retries: AtomicU64,
+    /// Where backward calls run: replies are handled in the provider's context, which may be
+    /// a thread outside the runtime (rdma-core's completion thread).
+    rt: tokio::runtime::Handle,
 }
 
 impl ClientInner {
@@ -920,6 +964,7 @@ impl RdmaClient {
             addr,
             cfg: config,
             state: Mutex::new(state),
+            inbox: Mutex::new(Vec::new()),
             link: Mutex::new(link),
             next_xid: AtomicU32::new(rand::random::<u32>() | 1),
             back: backchannel,
@@ -927,6 +972,7 @@ impl RdmaClient {
             reducing,
             ulbs,
             short_reply_retries: AtomicU64::new(0),
+            rt: tokio::runtime::Handle::current(),
         });
         let task = tokio::spawn(client_recv_loop(inner.clone(), rcq));
         Ok(RdmaClient { inner, task })
@@ -948,24 +994,147 @@ impl RdmaClient {
     }
 }
 
-fn apply_client(inner: &Arc<ClientInner>, actions: Vec<requester::Action>) {
+/// A call waiting in [`ClientInner::inbox`] for whoever holds the state lock to submit it.
+struct Submission {
+    call: OutCall,
+    done: oneshot::Sender<Result<Bytes, RpcError>>,
+}
+
+/// Work for the requester, queued in [`ClientInner::inbox`] in arrival order.
+enum Work {
+    Submit(Submission),
+    Receive(Bytes, Option<u32>),
+}
+
+/// What the requester asked for, done once the state lock is released (in this order).
+enum Post {
+    Send(Bytes),
+    Done(
+        oneshot::Sender<Result<Bytes, RpcError>>,
+        Result<Bytes, RpcError>,
+    ),
+    BackCall(u32, Bytes),
+    Close,
+}
+
+fn absorb(st: &mut ClientState, actions: Vec<requester::Action>, posts: &mut Vec<Post>) {
     for a in actions {
         match a {
-            requester::Action::Send { data, .. } => {
-                // Posted here, in order, from the caller's task: no task hop before the call
-                // is on the wire. Unsignaled: nothing waits for the completion, since a Send
-                // that fails means the connection is gone, which the receive loop sees (the
-                // flush of its posted Receives) and answers by reconnecting.
-                let _ = inner.link().post_send_unsignaled(data);
-            }
+            requester::Action::Send { data, .. } => posts.push(Post::Send(data)),
             requester::Action::Complete { xid, result } => {
-                if let Some(tx) = lock(&inner.state).waiters.remove(&xid) {
-                    let _ = tx.send(result);
+                if let Some(tx) = st.waiters.remove(&xid) {
+                    posts.push(Post::Done(tx, result));
                 }
             }
             requester::Action::BackCall { xid, message } => {
+                posts.push(Post::BackCall(xid, message));
+            }
+            requester::Action::Close => posts.push(Post::Close),
+        }
+    }
+}
+
+fn work_locked(st: &mut ClientState, w: Work, posts: &mut Vec<Post>) {
+    match w {
+        Work::Submit(sub) => submit_locked(st, sub, posts),
+        Work::Receive(msg, invalidated) => {
+            let ClientState { req, reg, .. } = st;
+            let actions = req.on_receive(msg, invalidated, reg);
+            absorb(st, actions, posts);
+        }
+    }
+}
+
+fn submit_locked(st: &mut ClientState, sub: Submission, posts: &mut Vec<Post>) {
+    if st.closed {
+        posts.push(Post::Done(sub.done, Err(RpcError::Closed)));
+        return;
+    }
+    let xid = sub.call.xid;
+    st.waiters.insert(xid, sub.done);
+    let ClientState { req, reg, .. } = st;
+    let actions = req.submit(sub.call, reg);
+    absorb(st, actions, posts);
+}
+
+/// Hand the requester a call to submit or a received message. Work goes through the inbox,
+/// in order, and whoever holds the state lock does it: a caller or the receive handler that
+/// finds the lock taken leaves its work to the holder instead of sleeping on the lock. With
+/// many calls in flight, the thread handling a batch of replies submits the calls they
+/// release and posts them from its own context.
+fn enqueue(inner: &Arc<ClientInner>, w: Work) {
+    lock(&inner.inbox).push(w);
+    settle_inbox(inner);
+}
+
+/// Apply `actions` of the requester (made under `st`): submit what waits in the inbox, release
+/// the lock, then post, complete and spawn what they ask for, in order.
+fn apply_locked<'a>(
+    inner: &'a Arc<ClientInner>,
+    mut st: MutexGuard<'a, ClientState>,
+    actions: Vec<requester::Action>,
+) {
+    let mut posts = Vec::new();
+    absorb(&mut st, actions, &mut posts);
+    release_state(inner, st, posts);
+}
+
+fn release_state<'a>(
+    inner: &'a Arc<ClientInner>,
+    mut st: MutexGuard<'a, ClientState>,
+    mut posts: Vec<Post>,
+) {
+    loop {
+        let waiting = std::mem::take(&mut *lock(&inner.inbox));
+        for w in waiting {
+            work_locked(&mut st, w, &mut posts);
+        }
+        drop(st);
+        perform(inner, std::mem::take(&mut posts));
+        // A submission pushed after the drain above, by a caller that found the lock still
+        // held: it is this thread's to submit unless someone else holds the lock now (who will
+        // then do it when they release it).
+        if lock(&inner.inbox).is_empty() {
+            return;
+        }
+        st = match inner.state.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+    }
+}
+
+/// Submit what waits in the inbox if the state lock is free.
+fn settle_inbox(inner: &Arc<ClientInner>) {
+    if lock(&inner.inbox).is_empty() {
+        return;
+    }
+    let st = match inner.state.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
+    release_state(inner, st, Vec::new());
+}
+
+fn perform(inner: &Arc<ClientInner>, posts: Vec<Post>) {
+    for p in posts {
+        match p {
+            Post::Send(data) => {
+                // Posted here, in order, from the caller's (or the receive handler's) context:
+                // no task hop before the call is on the wire. Unsignaled: nothing waits for
+                // the completion, since a Send that fails means the connection is gone, which
+                // the receive handler sees (the flush of its posted Receives) and answers by
+                // reconnecting.
+                let _ = inner.link().post_send_unsignaled(data);
+            }
+            Post::Done(tx, result) => {
+                let _ = tx.send(result);
+            }
+            Post::BackCall(xid, message) => {
                 let inner2 = inner.clone();
-                tokio::spawn(async move {
+                inner.rt.spawn(async move {
                     let Some(d) = &inner2.back else { return };
                     let ctx = Arc::new(CallContext {
                         peer: Some(inner2.addr),
@@ -974,19 +1143,16 @@ fn apply_client(inner: &Arc<ClientInner>, actions: Vec<requester::Action>) {
                     });
                     // RFC 8167 §5: nothing is reduced in the backward direction.
                     if let Some(r) = d.dispatch(message, ctx, DdpPolicy::Inline).await {
-                        let a = lock(&inner2.state)
-                            .req
-                            .back_reply(xid, r.message.to_bytes());
-                        if let Some(a) = a {
-                            apply_client(&inner2, vec![a]);
-                        }
+                        let mut st = lock(&inner2.state);
+                        let a = st.req.back_reply(xid, r.message.to_bytes());
+                        apply_locked(&inner2, st, a.into_iter().collect());
                     }
                 });
             }
-            requester::Action::Close => {
+            Post::Close => {
                 // 5666bis §5.5.4: memory that could not be invalidated is fenced by closing the
                 // connection, before the RPC completes: the QP is in the error state when
-                // `abort` returns, and the `Complete` that follows this action comes after.
+                // `abort` returns, and the completion that follows this action comes after.
                 inner.link().conn.abort();
                 fail_all(inner, "memory could not be fenced");
             }
@@ -1036,41 +1202,61 @@ async fn client_recv_loop(inner: Arc<ClientInner>, mut rcq: CompletionQueue) {
         inner.reconnects.fetch_add(1, Ordering::Relaxed);
         *lock(&inner.link) = link;
         rcq = cq;
-        let actions = {
-            let mut st = lock(&inner.state);
-            st.reg = VerbsRegistrar::new(pd);
-            let ClientState { req, reg, .. } = &mut *st;
-            req.on_connect(params, reg)
-        };
-        apply_client(&inner, actions);
+        let mut st = lock(&inner.state);
+        st.reg = VerbsRegistrar::new(pd);
+        let ClientState { req, reg, .. } = &mut *st;
+        let actions = req.on_connect(params, reg);
+        apply_locked(&inner, st, actions);
     }
 }
 
 /// Handle receive completions until the connection fails.
+///
+/// They are handled in the provider's context ([`CompletionQueue::set_handler`]): a batch of
+/// replies read from the connection completes its calls with no task to wake in between, as
+/// Linux's reply handler runs from the receive completion. This task only waits for the
+/// first failed completion (a flush: the connection is gone).
 async fn pump_receives(inner: &Arc<ClientInner>, rcq: &CompletionQueue) {
-    let link = inner.link();
-    loop {
-        let c = rcq.next().await;
-        if c.status != WcStatus::Success {
+    let failed = Arc::new(tokio::sync::Notify::new());
+    let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (weak_inner, weak_link) = (Arc::downgrade(inner), Arc::downgrade(&inner.link()));
+    let (f, d) = (failed.clone(), dead.clone());
+    let installed = rcq.set_handler(Box::new(move |c| {
+        if d.load(Ordering::Acquire) {
             return;
         }
-        let i = c.wr_id as usize;
-        let Some(mr) = link.recv_bufs.get(i) else {
+        // A link being dropped (replaced after a reconnect) flushes into a handler that has
+        // nothing left to do.
+        let (Some(inner), Some(link)) = (weak_inner.upgrade(), weak_link.upgrade()) else {
             return;
         };
-        let Ok(msg) = mr.read(0, c.byte_len as usize) else {
-            return;
-        };
-        if link.post_recv(i).is_err() {
-            return;
+        if !on_client_receive(&inner, &link, &c) {
+            d.store(true, Ordering::Release);
+            f.notify_one();
         }
-        let actions = {
-            let mut st = lock(&inner.state);
-            let ClientState { req, reg, .. } = &mut *st;
-            req.on_receive(msg, c.invalidated_rkey, reg)
-        };
-        apply_client(inner, actions);
+    }));
+    if installed {
+        failed.notified().await;
     }
+}
+
+/// One receive completion of the client's connection; `false` if the connection failed.
+fn on_client_receive(inner: &Arc<ClientInner>, link: &Link, c: &verbs::Completion) -> bool {
+    if c.status != WcStatus::Success {
+        return false;
+    }
+    let i = c.wr_id as usize;
+    let Some(mr) = link.recv_bufs.get(i) else {
+        return false;
+    };
+    let Ok(msg) = mr.read(0, c.byte_len as usize) else {
+        return false;
+    };
+    if link.post_recv(i).is_err() {
+        return false;
+    }
+    enqueue(inner, Work::Receive(msg, c.invalidated_rkey));
+    true
 }
 
 /// Cancels a call whose future is dropped before it completes (the caller's own timeout, a
@@ -1093,15 +1279,23 @@ impl CallGuard<'_> {
         if !std::mem::take(&mut self.armed) {
             return;
         }
-        let actions = {
-            let mut st = lock(&self.inner.state);
-            let ClientState { req, reg, .. } = &mut *st;
-            req.cancel(self.xid, err, reg)
-        };
+        // Not submitted yet (still in the inbox): nothing of it is registered.
+        {
+            let mut inbox = lock(&self.inner.inbox);
+            let before = inbox.len();
+            inbox.retain(|w| !matches!(w, Work::Submit(s) if s.call.xid == self.xid));
+            if inbox.len() != before {
+                return;
+            }
+        }
+        let mut st = lock(&self.inner.state);
+        let ClientState { req, reg, .. } = &mut *st;
+        let actions = req.cancel(self.xid, err, reg);
         // Only `Complete` (whose waiter, if any, is dropped or about to be) and `Close` (an
-        // invalidation failed: 5666bis §5.5.4, fence by closing) come back from a cancel;
-        // neither needs a runtime, so this is safe in `drop`.
-        apply_client(self.inner, actions);
+        // invalidation failed: 5666bis §5.5.4, fence by closing) come back from a cancel, with
+        // whatever waited in the inbox; none of it needs to run in a task, so this is safe in
+        // `drop`.
+        apply_locked(self.inner, st, actions);
     }
 }
 
@@ -1206,23 +1400,14 @@ impl RdmaClient {
                 deadline: Some(Instant::now() + timeout),
             };
             let (tx, rx) = oneshot::channel();
-            let actions = {
-                let mut st = lock(&inner.state);
-                if st.closed {
-                    return Err(RpcError::Closed);
-                }
-                st.waiters.insert(xid, tx);
-                let ClientState { req, reg, .. } = &mut *st;
-                req.submit(call, reg)
-            };
-            // From here on the call holds registered memory: if this future is dropped before
-            // the call completes, the guard cancels it.
+            // From here on the call may hold registered memory: if this future is dropped
+            // before the call completes, the guard cancels it.
             let mut guard = CallGuard {
                 inner,
                 xid,
                 armed: true,
             };
-            apply_client(inner, actions);
+            enqueue(inner, Work::Submit(Submission { call, done: tx }));
             match tokio::time::timeout(timeout, rx).await {
                 Ok(Ok(r)) => {
                     // The engine completed it, after fencing its memory.
