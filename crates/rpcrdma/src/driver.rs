@@ -980,7 +980,7 @@ impl RdmaClient {
 
     /// Requester counters (credits, message forms).
     pub fn stats(&self) -> requester::RequesterStats {
-        lock(&self.inner.state).req.stats().clone()
+        with_state(&self.inner, |st| st.req.stats().clone())
     }
 
     /// Reconnections so far.
@@ -990,7 +990,7 @@ impl RdmaClient {
 
     /// Registrations still alive (all fenced once calls complete).
     pub fn live_registrations(&self) -> usize {
-        lock(&self.inner.state).reg.regions.len()
+        with_state(&self.inner, |st| st.reg.regions.len())
     }
 }
 
@@ -1105,6 +1105,15 @@ fn release_state<'a>(
     }
 }
 
+/// Run `f` on the requester state, then settle the inbox: work queued while `f` held the lock
+/// is done here (or by whoever holds the lock next). Every use of the state lock ends with
+/// `release_state` or goes through this, so nothing is left in the inbox.
+fn with_state<R>(inner: &Arc<ClientInner>, f: impl FnOnce(&mut ClientState) -> R) -> R {
+    let r = f(&mut lock(&inner.state));
+    settle_inbox(inner);
+    r
+}
+
 /// Submit what waits in the inbox if the state lock is free.
 fn settle_inbox(inner: &Arc<ClientInner>) {
     if lock(&inner.inbox).is_empty() {
@@ -1161,13 +1170,13 @@ fn perform(inner: &Arc<ClientInner>, posts: Vec<Post>) {
 }
 
 fn fail_all(inner: &Arc<ClientInner>, why: &str) {
-    let waiters = {
-        let mut st = lock(&inner.state);
+    // Calls still in the inbox are failed as closed when `with_state` settles it.
+    let waiters = with_state(inner, |st| {
         st.closed = true;
         let ClientState { req, reg, .. } = &mut *st;
         let _ = req.on_disconnect(reg);
         std::mem::take(&mut st.waiters)
-    };
+    });
     for (_, tx) in waiters {
         let _ = tx.send(Err(RpcError::Transport(why.to_string())));
     }
@@ -1179,17 +1188,16 @@ async fn client_recv_loop(inner: Arc<ClientInner>, mut rcq: CompletionQueue) {
         // The connection is gone: fence every registration, then reconnect and retransmit
         // the outstanding calls with their XIDs (5666bis §7.2.2.1: fresh receive buffers).
         let old = inner.link();
-        {
-            let mut st = lock(&inner.state);
-            let ClientState { req, reg, .. } = &mut *st;
+        with_state(&inner, |st| {
+            let ClientState { req, reg, .. } = st;
             let _ = req.on_disconnect(reg);
-        }
+        });
         old.conn.disconnect().await;
         drop(old);
         let mut next = None;
         for attempt in 0..inner.cfg.reconnect_attempts {
             tokio::time::sleep(Duration::from_millis(50 << attempt.min(6))).await;
-            let nrecv = lock(&inner.state).req.receives_needed();
+            let nrecv = with_state(&inner, |st| st.req.receives_needed());
             if let Ok(x) = open_client_link(inner.addr, &inner.cfg, nrecv).await {
                 next = Some(x);
                 break;
