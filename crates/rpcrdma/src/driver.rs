@@ -379,7 +379,7 @@ struct ServerShared {
     next_conn: AtomicU64,
 }
 
-/// Per-connection state shared by the receive loop, the call tasks and [`ServerConnection`].
+/// Per-connection state shared by the receive handler, the call tasks and [`ServerConnection`].
 struct ServerConn {
     link: Arc<Link>,
     resp: Arc<Mutex<Responder>>,
@@ -794,7 +794,7 @@ async fn run_server_actions(
         let r = match a {
             responder::Action::Write { segment, data } => link.write(segment, data),
             // A reply posted to a QP already in error would only be flushed, after the
-            // connection's receive loop has stopped listening for it: count it failed now.
+            // connection's receive handler has stopped listening for it: count it failed now.
             responder::Action::Send { .. } if link.qp.state() == verbs::QpState::Error => {
                 Err(verbs::VerbsError::Disconnected)
             }

@@ -20,7 +20,10 @@
 //!   with its own XIDs and credits, only after the Upper Layer enabled it.
 //! - [`driver`]: thin tokio drivers over the `verbs` crate: [`RdmaServer`] serves an
 //!   `oncrpc::Dispatcher`, [`RdmaClient`] implements `oncrpc::RpcTransport`, [`connect`] opens
-//!   `rdma://` (this crate) or `tcp://` (`oncrpc::TcpClient`) URLs.
+//!   `rdma://` (this crate) or `tcp://` (`oncrpc::TcpClient`) URLs. Received messages are
+//!   handled in the provider's context (a receive-queue handler, as Linux's reply handler runs
+//!   from the completion), and the client's calls and replies go through an inbox that whoever
+//!   holds the requester drains, so no thread sleeps on it.
 //! - [`ulb`]: the Upper-Layer Binding contract (DDP-eligibility, maximum reply size, chunk
 //!   limits, reply item positions).
 //!

@@ -18,6 +18,7 @@
 //! Device ─ alloc_pd() ─► ProtectionDomain ─ register(Vec<u8>, Access) / register_len(n, Access)
 //!        │                                   ─► MemoryRegion: lkey() rkey() addr() read() write() invalidate() reregister()
 //!        ├ create_cq() ─► CompletionQueue: poll(max) / try_next() / async next() -> Completion
+//!        │                                  or set_handler(f): f(Completion) where it is made
 //!        ├ create_qp(&pd, &send_cq, &recv_cq) ─► QueuePair: post_send(SendWr) post_recv(RecvWr) state()
 //!        ├ async listen(addr) ─► Listener ─ async accept() ─► ConnectRequest
 //!        │        ConnectRequest: private_data() ird() ord() peer_addr() crc() peer_to_peer()
