@@ -824,7 +824,7 @@ async fn run_server_actions(
 struct ClientState {
     req: Requester,
     reg: VerbsRegistrar,
-    waiters: HashMap<u32, oneshot::Sender<Result<Bytes, RpcError>>>,
+    waiters: crate::engine::XidMap<oneshot::Sender<Result<Bytes, RpcError>>>,
     closed: bool,
 }
 
@@ -953,7 +953,7 @@ impl RdmaClient {
         let mut state = ClientState {
             req,
             reg: VerbsRegistrar::new(pd),
-            waiters: HashMap::new(),
+            waiters: Default::default(),
             closed: false,
         };
         let first = {
@@ -1367,74 +1367,73 @@ impl RdmaClient {
             .filter(|&n| n > previous)
     }
 
-    fn call_once<'a>(&'a self, req: &'a CallRequest) -> BoxFuture<'a, Result<Bytes, RpcError>> {
-        Box::pin(async move {
-            let inner = &self.inner;
-            let xid = inner.next_xid.fetch_add(1, Ordering::Relaxed);
-            // Nothing is reduced under RPCSEC_GSS integrity or privacy (5666bis §10.2.2.3), nor
-            // for a program whose binding makes nothing DDP-eligible (5666bis §8.1: only items
-            // a binding marks DDP-eligible may be reduced). Long messages still use chunks.
-            // Calls of programs without a binding are refused by `Requester::submit`.
-            let no_reduction = Credential::parse(&req.cred).is_ok_and(|c| c.forbids_reduction())
-                || !inner.reducing.contains(&req.prog);
-            let cfg = &inner.cfg.rpc;
-            let policy = if no_reduction {
-                DdpPolicy::Inline
-            } else {
-                DdpPolicy::Reduce {
-                    min_len: cfg.ddp_min,
-                    max_items: cfg.max_read_chunks,
-                }
-            };
-            let head = CallHeader {
-                xid,
-                prog: req.prog,
-                vers: req.vers,
-                proc_: req.proc_,
-                cred: req.cred.clone(),
-                verf: req.verf.clone(),
-            };
-            let mut enc = Encoder::new().with_policy(policy);
-            head.encode(&mut enc);
-            (req.args)(&mut enc);
-            let timeout = req.timeout.unwrap_or(inner.cfg.call_timeout);
-            let call = OutCall {
-                xid,
-                prog: req.prog,
-                vers: req.vers,
-                proc_: req.proc_,
-                message: enc.finish(),
-                reply: req.reply.clone(),
-                no_reduction,
-                deadline: Some(Instant::now() + timeout),
-            };
-            let (tx, rx) = oneshot::channel();
-            // From here on the call may hold registered memory: if this future is dropped
-            // before the call completes, the guard cancels it.
-            let mut guard = CallGuard {
-                inner,
-                xid,
-                armed: true,
-            };
-            enqueue(inner, Work::Submit(Submission { call, done: tx }));
-            match tokio::time::timeout(timeout, rx).await {
-                Ok(Ok(r)) => {
-                    // The engine completed it, after fencing its memory.
-                    guard.armed = false;
-                    r
-                }
-                Ok(Err(_)) => {
-                    // The waiter went away without a result: make sure nothing stays registered.
-                    guard.cancel(RpcError::Closed);
-                    Err(RpcError::Closed)
-                }
-                Err(_) => {
-                    // 5666bis §5.4.1: fence the call's memory before reporting the timeout.
-                    guard.cancel(RpcError::Timeout);
-                    Err(RpcError::Timeout)
-                }
+    /// One transmission of a call (a short Reply chunk retry makes another, with a new XID).
+    async fn call_once(&self, req: &CallRequest) -> Result<Bytes, RpcError> {
+        let inner = &self.inner;
+        let xid = inner.next_xid.fetch_add(1, Ordering::Relaxed);
+        // Nothing is reduced under RPCSEC_GSS integrity or privacy (5666bis §10.2.2.3), nor
+        // for a program whose binding makes nothing DDP-eligible (5666bis §8.1: only items
+        // a binding marks DDP-eligible may be reduced). Long messages still use chunks.
+        // Calls of programs without a binding are refused by `Requester::submit`.
+        let no_reduction = Credential::parse(&req.cred).is_ok_and(|c| c.forbids_reduction())
+            || !inner.reducing.contains(&req.prog);
+        let cfg = &inner.cfg.rpc;
+        let policy = if no_reduction {
+            DdpPolicy::Inline
+        } else {
+            DdpPolicy::Reduce {
+                min_len: cfg.ddp_min,
+                max_items: cfg.max_read_chunks,
             }
-        })
+        };
+        let head = CallHeader {
+            xid,
+            prog: req.prog,
+            vers: req.vers,
+            proc_: req.proc_,
+            cred: req.cred.clone(),
+            verf: req.verf.clone(),
+        };
+        let mut enc = Encoder::new().with_policy(policy);
+        head.encode(&mut enc);
+        (req.args)(&mut enc);
+        let timeout = req.timeout.unwrap_or(inner.cfg.call_timeout);
+        let call = OutCall {
+            xid,
+            prog: req.prog,
+            vers: req.vers,
+            proc_: req.proc_,
+            message: enc.finish(),
+            reply: req.reply.clone(),
+            no_reduction,
+            deadline: Some(Instant::now() + timeout),
+        };
+        let (tx, rx) = oneshot::channel();
+        // From here on the call may hold registered memory: if this future is dropped
+        // before the call completes, the guard cancels it.
+        let mut guard = CallGuard {
+            inner,
+            xid,
+            armed: true,
+        };
+        enqueue(inner, Work::Submit(Submission { call, done: tx }));
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(r)) => {
+                // The engine completed it, after fencing its memory.
+                guard.armed = false;
+                r
+            }
+            Ok(Err(_)) => {
+                // The waiter went away without a result: make sure nothing stays registered.
+                guard.cancel(RpcError::Closed);
+                Err(RpcError::Closed)
+            }
+            Err(_) => {
+                // 5666bis §5.4.1: fence the call's memory before reporting the timeout.
+                guard.cancel(RpcError::Timeout);
+                Err(RpcError::Timeout)
+            }
+        }
     }
 }
 

@@ -19,7 +19,9 @@ use oncrpc::message::{MessageHeader, ReplyHeader};
 use oncrpc::{AcceptStat, ReplyExpectation, RpcError};
 use xdr::Encoded;
 
-use crate::engine::{Config, Params, RegError, Region, Registrar, reassemble, unreduced_positions};
+use crate::engine::{
+    Config, Params, RegError, Region, Registrar, XidMap, reassemble, unreduced_positions,
+};
 use crate::header::{
     Body, Chunks, ErrorBody, Header, ReadChunk, ReadSegment, WriteChunk, chunk_len,
 };
@@ -119,7 +121,7 @@ pub struct Requester {
     ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
     granted: u32,
     connected: bool,
-    calls: HashMap<u32, Outstanding>,
+    calls: XidMap<Outstanding>,
     queue: VecDeque<u32>,
     /// Calls that were sent, then abandoned: each still holds a credit until its reply
     /// arrives or the connection ends.
@@ -151,7 +153,7 @@ impl Requester {
             ulbs,
             granted: 1,
             connected: false,
-            calls: HashMap::new(),
+            calls: XidMap::default(),
             queue: VecDeque::new(),
             abandoned: HashSet::new(),
             in_flight: 0,
