@@ -2,8 +2,9 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bytes::Bytes;
 use rand::Rng;
@@ -106,17 +107,47 @@ pub(crate) enum AccessFault {
     Bounds,
 }
 
-/// Device-wide STag table (RFC 5040 §5: STag = 24-bit index and 8-bit key).
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Hashes STag indices: one multiplication instead of SipHash. The indices in the table are
+/// random ones of our own choosing; a peer only looks them up (a miss costs nothing extra), so
+/// there is no collision flooding to defend against.
+#[derive(Debug, Default, Clone, Copy)]
+struct IndexHasher(u64);
+
+impl Hasher for IndexHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// Device-wide STag table (RFC 5040 §5: STag = 24-bit index and 8-bit key). Looked up on every
+/// placement and every tagged access, by every connection's thread: a read-write lock, written
+/// only on registration and deregistration.
 #[derive(Debug, Default)]
 pub(crate) struct StagTable {
-    map: Mutex<HashMap<u32, Arc<MrInner>>>,
+    map: RwLock<HashMap<u32, Arc<MrInner>, BuildHasherDefault<IndexHasher>>>,
     next_pd: AtomicU32,
 }
 
 impl StagTable {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
-            map: Mutex::new(HashMap::new()),
+            map: RwLock::default(),
             next_pd: AtomicU32::new(1),
         })
     }
@@ -130,7 +161,7 @@ impl StagTable {
         to: u64,
         len: u64,
     ) -> Result<Arc<MrInner>, AccessFault> {
-        let mr = lock(&self.map)
+        let mr = read(&self.map)
             .get(&(stag >> 8))
             .cloned()
             .ok_or(AccessFault::InvalidStag)?;
@@ -153,7 +184,7 @@ impl StagTable {
 
     /// Invalidate an STag (local or remote invalidation). It must belong to `pd`.
     pub(crate) fn invalidate(&self, stag: u32, pd: u32) -> Result<(), AccessFault> {
-        let mr = lock(&self.map)
+        let mr = read(&self.map)
             .get(&(stag >> 8))
             .cloned()
             .ok_or(AccessFault::InvalidStag)?;
@@ -170,7 +201,7 @@ impl StagTable {
 
     fn insert(&self, pd: u32, data: Box<[u8]>, access: Access) -> Arc<MrInner> {
         let mut rng = rand::rng();
-        let mut map = lock(&self.map);
+        let mut map = write(&self.map);
         // RFC 8166 §10.1.2 / RFC 5042: STags should not be predictable.
         let index = loop {
             let i = rng.random_range(1..(1u32 << 24));
@@ -212,12 +243,12 @@ impl StagTable {
                 access,
             }),
         });
-        lock(&self.map).insert(index, inner.clone());
+        write(&self.map).insert(index, inner.clone());
         inner
     }
 
     fn remove(&self, index: u32) {
-        lock(&self.map).remove(&index);
+        write(&self.map).remove(&index);
     }
 }
 
