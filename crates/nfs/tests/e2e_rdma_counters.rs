@@ -66,6 +66,7 @@ fn delta(a: &RequesterStats, b: &RequesterStats) -> RequesterStats {
         long_reply: b.long_reply - a.long_reply,
         write_chunk_calls: b.write_chunk_calls - a.write_chunk_calls,
         write_chunk_replies: b.write_chunk_replies - a.write_chunk_replies,
+        write_chunk_in_place: b.write_chunk_in_place - a.write_chunk_in_place,
         nomsg_replies: b.nomsg_replies - a.nomsg_replies,
         rdma_errors: b.rdma_errors - a.rdma_errors,
         ..RequesterStats::default()
@@ -123,14 +124,34 @@ async fn forms() {
     let back = c.read(&fh, 0, 65536).await.unwrap().into_result().unwrap();
     assert!(back.data.0 == data);
     let d = delta(&s1, &r.stats());
+    // The reply was put together around the data where the server wrote it (no copy).
     assert_eq!(
         (
             d.sent,
             d.write_chunk_calls,
             d.write_chunk_replies,
+            d.write_chunk_in_place,
             d.nomsg_replies
         ),
-        (1, 1, 1, 0),
+        (1, 1, 1, 1, 0),
+        "{d:?}"
+    );
+    // An odd length (XDR round-up after the data) read the same way, and the attributes and
+    // eof flag that precede and follow it in the reply come back intact.
+    let s1b = r.stats();
+    let odd = c
+        .read(&fh, 65536 - 4093, 8192)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    assert_eq!((odd.count, odd.eof), (4093, true));
+    assert!(odd.data.0 == data.slice(65536 - 4093..));
+    assert_eq!(odd.file_attributes.map(|a| a.size), Some(65536));
+    let d = delta(&s1b, &r.stats());
+    assert_eq!(
+        (d.write_chunk_replies, d.write_chunk_in_place),
+        (1, 1),
         "{d:?}"
     );
     assert_eq!(std::fs::read(tmp.path().join("ddp")).unwrap(), data);

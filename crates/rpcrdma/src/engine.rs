@@ -139,6 +139,21 @@ pub trait Registrar {
     fn register_sink(&mut self, len: usize) -> Result<Region, RegError>;
     /// The first `len` bytes the peer wrote into a sink region.
     fn sink_contents(&mut self, id: RegionId, len: usize) -> Result<Bytes, RegError>;
+    /// `prefix`, the first `len` bytes the peer wrote into a sink region, their XDR round-up
+    /// zeros, then `suffix`, as one buffer built around the written bytes where they lie, when
+    /// the region was registered with room on both sides; `Ok(None)` when it was not (the
+    /// caller then copies). This is how a reply's one Write chunk (an NFS READ's data) rejoins
+    /// its inline results without moving the data.
+    fn sink_framed(
+        &mut self,
+        id: RegionId,
+        len: usize,
+        prefix: &[u8],
+        suffix: &[u8],
+    ) -> Result<Option<Bytes>, RegError> {
+        let _ = (id, len, prefix, suffix);
+        Ok(None)
+    }
     /// Invalidate (fence) and release a region. `remote` is true when the peer already
     /// invalidated it with Send With Invalidate; only the local release remains.
     fn invalidate(&mut self, id: RegionId, remote: bool) -> Result<(), RegError>;

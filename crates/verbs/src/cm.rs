@@ -1576,8 +1576,11 @@ async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -> io::Resul
 }
 
 /// If `buf` starts with the header of a large tagged segment whose payload has not fully arrived,
-/// read that payload from the socket straight into the target region. Returns the number of
-/// trailer bytes (pad + CRC) still to be skipped, or `None` if the normal path applies.
+/// read that payload from the socket straight into the target region, and with it (one
+/// `readv`) the segment's trailer and the next FPDU's header, which is left in `buf`: in a
+/// stream of RDMA Write or Read Response segments every one after the first is then placed
+/// directly, one system call each. Returns the number of trailer bytes (pad + CRC) still to
+/// be skipped, or `None` if the normal path applies.
 async fn place_direct(
     s: &TcpStream,
     buf: &mut BytesMut,
@@ -1603,20 +1606,35 @@ async fn place_direct(
     lock(&mr.data)[off..off + have].copy_from_slice(&buf[H..H + have]);
     let trailer_have = buf.len() - H - have;
     buf.clear();
-    let (mut at, mut left) = (off + have, plen - have);
-    while left > 0 {
+    // What follows the payload: the rest of the trailer (required), then up to one FPDU header
+    // of look-ahead (taken if it has arrived, never waited for).
+    let trailer = pad_len(ulen) + 4 - trailer_have;
+    let mut tail = [0u8; 8 + H];
+    let (mut at, mut left, mut tail_got) = (off + have, plen - have, 0usize);
+    while left > 0 || tail_got < trailer {
         s.readable().await?;
         loop {
             let r = {
                 let mut d = lock(&mr.data);
-                s.try_read(&mut d[at..at + left])
+                let mut iov = [
+                    io::IoSliceMut::new(&mut d[at..at + left]),
+                    io::IoSliceMut::new(&mut tail[tail_got..trailer + H]),
+                ];
+                let first = usize::from(left == 0);
+                s.try_read_vectored(&mut iov[first..])
             };
             match r {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(k) => {
-                    at += k;
-                    left -= k;
-                    if left == 0 {
+                    let p = k.min(left);
+                    at += p;
+                    left -= p;
+                    tail_got += k - p;
+                    ctx.stats
+                        .direct_rx_bytes
+                        .fetch_add(p as u64, Ordering::Relaxed);
+                    ctx.stats.bytes_rx.fetch_add(k as u64, Ordering::Relaxed);
+                    if left == 0 && tail_got >= trailer {
                         break;
                     }
                 }
@@ -1626,12 +1644,6 @@ async fn place_direct(
         }
     }
     ctx.stats.fpdus_rx.fetch_add(1, Ordering::Relaxed);
-    ctx.stats
-        .direct_rx_bytes
-        .fetch_add((plen - have) as u64, Ordering::Relaxed);
-    ctx.stats
-        .bytes_rx
-        .fetch_add((plen - have) as u64, Ordering::Relaxed);
     ctx.qp.direct_armed.store(true, Ordering::Release);
     let send = {
         let mut eng = lock_engine(&ctx.qp.engine);
@@ -1642,7 +1654,8 @@ async fn place_direct(
     if send {
         transmit_now(&ctx.qp);
     }
-    Ok(Some(pad_len(ulen) + 4 - trailer_have))
+    buf.extend_from_slice(&tail[trailer..tail_got]);
+    Ok(Some(0))
 }
 
 /// Payloads up to this size are copied into their FPDU's single buffer by [`fill`].

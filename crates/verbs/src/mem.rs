@@ -426,6 +426,15 @@ impl MemoryRegion {
         if len > self.inner.len() {
             return Err(VerbsError::OutOfBounds);
         }
+        let mut v = self.take_vec()?;
+        v.truncate(len);
+        Ok(Bytes::from(v))
+    }
+
+    /// Invalidate the STag and take the whole buffer out without copying, for a consumer that
+    /// builds its result around the bytes the peer wrote (the region is left empty, so a
+    /// second call returns an empty buffer).
+    pub fn take_vec(&self) -> Result<Vec<u8>, VerbsError> {
         lock(&self.inner.state).valid = false;
         #[cfg(feature = "rdma-core")]
         if let Some(h) = &self.hw {
@@ -433,12 +442,7 @@ impl MemoryRegion {
             h.deregister();
         }
         let mut d = lock(&self.inner.data);
-        if len > d.len() {
-            return Err(VerbsError::OutOfBounds);
-        }
-        let mut v = std::mem::take(&mut *d).into_vec();
-        v.truncate(len);
-        Ok(Bytes::from(v))
+        Ok(std::mem::take(&mut *d).into_vec())
     }
 
     /// Copy bytes into the region.
