@@ -1511,8 +1511,16 @@ async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -> io::Resul
     // RFC 5044 §4.1) and no capture (which records the bytes it reads).
     let direct = matches!(r, In::Tcp(_)) && !ctx.crc && ctx.capture.is_none();
     let mut skip = 0usize;
+    // The last FPDU taken was a large tagged segment with more of its message to come: the
+    // next one is most likely another, so read only its header and place it directly.
+    let mut bulk = false;
     loop {
         let send = loop {
+            if direct && skip == 0 && buf.len() >= 3 {
+                let ulen = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
+                // DDP control (RFC 5041 §4.2): T = 0x80 tagged, L = 0x40 last segment.
+                bulk = buf[2] & 0xc0 == 0x80 && ulen >= TAGGED_HDR_LEN + DIRECT_MIN;
+            }
             // The engine lock is taken per FPDU, not per read: posters on other threads wait
             // for one placement at most, and completion handlers run between FPDUs.
             let decoded = dec.decode(&mut buf);
@@ -1550,7 +1558,11 @@ async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -> io::Resul
             buf.reserve(ctx.rx_chunk);
         }
         let before = buf.len();
-        let limit = ctx.rx_chunk as u64;
+        let limit = if direct && bulk && buf.is_empty() && skip == 0 {
+            (2 + TAGGED_HDR_LEN) as u64
+        } else {
+            ctx.rx_chunk as u64
+        };
         let n = match &mut r {
             In::Tcp(t) => t.take(limit).read_buf(&mut buf).await?,
             In::Mem(m) => m.take(limit).read_buf(&mut buf).await?,
