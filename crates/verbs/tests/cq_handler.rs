@@ -11,11 +11,13 @@ use verbs::{Access, Completion, RecvWr, SendWr, WcOpcode, WcStatus};
 
 /// The server echoes every received message from inside its receive handler: it reposts the
 /// buffer and posts a Send, both of which take the queue pair's lock, so this deadlocks if a
-/// handler ran under it. The client counts the echoes in its own handler.
+/// handler ran under it. The client counts the echoes in its own handler. Over TCP, every
+/// echo leaves from the server's receive task at the end of the batch it came in with, never
+/// through the writer task.
 async fn echo_from_the_handler(kind: Kind) {
     const N: usize = 200;
     const SLOTS: usize = 16;
-    let (e, _k) = up(kind).await;
+    let (e, k) = up(kind).await;
     let sbufs: Vec<_> = (0..SLOTS)
         .map(|_| e.s.pd.register_len(64, Access::LOCAL_WRITE).unwrap())
         .collect();
@@ -103,6 +105,14 @@ async fn echo_from_the_handler(kind: Kind) {
     assert_eq!(v, (0..N as u32).collect::<Vec<_>>());
     // Nothing went to the queue for `next()`.
     assert!(e.c.rcq.try_next().is_none() && e.s.rcq.try_next().is_none());
+    if kind == Kind::Tcp {
+        let ss = k.s.stats();
+        assert_eq!(
+            (ss.fpdus_tx, ss.direct_tx_fpdus),
+            (N as u64, N as u64),
+            "{ss:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
