@@ -319,6 +319,8 @@ struct Link {
     recv_bufs: Vec<MemoryRegion>,
     router: Arc<Router>,
     router_task: tokio::task::JoinHandle<()>,
+    /// Local sinks of RDMA Reads (Read chunks pulled by a server), reused.
+    read_sinks: Arc<SinkPool>,
 }
 
 impl Drop for Link {
@@ -419,7 +421,8 @@ impl Link {
         let pd = self.qp.pd();
         let mut waits = Vec::new();
         for s in segs {
-            let mr = pd.register_len((s.length as usize).max(1), Access::LOCAL_WRITE)?;
+            let buf = self.read_sinks.get((s.length as usize).max(1));
+            let mr = pd.register(buf, Access::LOCAL_WRITE)?;
             let id = self.router.id();
             let rx = self.router.wait(id);
             self.qp.post_send(SendWr::new(
@@ -440,8 +443,9 @@ impl Link {
                 tracing::debug!(status = ?st, "RDMA Read completed in error");
                 return Err(verbs::VerbsError::Disconnected);
             }
-            // The sink is local-only and used once: take its memory rather than copy it.
-            parts.push(mr.take(len)?);
+            // The sink is local-only and used once: take its memory rather than copy it. All
+            // of it was placed (a Read completes successfully only when every byte came).
+            parts.push(self.read_sinks.wrap(mr.take_vec()?, 0..len));
         }
         if parts.len() == 1 {
             return Ok(parts.pop().unwrap_or_default());
@@ -706,6 +710,7 @@ async fn serve_connection(
         recv_bufs,
         router,
         router_task,
+        read_sinks: Arc::default(),
     });
     let resp = Arc::new(Mutex::new(resp));
     {
@@ -1004,6 +1009,7 @@ async fn open_client_link(
         recv_bufs,
         router,
         router_task,
+        read_sinks: Arc::default(),
     });
     Ok((link, rcq, params, pd))
 }
