@@ -512,21 +512,23 @@ impl Device {
         if let Some(c) = capture.as_mut().filter(|_| !buf.is_empty()) {
             let _ = c.record(Dir::In, &buf);
         }
-        let fpdu = (self.max_fpdu(&t), self.config().rx_chunk.max(64));
+        let fpdu = (
+            self.max_fpdu(&t),
+            self.config().rx_chunk.max(64),
+            self.fpdu_cap(),
+        );
         start_connection(qp, t, buf, neg, fpdu, capture, local, addr).await
     }
 
+    fn fpdu_cap(&self) -> usize {
+        self.config().max_fpdu.min(MAX_FPDU)
+    }
+
     fn max_fpdu(&self, t: &Transport) -> usize {
-        let cap = self.config().max_fpdu.min(MAX_FPDU);
-        let mss = match t {
-            // siw: FPDUs are at most the MSS, rounded down to a multiple of 8.
-            Transport::Tcp(s) => socket2::SockRef::from(s)
-                .tcp_mss()
-                .map(|m| m as usize)
-                .unwrap_or(1460),
-            Transport::Mem(_) => LOOPBACK_FPDU,
-        };
-        (mss.min(cap) & !7).max(64)
+        match t {
+            Transport::Tcp(s) => fpdu_for_mss(s, self.fpdu_cap()),
+            Transport::Mem(_) => (LOOPBACK_FPDU.min(self.fpdu_cap()) & !7).max(64),
+        }
     }
 
     fn capture_for(
@@ -905,7 +907,11 @@ impl ConnectRequest {
             }
         }
         t.write_all(&b).await?;
-        let fpdu = (dev.max_fpdu(&t), dev.config().rx_chunk.max(64));
+        let fpdu = (
+            dev.max_fpdu(&t),
+            dev.config().rx_chunk.max(64),
+            dev.fpdu_cap(),
+        );
         let conn =
             start_connection(qp, t, leftover, neg.clone(), fpdu, capture, local, peer).await?;
         Ok(conn)
@@ -1282,7 +1288,7 @@ async fn start_connection(
     t: Transport,
     leftover: BytesMut,
     neg: Negotiated,
-    (max_fpdu, rx_chunk): (usize, usize),
+    (max_fpdu, rx_chunk, fpdu_cap): (usize, usize, usize),
     capture: Option<Capture>,
     local: SocketAddr,
     peer: SocketAddr,
@@ -1314,6 +1320,7 @@ async fn start_connection(
         crc: neg.crc,
         stats: stats.clone(),
         rx_chunk,
+        fpdu_cap,
     });
     match t {
         Transport::Tcp(s) => {
@@ -1369,6 +1376,8 @@ struct DriverCtx {
     crc: bool,
     stats: Arc<StatsInner>,
     rx_chunk: usize,
+    /// The configured largest FPDU (the MSS may allow more).
+    fpdu_cap: usize,
 }
 
 #[derive(Debug, Default)]
@@ -1680,6 +1689,8 @@ struct Filled {
     closing: bool,
     /// The engine has more to send than one fill takes (~2 MiB): fill again after writing.
     more: bool,
+    /// This fill took a bulk transfer's worth (256 KiB or more): time to look at the MSS again.
+    bulk: bool,
 }
 
 /// Moves what the engine has to send into `pieces` (at most ~2 MiB at a time) and records it in
@@ -1748,7 +1759,30 @@ fn fill(eng: &mut Engine, pieces: &mut VecDeque<Piece>, ctx: &DriverCtx) -> Fill
     Filled {
         closing: eng.closing,
         more: eng.has_tx(),
+        bulk: bytes >= BULK_FILL,
     }
+}
+
+/// A fill of at least this many bytes is a bulk transfer (see [`Filled::bulk`]).
+const BULK_FILL: usize = 256 << 10;
+
+/// The largest FPDU for the connection's current MSS, rounded down to a multiple of 8, as siw
+/// sizes its FPDUs (RFC 5044 §5: an FPDU should fit the TCP segment; MULPDU follows the EMSS).
+fn fpdu_for_mss(s: &TcpStream, cap: usize) -> usize {
+    let mss = socket2::SockRef::from(s)
+        .tcp_mss()
+        .map_or(1460, |m| m as usize);
+    (mss.min(cap) & !7).max(64)
+}
+
+/// Follow the MSS, as siw does before each work request (`siw_update_tcpseg`): on loopback it
+/// starts at half its final size (32,741 against 65,483 once the window has opened), and an
+/// FPDU size fixed at connection time kept bulk transfers at twice the FPDUs they need. Asked
+/// only after bulk fills: a system call per small message would cost more than it saves.
+fn refresh_fpdu(s: &TcpStream, ctx: &DriverCtx) {
+    let fpdu = fpdu_for_mss(s, ctx.fpdu_cap);
+    // ULPDU + 2-byte length + 4-byte CRC; a multiple of 8, so no pad.
+    lock_engine(&ctx.qp.engine).set_max_ulpdu(fpdu - 6);
 }
 
 /// The transmit side of a connection over TCP. Whoever holds `pieces` owns the stream's write
@@ -1831,6 +1865,9 @@ fn transmit(qp: &QpShared, direct: bool) {
     tx.ctx.stats.direct_tx_fpdus.fetch_add(n, Ordering::Relaxed);
     // On an error the writer task meets the same error on its next write and tears down.
     let done = try_write_pieces(tx.w.as_ref(), &mut pieces).unwrap_or_default();
+    if f.bulk {
+        refresh_fpdu(tx.w.as_ref(), &tx.ctx);
+    }
     // The rest of a large post (beyond one fill), a full socket, or the close: the writer
     // task's job, not the poster's.
     if !done || f.more || f.closing {
@@ -1904,6 +1941,9 @@ async fn tcp_writer_loop(tx: Arc<TxPath>) -> io::Result<()> {
             let empty = try_write_pieces(s, &mut pieces)?;
             (f, empty)
         };
+        if f.bulk {
+            refresh_fpdu(s, ctx);
+        }
         if !empty {
             s.writable().await?;
         } else if f.more {

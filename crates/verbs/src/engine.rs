@@ -248,6 +248,13 @@ impl Engine {
         }
     }
 
+    /// Change the largest ULPDU for segments not yet cut (the driver follows the MSS). The
+    /// segments of one message may then differ in size: each carries its own offset and length
+    /// (RFC 5041), and siw's receiver, like ours, places each by its header.
+    pub(crate) fn set_max_ulpdu(&mut self, n: usize) {
+        self.params.max_ulpdu = n;
+    }
+
     pub(crate) fn post_send(&mut self, wr: SendWr) -> Result<(), crate::VerbsError> {
         match self.state {
             QpState::Init => return Err(crate::VerbsError::InvalidState("QP is not connected")),
