@@ -59,6 +59,18 @@ fuzz_target!(|data: &[u8]| {
     let mut inc = r.on_receive(Bytes::copy_from_slice(msg));
     for _ in 0..2 {
         match inc {
+            Incoming::NeedReads(p) if split & 2 == 2 && p.frame().is_some() => {
+                // The driver's framed pull: the rest of the call around the chunk's bytes (of
+                // whatever length the input gives, so mismatches are exercised too).
+                let Some((_, pre, post)) = p.frame() else { return };
+                let n = (p.reads[0].len() as usize).min(reads.len());
+                let mut v = pre.to_vec();
+                v.extend_from_slice(&reads[..n]);
+                v.resize(v.len() + (4 - n % 4) % 4, 0);
+                v.extend_from_slice(post);
+                reads = &reads[n..];
+                inc = r.complete_reads_framed(p, Bytes::from(v), n);
+            }
             Incoming::NeedReads(p) => {
                 let mut got = Vec::new();
                 for c in &p.reads {

@@ -110,12 +110,16 @@ struct SinkPool {
 }
 
 impl SinkPool {
+    /// A buffer of at least `len` bytes (large ones rounded up to 4 KiB, so that calls whose
+    /// inline parts differ by a few bytes share buffers).
     fn get(&self, len: usize) -> Vec<u8> {
         if len >= SINK_POOL_MIN {
+            let len = len.next_multiple_of(4096);
             let mut free = lock(&self.free);
             if let Some(i) = free.iter().position(|v| v.len() == len) {
                 return free.swap_remove(i);
             }
+            return vec![0; len];
         }
         vec![0; len]
     }
@@ -414,6 +418,57 @@ impl Link {
         };
         wr.signaled = false;
         self.qp.post_send(wr)
+    }
+
+    /// RDMA Read one chunk into a buffer between `pre` and (after the XDR round-up) `post`;
+    /// returns that buffer, the whole call, and the chunk's length.
+    async fn read_chunk_framed(
+        &self,
+        segs: &[Segment],
+        pre: &[u8],
+        post: &[u8],
+    ) -> Result<(Bytes, usize), verbs::VerbsError> {
+        let total: usize = segs.iter().map(|s| s.length as usize).sum();
+        let pad = xdr::pad_len(total);
+        let end = pre.len() + total + pad + post.len();
+        let mr = self
+            .qp
+            .pd()
+            .register(self.read_sinks.get(end.max(1)), Access::LOCAL_WRITE)?;
+        let mut waits = Vec::with_capacity(segs.len());
+        let mut at = pre.len() as u64;
+        for s in segs {
+            let id = self.router.id();
+            let rx = self.router.wait(id);
+            self.qp.post_send(SendWr::new(
+                id,
+                SendOp::RdmaRead {
+                    remote_addr: s.offset,
+                    rkey: s.handle,
+                },
+                vec![mr.sge(at, s.length)],
+            ))?;
+            at += u64::from(s.length);
+            waits.push(rx);
+        }
+        for rx in waits {
+            let st = rx.await.unwrap_or(WcStatus::WrFlushError);
+            if st != WcStatus::Success {
+                tracing::debug!(status = ?st, "RDMA Read completed in error");
+                return Err(verbs::VerbsError::Disconnected);
+            }
+        }
+        // Every Read completed, so every byte of the chunk is in place; fence the region and
+        // put the rest of the call around the chunk.
+        let mut v = mr.take_vec()?;
+        if v.len() < end {
+            return Err(verbs::VerbsError::OutOfBounds);
+        }
+        let data_end = pre.len() + total;
+        v[..pre.len()].copy_from_slice(pre);
+        v[data_end..data_end + pad].fill(0);
+        v[data_end + pad..end].copy_from_slice(post);
+        Ok((self.read_sinks.wrap(v, 0..end), total))
     }
 
     /// RDMA Read one chunk into fresh local memory.
@@ -855,6 +910,27 @@ async fn handle_incoming(
                 return;
             }
             Incoming::NeedReads(p) => {
+                if let Some((_, pre, post)) = p.frame() {
+                    // One chunk in the middle of the call (an NFS WRITE's data): pull it into
+                    // a buffer that gets the rest of the call around it.
+                    match link
+                        .read_chunk_framed(&p.reads[0].segments, pre, post)
+                        .await
+                    {
+                        Ok((message, n)) => {
+                            inc = lock(resp).complete_reads_framed(p, message, n);
+                            continue;
+                        }
+                        Err(e) => {
+                            // 5666bis §5.5.3: RDMA operational errors are fatal to the
+                            // connection.
+                            tracing::info!(peer = %sc.peer, error = %e,
+                                "RDMA Read of a Read chunk failed; closing the connection");
+                            link.conn.disconnect().await;
+                            return;
+                        }
+                    }
+                }
                 let mut data = Vec::with_capacity(p.reads.len());
                 for c in &p.reads {
                     match link.read_chunk(&c.segments).await {

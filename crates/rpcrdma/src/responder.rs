@@ -70,6 +70,20 @@ pub struct PendingCall {
 }
 
 impl PendingCall {
+    /// For a call with one Read chunk at a non-zero Position (an NFS WRITE's data): its
+    /// Position and the inline bytes that go before and after its contents. A driver can pull
+    /// the chunk into memory with room for both and hand the whole call to
+    /// [`Responder::complete_reads_framed`], so the data is never copied into a new buffer.
+    pub fn frame(&self) -> Option<(usize, &[u8], &[u8])> {
+        match &self.reads[..] {
+            [c] if c.position > 0 && (c.position as usize) <= self.inline.len() => {
+                let at = c.position as usize;
+                Some((at, &self.inline[..at], &self.inline[at..]))
+            }
+            _ => None,
+        }
+    }
+
     /// Total bytes to read.
     pub fn read_len(&self) -> u64 {
         self.reads.iter().map(ReadChunk::len).sum()
@@ -334,6 +348,44 @@ impl Responder {
                 };
             }
         };
+        self.reassembled(p, chunks, message, others)
+    }
+
+    /// Continue a call whose one Read chunk (see [`PendingCall::frame`]) was pulled into a
+    /// buffer that already holds the whole call: the inline bytes before the chunk's contents,
+    /// `data_len` bytes of them, their XDR round-up, and the inline bytes after. The result is
+    /// the same as [`Responder::complete_reads`] with the chunk's contents.
+    pub fn complete_reads_framed(
+        &mut self,
+        p: PendingCall,
+        message: Bytes,
+        data_len: usize,
+    ) -> Incoming {
+        let xid = p.header.xid;
+        let Some(chunks) = p.header.body.chunks().cloned() else {
+            return Incoming::Nothing;
+        };
+        let Some((at, pre, post)) = p.frame() else {
+            return self.error(ErrorResponse::ErrChunk { xid });
+        };
+        let end = at + data_len;
+        if message.len() != end + xdr::pad_len(data_len) + post.len() || message[..at] != *pre {
+            return self.error(ErrorResponse::ErrChunk { xid });
+        }
+        let others = vec![(at, message.slice(at..end))];
+        self.reassembled(p, chunks, message, others)
+    }
+
+    /// The checks and dispatch that follow reassembly. `others` holds the (Position, contents)
+    /// of the Read chunks that are not at Position zero.
+    fn reassembled(
+        &mut self,
+        p: PendingCall,
+        chunks: Chunks,
+        message: Bytes,
+        others: Vec<(usize, Bytes)>,
+    ) -> Incoming {
+        let xid = p.header.xid;
         // 5666bis §5.5.2: an rdma_xid that does not match the RPC XID is an XDR error.
         if rpc_xid(&message) != Some(xid) {
             return self.error(ErrorResponse::ErrChunk { xid });

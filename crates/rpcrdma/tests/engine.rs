@@ -166,6 +166,41 @@ fn zero_grants_are_never_sent_or_honoured() {
     );
 }
 
+/// The same chunked calls when the driver pulls the Read chunk into a buffer that already holds
+/// the rest of the call: the service sees the same arguments (the echo comes back intact), and
+/// a framed buffer of the wrong size is refused with RDMA_ERR_CHUNK instead of being used.
+#[test]
+fn chunked_calls_pulled_into_a_framed_buffer() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    h.framed = true;
+    for (xid, n) in [(1u32, 4097usize), (2, 4098), (3, 4099), (4, 8192)] {
+        echo(&mut h, xid, n, 3, reduce(1), expect(n, 3, true));
+    }
+    assert_eq!((h.req.stats().chunked, h.framed_calls), (4, 4));
+    assert_eq!(h.creg.live(), 0);
+
+    // A buffer one byte short: not a call.
+    let d = pattern(5000, 9);
+    let m = echo_message(9, OpaqueAuth::none(), reduce(1), 9, &d, &Bytes::new());
+    let a = h
+        .req
+        .submit(out_call(9, ECHO, m, expect(5000, 0, true)), &mut h.creg);
+    h.client_actions(a);
+    let msg = h.to_server.pop_front().unwrap();
+    let Incoming::NeedReads(p) = h.resp.on_receive(msg) else {
+        panic!("expected a Read chunk to pull")
+    };
+    let (at, pre, post) = p.frame().unwrap();
+    assert_eq!(at, pre.len());
+    let mut v = pre.to_vec();
+    v.extend_from_slice(&d[..4999]);
+    v.extend_from_slice(post);
+    let before = h.resp.stats().err_chunk;
+    let inc = h.resp.complete_reads_framed(p, Bytes::from(v), 5000);
+    assert!(matches!(inc, Incoming::Respond(_)));
+    assert_eq!(h.resp.stats().err_chunk, before + 1);
+}
+
 #[test]
 fn several_write_chunks_and_read_chunks() {
     let mut h = Harness::new(

@@ -268,6 +268,11 @@ pub struct Harness {
     pub params: Params,
     /// When set, the Responder holds this many calls before replying (to observe credits).
     pub batch: usize,
+    /// Pull a lone mid-call Read chunk as the verbs driver does: into a buffer that already
+    /// holds the rest of the call (`PendingCall::frame`, `Responder::complete_reads_framed`).
+    pub framed: bool,
+    /// Calls completed that way.
+    pub framed_calls: usize,
 }
 
 impl Harness {
@@ -290,6 +295,8 @@ impl Harness {
             server_sends: Vec::new(),
             params,
             batch: 1,
+            framed: false,
+            framed_calls: 0,
         };
         let a = h.req.on_connect(cparams, &mut h.creg);
         h.client_actions(a);
@@ -339,6 +346,22 @@ impl Harness {
                 Incoming::Respond(a) => {
                     self.server_actions(a);
                     return None;
+                }
+                Incoming::NeedReads(p) if self.framed && p.frame().is_some() => {
+                    let Some((_, pre, post)) = p.frame() else {
+                        unreachable!()
+                    };
+                    let mut v = pre.to_vec();
+                    let mut n = 0;
+                    for s in &p.reads[0].segments {
+                        let d = self.creg.rdma_read(s).expect("RDMA Read");
+                        n += d.len();
+                        v.extend_from_slice(&d);
+                    }
+                    v.resize(v.len() + xdr::pad_len(n), 0);
+                    v.extend_from_slice(post);
+                    self.framed_calls += 1;
+                    inc = self.resp.complete_reads_framed(p, Bytes::from(v), n);
                 }
                 Incoming::NeedReads(p) => {
                     let data = p
