@@ -2,6 +2,7 @@
 """mpa-dump: decode MPA/DDP/RDMAP (iWARP, RFC 5044/5041/5040 + RFC 6581) from a pcap.
   mpa-dump.py FILE.pcap [PORT]
   mpa-dump.py --check FILE.pcap   framing only: one summary line; exit 1 if any FPDU is bad
+                                  (a stream is walked up to the first bytes the capture lost)
 Reassembles each TCP direction (in-order capture assumed: loopback; a retransmitted segment
 contributes only its bytes past the ones already seen, a gap is reported), prints the MPA
 Request/Reply (flags, revision, IRD/ORD, P2P/RTR bits), then every FPDU: ULPDU length,
@@ -53,18 +54,22 @@ OPS = {0: "Write", 1: "ReadReq", 2: "ReadResp", 3: "Send", 4: "SendInv", 5: "Sen
 def check_all(streams, order):
     """Walks every MPA stream's FPDUs (no CRC): each must carry DDP version 1, RDMAP version
     1, an opcode of RFC 5040 (0-7) and the Tagged flag that opcode requires."""
-    tot = bad = gaps = resent = nmpa = 0
+    tot = bad = gaps = resent = nmpa = cut = 0
     for k in order:
         s = streams[k]; b = s["buf"]
         gaps += s.get("gaps", 0); resent += s.get("resent", 0)
         if b[:16] not in (b"MPA ID Req Frame", b"MPA ID Rep Frame"):
             continue
         nmpa += 1
+        # Bytes the capture missed (tcpdump dropped them): without markers nothing after the
+        # gap can be framed again, so the walk stops there (the stream counts as cut short).
+        limit = s.get("gap_at", len(b))
+        if limit < len(b): cut += 1
         off = 20 + struct.unpack_from("!H", b, 18)[0]
-        while off + 4 <= len(b):
+        while off + 4 <= limit:
             ulen = struct.unpack_from("!H", b, off)[0]
             end = off + 2 + ulen + (-(2 + ulen)) % 4 + 4
-            if end > len(b): break            # the capture ended inside an FPDU
+            if end > limit: break             # the capture ended (or has a gap) inside an FPDU
             ddp, rdmap = b[off + 2], b[off + 3]
             op = rdmap & 15
             if ddp & 3 != 1 or rdmap >> 6 != 1 or op > 7 or (ddp >> 7) != (op in (0, 2)):
@@ -73,7 +78,8 @@ def check_all(streams, order):
                     print(f"bad FPDU: {k[0]}:{k[1]} -> {k[2]}:{k[3]} stream offset {off}: "
                           f"ddp 0x{ddp:02x} rdmap 0x{rdmap:02x} ulpdu {ulen}")
             tot += 1; off = end
-    print(f"mpa_streams={nmpa} fpdus={tot} bad_fpdus={bad} gaps={gaps} resent_segments={resent}")
+    print(f"mpa_streams={nmpa} fpdus={tot} bad_fpdus={bad} gaps={gaps} resent_segments={resent} "
+          f"streams_cut_at_a_gap={cut}")
     return 1 if bad else 0
 
 def main():
@@ -101,8 +107,10 @@ def main():
             else:
                 s["frames"].append(f"  !! gap at frame {n} (seq {seq}, expected {s['next']})")
                 s["gaps"] = s.get("gaps", 0) + 1
+                s.setdefault("gap_at", s.get("len", 0))
         s["next"] = (seq + len(pl)) & 0xFFFFFFFF
         s["chunks"].append(pl)
+        s["len"] = s.get("len", 0) + len(pl)
     for k in order:
         streams[k]["buf"] = b"".join(streams[k].pop("chunks"))
     if check:
