@@ -2,7 +2,7 @@
 //! configuration, the memory-registration interface, and Payload-stream reassembly.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 
 use bytes::{Bytes, BytesMut};
 
@@ -359,6 +359,11 @@ impl Registrar for MemRegistrar {
     }
 }
 
+/// A map keyed by this endpoint's own XIDs (calls it sent): one multiplication per lookup
+/// instead of SipHash. Keys come from a counter here, not from the peer, so there is no
+/// collision flooding to defend against; lookups of a peer's XID that is not there stay cheap.
+pub(crate) type XidMap<V> = HashMap<u32, V, BuildHasherDefault<verbs::mem::IdHasher>>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,28 +411,5 @@ mod tests {
             vec![3, 2, 0]
         );
         assert!(fill_segments(&segs[..1], &Bytes::from_static(b"hello")).is_none());
-    }
-}
-
-/// A map keyed by this endpoint's own XIDs (calls it sent): one multiplication per lookup
-/// instead of SipHash. Keys come from a counter here, not from the peer, so there is no
-/// collision flooding to defend against; lookups of a peer's XID that is not there stay cheap.
-pub(crate) type XidMap<V> = HashMap<u32, V, BuildHasherDefault<XidHasher>>;
-
-/// Fibonacci hashing of a `u32` (the table uses both the low and the high bits of the product).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct XidHasher(u64);
-
-impl Hasher for XidHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }

@@ -115,13 +115,14 @@ fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Hashes STag indices: one multiplication instead of SipHash. The indices in the table are
-/// random ones of our own choosing; a peer only looks them up (a miss costs nothing extra), so
-/// there is no collision flooding to defend against.
+/// Fibonacci hashing of 32-bit identifiers that this side chooses (STag indices here, the XIDs
+/// of its own calls in `rpcrdma`): one multiplication instead of SipHash, using both the low and
+/// the high bits of the product. A peer only looks such keys up (a miss costs nothing extra), so
+/// there is no collision flooding to defend against. Not for keys a peer picks.
 #[derive(Debug, Default, Clone, Copy)]
-struct IndexHasher(u64);
+pub struct IdHasher(u64);
 
-impl Hasher for IndexHasher {
+impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
         self.0
     }
@@ -140,7 +141,7 @@ impl Hasher for IndexHasher {
 /// only on registration and deregistration.
 #[derive(Debug, Default)]
 pub(crate) struct StagTable {
-    map: RwLock<HashMap<u32, Arc<MrInner>, BuildHasherDefault<IndexHasher>>>,
+    map: RwLock<HashMap<u32, Arc<MrInner>, BuildHasherDefault<IdHasher>>>,
     next_pd: AtomicU32,
 }
 
