@@ -471,45 +471,11 @@ impl Link {
         Ok((self.read_sinks.wrap(v, 0..end), total))
     }
 
-    /// RDMA Read one chunk into fresh local memory.
+    /// RDMA Read one chunk into local memory: all its segments into one buffer, in order.
     async fn read_chunk(&self, segs: &[Segment]) -> Result<Bytes, verbs::VerbsError> {
-        let pd = self.qp.pd();
-        let mut waits = Vec::new();
-        for s in segs {
-            let buf = self.read_sinks.get((s.length as usize).max(1));
-            let mr = pd.register(buf, Access::LOCAL_WRITE)?;
-            let id = self.router.id();
-            let rx = self.router.wait(id);
-            self.qp.post_send(SendWr::new(
-                id,
-                SendOp::RdmaRead {
-                    remote_addr: s.offset,
-                    rkey: s.handle,
-                },
-                vec![mr.sge(0, s.length)],
-            ))?;
-            waits.push((mr, rx, s.length as usize));
-        }
-        let total: usize = waits.iter().map(|w| w.2).sum();
-        let mut parts = Vec::with_capacity(waits.len());
-        for (mr, rx, len) in waits {
-            let st = rx.await.unwrap_or(WcStatus::WrFlushError);
-            if st != WcStatus::Success {
-                tracing::debug!(status = ?st, "RDMA Read completed in error");
-                return Err(verbs::VerbsError::Disconnected);
-            }
-            // The sink is local-only and used once: take its memory rather than copy it. All
-            // of it was placed (a Read completes successfully only when every byte came).
-            parts.push(self.read_sinks.wrap(mr.take_vec()?, 0..len));
-        }
-        if parts.len() == 1 {
-            return Ok(parts.pop().unwrap_or_default());
-        }
-        let mut out = bytes::BytesMut::with_capacity(total);
-        for p in parts {
-            out.extend_from_slice(&p);
-        }
-        Ok(out.freeze())
+        let (b, n) = self.read_chunk_framed(segs, &[], &[]).await?;
+        // Without anything around it the buffer is the chunk and its round-up.
+        Ok(b.slice(..n))
     }
 }
 
