@@ -8,7 +8,7 @@ use bytes::Bytes;
 use xdr::Encoder;
 
 use crate::auth::OpaqueAuth;
-use crate::message::{AcceptStat, RejectedReply};
+use crate::message::{AcceptStat, CallHeader, RejectedReply};
 use crate::service::BoxFuture;
 
 /// Encodes a call's arguments. It may run more than once (a retransmission over RDMA re-encodes
@@ -94,6 +94,18 @@ impl CallRequest {
     pub fn with_timeout(mut self, t: Duration) -> Self {
         self.timeout = Some(t);
         self
+    }
+
+    /// The RPC call header (RFC 5531 §9) of this call under `xid`.
+    pub fn header(&self, xid: u32) -> CallHeader {
+        CallHeader {
+            xid,
+            prog: self.prog,
+            vers: self.vers,
+            proc_: self.proc_,
+            cred: self.cred.clone(),
+            verf: self.verf.clone(),
+        }
     }
 }
 

@@ -1544,14 +1544,7 @@ impl RdmaClient {
                 max_items: cfg.max_read_chunks,
             }
         };
-        let head = CallHeader {
-            xid,
-            prog: req.prog,
-            vers: req.vers,
-            proc_: req.proc_,
-            cred: req.cred.clone(),
-            verf: req.verf.clone(),
-        };
+        let head = req.header(xid);
         let mut enc = Encoder::new().with_policy(policy);
         head.encode(&mut enc);
         (req.args)(&mut enc);

@@ -25,7 +25,7 @@ use xdr::{Encoded, Encoder};
 
 use super::{lock, reserve_for_read};
 use crate::client::{CallRequest, RpcError, RpcTransport};
-use crate::message::{AcceptStat, CallHeader, MessageHeader, ReplyHeader};
+use crate::message::{AcceptStat, MessageHeader, ReplyHeader};
 use crate::record::{DEFAULT_MAX_RECORD, MAX_FRAGMENT_LEN, RecordDecoder, frame, write_all_parts};
 use crate::service::BoxFuture;
 
@@ -208,14 +208,7 @@ impl TcpClient {
             }
             xid
         };
-        let header = CallHeader {
-            xid,
-            prog: req.prog,
-            vers: req.vers,
-            proc_: req.proc_,
-            cred: req.cred.clone(),
-            verf: req.verf.clone(),
-        };
+        let header = req.header(xid);
         // TCP carries everything inline (the encoder's default policy). The arguments are
         // encoded once: a retransmission resends the same bytes.
         let mut enc = Encoder::with_capacity(header.encoded_len() + 128);
