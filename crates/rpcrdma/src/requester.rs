@@ -614,19 +614,12 @@ impl Requester {
         let positions = ulb
             .reply_ddp_positions(o.call.vers, o.call.proc_, &results, &written)
             .map_err(|e| RpcError::BadReply(e.to_string()))?;
-        if let ([p], [(i, n)]) = (
-            &positions[..],
-            &written
-                .iter()
-                .copied()
-                .enumerate()
-                .filter(|(_, n)| *n > 0)
-                .collect::<Vec<_>>()[..],
-        ) {
+        let mut used = written.iter().enumerate().filter(|(_, n)| **n > 0);
+        if let ([p], Some((i, &n)), None) = (&positions[..], used.next(), used.next()) {
             // One item (the common case: an NFS READ): rejoin it with the inline results in
             // the sink's own memory when the registrar left room there.
-            let (p, n) = (*p, *n);
-            let region = &o.regions[o.writes[*i]];
+            let p = *p;
+            let region = &o.regions[o.writes[i]];
             if p <= results.len()
                 && let Some(b) = reg
                     .sink_framed(region.id, n, &results[..p], &results[p..])
