@@ -49,68 +49,14 @@ pub struct NfsServer {
     opts: ExportOptions,
     write_verf: Verf,
     mounts: Mutex<Vec<(String, String)>>,
-    read_bufs: Arc<ReadBufs>,
+    read_bufs: Arc<oncrpc::BufPool>,
 }
 
-/// Large READ buffers, reused. Zeroing (and, in fresh memory, faulting in) 1 MiB for every
-/// READ was 4-5 % of the server's CPU in `nfs bench` at 1 MiB (perf, both transports). A
-/// buffer goes back when the last `Bytes` over it is dropped: after the reply was encoded
-/// (TCP) or its RDMA Write transmitted.
-#[derive(Default)]
-struct ReadBufs {
-    free: Mutex<Vec<Vec<u8>>>,
-}
-
-impl std::fmt::Debug for ReadBufs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let idle = self.free.lock().map_or(0, |v| v.len());
-        f.debug_struct("ReadBufs").field("idle", &idle).finish()
-    }
-}
-
-/// READs of at least this many bytes use a pooled buffer of `MAX_IO` bytes.
+/// READs of at least this many bytes use a pooled buffer ([`oncrpc::BufPool`]) of `MAX_IO`
+/// bytes instead of a freshly zeroed one.
 const POOLED_READ_MIN: usize = (MAX_IO / 4) as usize;
-/// Idle pooled buffers kept (more are freed): enough for a client's readahead window.
+/// Idle pooled READ buffers kept (more are freed): enough for a client's readahead window.
 const POOLED_READ_KEEP: usize = 32;
-
-impl ReadBufs {
-    fn get(self: &Arc<Self>) -> PooledBuf {
-        let buf = self
-            .free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_else(|| vec![0; MAX_IO as usize]);
-        PooledBuf {
-            buf,
-            len: 0,
-            pool: self.clone(),
-        }
-    }
-}
-
-/// A READ buffer that returns to its pool when dropped; `len` bytes of it are the data.
-struct PooledBuf {
-    buf: Vec<u8>,
-    len: usize,
-    pool: Arc<ReadBufs>,
-}
-
-impl AsRef<[u8]> for PooledBuf {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
-impl Drop for PooledBuf {
-    fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.buf);
-        let mut free = self.pool.free.lock().unwrap_or_else(|e| e.into_inner());
-        if free.len() < POOLED_READ_KEEP {
-            free.push(buf);
-        }
-    }
-}
 
 impl NfsServer {
     /// Serve the directory `root`. The write verifier is new for every server instance
@@ -129,7 +75,7 @@ impl NfsServer {
             opts,
             write_verf,
             mounts: Mutex::new(Vec::new()),
-            read_bufs: Arc::default(),
+            read_bufs: oncrpc::BufPool::new(POOLED_READ_KEEP),
         }))
     }
 
@@ -488,12 +434,9 @@ impl NfsServer {
             Ok(got)
         };
         let (data, got) = if count >= POOLED_READ_MIN {
-            let mut pb = self.read_bufs.get();
-            match fill(&mut pb.buf[..count]) {
-                Ok(got) => {
-                    pb.len = got;
-                    (Bytes::from_owner(pb), got)
-                }
+            let mut buf = self.read_bufs.get(MAX_IO as usize);
+            match fill(&mut buf[..count]) {
+                Ok(got) => (self.read_bufs.wrap(buf, 0..got), got),
                 Err(s) => return err(s),
             }
         } else {

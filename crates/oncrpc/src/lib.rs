@@ -22,6 +22,7 @@
 //! registration (crate `nfs`).
 
 pub mod auth;
+pub mod bufpool;
 pub mod client;
 pub mod message;
 pub mod null;
@@ -30,6 +31,7 @@ pub mod service;
 pub mod tcp;
 
 pub use auth::{AuthSys, Credential, OpaqueAuth};
+pub use bufpool::BufPool;
 pub use client::{CallRequest, ReplyExpectation, RpcClient, RpcError, RpcTransport};
 pub use message::{AcceptStat, AuthStat, CallHeader, MessageHeader, RejectedReply, ReplyHeader};
 pub use null::null_program;

@@ -100,13 +100,16 @@ const SINK_POOL_MIN: usize = 256 << 10;
 /// Idle sink buffers kept per connection (a client's readahead window of 1 MiB READs).
 const SINK_POOL_KEEP: usize = 16;
 
-/// Large sink buffers, reused. Zeroing a fresh 1 MiB sink for every NFS READ was 6 % of the
-/// `nfs bench` process's CPU at 1 MiB READs (perf). A reused buffer holds what an earlier
-/// reply put there; only the bytes the peer says it wrote are ever handed out, as in Linux's
-/// xprtrdma, whose Write chunks target page-cache pages that are not cleared first either.
-#[derive(Default)]
-struct SinkPool {
-    free: Mutex<Vec<Vec<u8>>>,
+/// Large sink buffers, reused ([`oncrpc::BufPool`]) instead of zeroed afresh for every NFS
+/// READ. A reused buffer holds what an earlier reply put there; only the bytes the peer says it
+/// wrote are ever handed out, as in Linux's xprtrdma, whose Write chunks target page-cache
+/// pages that are not cleared first either.
+struct SinkPool(Arc<oncrpc::BufPool>);
+
+impl Default for SinkPool {
+    fn default() -> Self {
+        SinkPool(oncrpc::BufPool::new(SINK_POOL_KEEP))
+    }
 }
 
 impl SinkPool {
@@ -114,48 +117,17 @@ impl SinkPool {
     /// inline parts differ by a few bytes share buffers).
     fn get(&self, len: usize) -> Vec<u8> {
         if len >= SINK_POOL_MIN {
-            let len = len.next_multiple_of(4096);
-            let mut free = lock(&self.free);
-            if let Some(i) = free.iter().position(|v| v.len() == len) {
-                return free.swap_remove(i);
-            }
-            return vec![0; len];
+            return self.0.get(len.next_multiple_of(4096));
         }
         vec![0; len]
     }
 
     /// `range` of `buf` as `Bytes`; a large buffer comes back here when the last of them goes.
-    fn wrap(self: &Arc<Self>, buf: Vec<u8>, range: std::ops::Range<usize>) -> Bytes {
+    fn wrap(&self, buf: Vec<u8>, range: std::ops::Range<usize>) -> Bytes {
         if buf.len() < SINK_POOL_MIN {
             return Bytes::from(buf).slice(range);
         }
-        Bytes::from_owner(PooledSink {
-            buf,
-            pool: self.clone(),
-        })
-        .slice(range)
-    }
-}
-
-/// A sink buffer on its way back to its pool.
-struct PooledSink {
-    buf: Vec<u8>,
-    pool: Arc<SinkPool>,
-}
-
-impl AsRef<[u8]> for PooledSink {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf
-    }
-}
-
-impl Drop for PooledSink {
-    fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.buf);
-        let mut free = lock(&self.pool.free);
-        if free.len() < SINK_POOL_KEEP {
-            free.push(buf);
-        }
+        self.0.wrap(buf, range)
     }
 }
 
@@ -166,7 +138,7 @@ struct VerbsRegistrar {
     next: RegionId,
     /// Each region with the offset of its advertised part (non-zero for sinks).
     regions: HashMap<RegionId, (MemoryRegion, usize)>,
-    sinks: Arc<SinkPool>,
+    sinks: SinkPool,
 }
 
 impl VerbsRegistrar {
@@ -175,7 +147,7 @@ impl VerbsRegistrar {
             pd,
             next: 0,
             regions: HashMap::new(),
-            sinks: Arc::default(),
+            sinks: SinkPool::default(),
         }
     }
 
@@ -324,7 +296,7 @@ struct Link {
     router: Arc<Router>,
     router_task: tokio::task::JoinHandle<()>,
     /// Local sinks of RDMA Reads (Read chunks pulled by a server), reused.
-    read_sinks: Arc<SinkPool>,
+    read_sinks: SinkPool,
 }
 
 impl Drop for Link {
@@ -731,7 +703,7 @@ async fn serve_connection(
         recv_bufs,
         router,
         router_task,
-        read_sinks: Arc::default(),
+        read_sinks: SinkPool::default(),
     });
     let resp = Arc::new(Mutex::new(resp));
     {
@@ -1051,7 +1023,7 @@ async fn open_client_link(
         recv_bufs,
         router,
         router_task,
-        read_sinks: Arc::default(),
+        read_sinks: SinkPool::default(),
     });
     Ok((link, rcq, params, pd))
 }
