@@ -459,6 +459,48 @@ fn progress(total: u64) -> indicatif::ProgressBar {
     pb
 }
 
+/// One measured sequential pass over a file: `total` bytes in calls of `io`, `depth` at a time.
+struct Pass<'a> {
+    transport: &'static str,
+    io: u32,
+    total: u64,
+    depth: u64,
+    pb: &'a indicatif::ProgressBar,
+}
+
+impl Pass<'_> {
+    /// The same calls untimed over the first part of the file (see `WARM_PASS`), then the
+    /// timed pass over all of it; `then` runs inside the timing (a WRITE pass's COMMIT).
+    async fn run<F, Fut, T, TFut>(&self, op: &'static str, call: F, then: T) -> Result<Row, BoxErr>
+    where
+        F: Fn(u64) -> Fut + Copy,
+        Fut: std::future::Future<Output = Result<(), BoxErr>> + Send + 'static,
+        T: FnOnce() -> TFut,
+        TFut: std::future::Future<Output = Result<(), BoxErr>>,
+    {
+        let (name, io, total) = (self.transport, self.io, self.total);
+        let warm = total.min(WARM_PASS).div_ceil(u64::from(io)) * u64::from(io);
+        self.pb.set_message(format!("{name} warm-up {}", human(io)));
+        let unseen = indicatif::ProgressBar::hidden();
+        windowed(warm, io, self.depth, &mut hist(), &unseen, call).await?;
+        self.pb.set_message(format!("{name} {op} {}", human(io)));
+        let mut h = hist();
+        let t0 = std::time::Instant::now();
+        windowed(total, io, self.depth, &mut h, self.pb, call).await?;
+        then().await?;
+        let el = t0.elapsed();
+        Ok(row(
+            name,
+            op,
+            Some(io),
+            Some(total),
+            total / u64::from(io),
+            el,
+            &h,
+        ))
+    }
+}
+
 /// Sequential WRITE then READ of `total` bytes at each I/O size, then GETATTR, on one client.
 async fn bench_nfs(
     name: &'static str,
@@ -513,42 +555,21 @@ async fn bench_nfs(
                 Ok(())
             }
         };
-        // Untimed first: the same calls over the first part of the file (see `WARM_PASS`).
-        let warm = total.min(WARM_PASS).div_ceil(u64::from(io)) * u64::from(io);
-        let unseen = indicatif::ProgressBar::hidden();
-        pb.set_message(format!("{name} warm-up {}", human(io)));
-        windowed(warm, io, a.depth, &mut hist(), &unseen, write).await?;
-        pb.set_message(format!("{name} WRITE {}", human(io)));
-        let mut h = hist();
-        let t0 = std::time::Instant::now();
-        windowed(total, io, a.depth, &mut h, pb, write).await?;
-        c.commit(&fh).await?.into_result()?;
-        let el = t0.elapsed();
-        rows.push(row(
-            name,
-            "WRITE",
-            Some(io),
-            Some(total),
-            total / u64::from(io),
-            el,
-            &h,
-        ));
-        pb.set_message(format!("{name} warm-up {}", human(io)));
-        windowed(warm, io, a.depth, &mut hist(), &unseen, read).await?;
-        pb.set_message(format!("{name} READ {}", human(io)));
-        let mut h = hist();
-        let t0 = std::time::Instant::now();
-        windowed(total, io, a.depth, &mut h, pb, read).await?;
-        let el = t0.elapsed();
-        rows.push(row(
-            name,
-            "READ",
-            Some(io),
-            Some(total),
-            total / u64::from(io),
-            el,
-            &h,
-        ));
+        let pass = Pass {
+            transport: name,
+            io,
+            total,
+            depth: a.depth,
+            pb,
+        };
+        // The COMMIT is part of the WRITE pass's time.
+        rows.push(
+            pass.run("WRITE", write, || async {
+                Ok(c.commit(&fh).await?.into_result().map(drop)?)
+            })
+            .await?,
+        );
+        rows.push(pass.run("READ", read, || async { Ok(()) }).await?);
         c.remove(root, fname.as_bytes()).await?.into_result()?;
     }
     pb.set_message(format!("{name} GETATTR"));
