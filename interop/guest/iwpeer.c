@@ -193,18 +193,34 @@ static void setup(struct peer *p, struct rdma_cm_id *id) {
     for (uint32_t i = 0; i < NRECV; i++) post_recv(p, i);
 }
 
-static void poll1(struct ibv_cq *cq, struct ibv_wc *wc) {
-    for (;;) {
+// Wait for one completion on cq. Every ~10 ms also look at the rdma_cm channel: a connection
+// that the provider dropped (kernel siw closes the socket on a protocol error, sometimes without
+// flushing the queues) ends the run at once with the event's name, instead of spinning here
+// until the --timeout alarm while the listener refuses every later connection.
+static void poll1(struct peer *p, struct ibv_cq *cq, struct ibv_wc *wc, const char *what) {
+    for (unsigned spins = 1;; spins++) {
         int n = ibv_poll_cq(cq, 1, wc);
         if (n < 0) die("ibv_poll_cq failed");
         if (n == 1) return;
+        if (spins % 500 == 0) {
+            struct pollfd pfd = {.fd = p->ec->fd, .events = POLLIN};
+            struct rdma_cm_event *ev;
+            if (poll(&pfd, 1, 0) > 0 && !rdma_get_cm_event(p->ec, &ev)) {
+                enum rdma_cm_event_type t = ev->event; int st = ev->status;
+                rdma_ack_cm_event(ev);
+                // a completion that raced the event still counts
+                if (ibv_poll_cq(cq, 1, wc) == 1) return;
+                die("rdma_cm event %s (status %d) while waiting for %s", rdma_event_str(t), st,
+                    what);
+            }
+        }
         usleep(20);
     }
 }
 
 static void wait_send(struct peer *p, const char *what) {
     struct ibv_wc wc;
-    poll1(p->scq, &wc);
+    poll1(p, p->scq, &wc, what);
     if (wc.status != IBV_WC_SUCCESS)
         die("%s completion: %s (vendor_err %u)", what, ibv_wc_status_str(wc.status),
             wc.vendor_err);
@@ -236,7 +252,7 @@ static void ctrl(struct peer *p, uint16_t type, uint8_t op, uint32_t iter, uint3
 
 // wait for one received message; returns slot (caller reposts with post_recv)
 static uint32_t recv_msg(struct peer *p, struct hdr *h, struct ibv_wc *wc) {
-    poll1(p->rcq, wc);
+    poll1(p, p->rcq, wc, "a receive");
     if (wc->status != IBV_WC_SUCCESS)
         die("receive completion: %s (vendor_err %u)", ibv_wc_status_str(wc->status),
             wc->vendor_err);

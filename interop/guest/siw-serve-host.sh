@@ -26,4 +26,6 @@ for i in $(seq "${COUNT:-1}"); do
     grep -q '^CONNECTED' /tmp/srv.log || { echo "---- guest server #$i: no connection"; continue; }
     echo "---- guest server #$i rc=$rc"; sed 's/^/  iwpeer: /' /tmp/srv.log
     echo "SERVER $i rc=$rc $(grep -m1 FAIL /tmp/srv.log)"
+    # what kernel siw said about a failed connection (terminate reasons, IRQ/ORQ overflow)
+    [ "$rc" = 0 ] || dmesg | grep -iE 'siw|iwarp|rdma' | tail -20 | sed 's/^/  dmesg: /'
 done

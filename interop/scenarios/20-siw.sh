@@ -44,10 +44,19 @@ grep -q '^CELL guest-to-host' "$log" || cell guest-to-host fail "guest run gave 
 
 # ---- B: oxrdma initiates, kernel siw responds in the guest
 nsz=$(wc -w <<<"$SIZES"); nm=$(wc -w <<<"$H2G")
+# A size that failed after connecting is run once more on a fresh connection, at most MAXRETRY
+# times in all; the cell says so and keeps the first failure. Seen once, in a clean-clone CI run
+# (TCG guest, 2026-11-23 19:08 UTC): kernel siw closed the connection, with no Terminate, on our
+# third 1-byte RDMA Read of the first rtr-write connection; the three Read Requests differ only
+# in their MSN (1, 2, 3), and the guest's iwpeer then spun until its 120 s alarm holding the
+# listener, so every later connection was refused. Not reproduced in three CI-style runs since.
+# iwpeer now ends at once when the connection goes away, and the guest prints its dmesg for a
+# failed server.
+MAXRETRY=${IX_SIW_MAXRETRY:-2} retries=0
 log=$IX_SCN_OUT/guest-b.log
 rm -f "$IX_SHARE/tmp/siw-host-done" "$IX_SHARE/tmp/siw-guest-listening"
 ix_guest "$log" -t 420 -p "$FP:19872" -d "$IX_SHARE" -f "$IX_HERE/guest/siw-serve-host.sh" \
-    COUNT=$((nsz * nm)) GPORT=19872 MAXSIZE=1048576 & gpid=$!
+    COUNT=$((nsz * nm + MAXRETRY)) GPORT=19872 MAXSIZE=1048576 & gpid=$!
 pids+=($gpid)
 # Dial only once the guest listens: QEMU's user networking accepts a host connection while the
 # guest is still booting and hands it to the guest much later. Our client has given up on it by
@@ -63,8 +72,9 @@ for m in $H2G; do
         rtr-write) opt=(--p2p --rtr write) ;; rtr-read) opt=(--p2p --rtr read) ;;
         crc-rtr) opt=(--crc --p2p --rtr write,read) ;;
     esac
-    ok=1 note=""
+    ok=1 note="" rnote=""
     for sz in $SIZES; do
+      for attempt in 1 2; do
         # hostfwd accepts before the guest listens, and the guest restarts its server between
         # connections: retry, for up to 90 s until the first connection, then for 30 s (one
         # attempt can take 10 s: the MPA Reply timer, when the previous guest server still
@@ -82,15 +92,27 @@ for m in $H2G; do
         done
         { echo "---- $m size $sz rc=$rc"; cat "$IX_SCN_OUT/host-client.tmp"; } >> "$IX_SCN_OUT/host-client.log"
         tried=1
-        [ $rc = 0 ] || { ok=0; note+=" size $sz rc $rc: $(grep -m1 FAIL "$IX_SCN_OUT/host-client.tmp")"; }
-        grep -q '^CONNECTED' "$IX_SCN_OUT/host-client.tmp" || { note+=" (never connected; other sizes skipped)"; break; }
+        connected=0; grep -q '^CONNECTED' "$IX_SCN_OUT/host-client.tmp" && connected=1
+        why="size $sz rc $rc: $(grep -m1 FAIL "$IX_SCN_OUT/host-client.tmp")"
+        if [ $rc != 0 ] && [ $connected = 1 ] && [ $attempt = 1 ] && [ $retries -lt "$MAXRETRY" ]; then
+            retries=$((retries + 1)); rnote+=" retried $why;"; continue
+        fi
+        [ $rc = 0 ] || { ok=0; note+=" $why"; }
+        break
+      done
+      [ $connected = 1 ] || { note+=" (never connected; other sizes skipped)"; break; }
     done
-    [ $ok = 1 ] && cell "host-to-guest/$m" pass "sizes $SIZES" || cell "host-to-guest/$m" fail "$note"
+    if [ $ok = 1 ]; then cell "host-to-guest/$m" pass "sizes $SIZES${rnote:+ (flaky:$rnote passed on a fresh connection)}"
+    else cell "host-to-guest/$m" fail "$note${rnote:+ (also$rnote)}"; fi
 done
 touch "$IX_SHARE/tmp/siw-host-done"
 wait $gpid
 # the guest's own verdicts (its iwpeer server checks the data oxrdma wrote/sent/read)
+# (a failed server that served an attempt the host retried is reported, not failed)
 bad=$(grep -a '^SERVER ' "$log" | tr -d '\r' | grep -v 'rc=0')
-if [ -n "$bad" ]; then cell host-to-guest/guest-verdicts fail "$(head -2 <<<"$bad" | tr '\n' ' ')"
+nbad=$(grep -c . <<<"$bad")
+if [ -n "$bad" ] && [ "$nbad" -gt "$retries" ]; then cell host-to-guest/guest-verdicts fail "$(head -2 <<<"$bad" | tr '\n' ' ')"
+elif [ -n "$bad" ]; then
+    cell host-to-guest/guest-verdicts pass "$(grep -ac '^SERVER ' "$log") guest-side iwpeer servers; PASS but the $nbad the host retried: $(tr '\n' ' ' <<<"$bad")"
 elif grep -aq '^SERVER ' "$log"; then cell host-to-guest/guest-verdicts pass "$(grep -ac '^SERVER ' "$log") guest-side iwpeer servers all PASS"
 else cell host-to-guest/guest-verdicts skip "no connection reached the guest"; fi

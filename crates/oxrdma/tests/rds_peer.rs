@@ -100,9 +100,9 @@ async fn run() {
     assert!(out.contains("CONNECTED 127.0.0.1 -> 127.0.0.2"), "{out}");
     assert!(out.contains("OK ping 8192 count=20"), "{out}");
 
-    // send: 1000 × 8 KiB at a port whose 64 KiB receive buffer fills while nobody reads for
-    // 1.5 s; the remote node's congestion map holds the sender back, and everything arrives,
-    // in order.
+    // send: 1000 × 8 KiB, one per millisecond or slower, at a port whose 64 KiB receive buffer
+    // fills while nobody reads for 1.5 s; the remote node's congestion map (sent once the 9th
+    // datagram lands) holds the sender back, and everything arrives, in order.
     let sink = remote.bind(4020).expect("bind 4020");
     sink.set_rcvbuf(64 * 1024);
     let n = 1000u64;
@@ -118,6 +118,8 @@ async fn run() {
             "1000",
             "--size",
             "8192",
+            "--interval",
+            "0.001",
             "--linger",
             "0.2",
             "--timeout",

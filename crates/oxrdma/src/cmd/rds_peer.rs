@@ -115,6 +115,12 @@ pub enum PeerMode {
         /// Seconds each send may wait for congestion to clear.
         #[arg(long, default_value_t = 120.0)]
         timeout: f64,
+        /// Seconds to pause after each send returns (0: as fast as the send buffer and the
+        /// remote congestion map allow). A remote node announces congestion in a map update
+        /// that trails the data by a round trip and a work-queue run, so a paced sender sees it
+        /// where a burst can be done before it arrives.
+        #[arg(long, default_value_t = 0.0)]
+        interval: f64,
         /// Seconds to stay up after the last send. A blocking RDS send returns once the message
         /// is queued, and a closing node drops what is still queued.
         #[arg(long, default_value_t = 5.0)]
@@ -258,6 +264,7 @@ pub async fn run(a: PeerArgs) -> CmdResult {
                 count,
                 size,
                 timeout,
+                interval,
                 linger,
             } => {
                 send(
@@ -265,6 +272,7 @@ pub async fn run(a: PeerArgs) -> CmdResult {
                     a.remote,
                     (port, to),
                     (count, size),
+                    secs(interval, "--interval")?,
                     secs(timeout, "--timeout")?,
                     secs(linger, "--linger")?,
                 )
@@ -449,6 +457,7 @@ async fn send(
     remote: Ipv4Addr,
     (port, to): (u16, u16),
     (count, size): (u64, usize),
+    interval: Duration,
     timeout: Duration,
     linger: Duration,
 ) -> Result<(), BoxError> {
@@ -462,6 +471,11 @@ async fn send(
     // send gets ENOBUFS for them), and how many waited for our own send buffer.
     let (mut congested, mut buffer_full) = (0u64, 0u64);
     for seq in 0..count {
+        if seq > 0 && !interval.is_zero() {
+            // A pause after each send, not a schedule from the start: a send that congestion
+            // held back is not followed by a burst that catches up.
+            tokio::time::sleep(interval).await;
+        }
         let data = Bytes::from(payload(seq, size));
         let w = tokio::time::timeout(timeout, sock.send_to_counted(dest, data))
             .await
