@@ -66,6 +66,28 @@ pids+=($gpid)
 for _ in $(seq 240); do
     [ -e "$IX_SHARE/tmp/siw-guest-listening" ] && break; kill -0 $gpid 2>/dev/null || break; sleep 0.5
 done
+# dial SIZE: one run of our client against the guest's iwpeer server at SIZE with ${opt[@]}.
+# hostfwd accepts before the guest listens, and the guest restarts its server between
+# connections: the dial is retried, for up to 90 s until the first connection, then for 30 s
+# (one attempt can take 10 s: the MPA Reply timer, when the previous guest server still holds
+# its listener). Sets rc, connected (0/1) and why.
+dial() {
+    local sz=$1 t0=$SECONDS
+    while :; do
+        timeout 120 "$OXRDMA" "${SUB[@]}" client 127.0.0.1 "$FP" "${opt[@]}" --size "$sz" --iters 3 \
+            --ops send,sendinv,write,read > "$IX_SCN_OUT/host-client.tmp" 2>&1
+        rc=$?
+        grep -q '^CONNECTED' "$IX_SCN_OUT/host-client.tmp" && { seen=1; break; }
+        kill -0 $gpid 2>/dev/null || break
+        if [ "${seen:-0}" = 1 ] || [ "${tried:-0}" = 1 ]; then [ $((SECONDS - t0)) -lt 30 ] || break
+        else [ $((SECONDS - t0)) -lt 90 ] || break; fi
+        sleep 1
+    done
+    { echo "---- $m size $sz rc=$rc"; cat "$IX_SCN_OUT/host-client.tmp"; } >> "$IX_SCN_OUT/host-client.log"
+    tried=1
+    connected=0; grep -q '^CONNECTED' "$IX_SCN_OUT/host-client.tmp" && connected=1
+    why="size $sz rc $rc: $(grep -m1 FAIL "$IX_SCN_OUT/host-client.tmp")"
+}
 for m in $H2G; do
     case $m in
         plain) opt=() ;; crc) opt=(--crc) ;;
@@ -74,33 +96,13 @@ for m in $H2G; do
     esac
     ok=1 note="" rnote=""
     for sz in $SIZES; do
-      for attempt in 1 2; do
-        # hostfwd accepts before the guest listens, and the guest restarts its server between
-        # connections: retry, for up to 90 s until the first connection, then for 30 s (one
-        # attempt can take 10 s: the MPA Reply timer, when the previous guest server still
-        # holds its listener)
-        t0=$SECONDS
-        while :; do
-            timeout 120 "$OXRDMA" "${SUB[@]}" client 127.0.0.1 "$FP" "${opt[@]}" --size "$sz" --iters 3 \
-                --ops send,sendinv,write,read > "$IX_SCN_OUT/host-client.tmp" 2>&1
-            rc=$?
-            grep -q '^CONNECTED' "$IX_SCN_OUT/host-client.tmp" && { seen=1; break; }
-            kill -0 $gpid 2>/dev/null || break
-            if [ "${seen:-0}" = 1 ] || [ "${tried:-0}" = 1 ]; then [ $((SECONDS - t0)) -lt 30 ] || break
-            else [ $((SECONDS - t0)) -lt 90 ] || break; fi
-            sleep 1
-        done
-        { echo "---- $m size $sz rc=$rc"; cat "$IX_SCN_OUT/host-client.tmp"; } >> "$IX_SCN_OUT/host-client.log"
-        tried=1
-        connected=0; grep -q '^CONNECTED' "$IX_SCN_OUT/host-client.tmp" && connected=1
-        why="size $sz rc $rc: $(grep -m1 FAIL "$IX_SCN_OUT/host-client.tmp")"
-        if [ $rc != 0 ] && [ $connected = 1 ] && [ $attempt = 1 ] && [ $retries -lt "$MAXRETRY" ]; then
-            retries=$((retries + 1)); rnote+=" retried $why;"; continue
+        dial "$sz"
+        if [ $rc != 0 ] && [ $connected = 1 ] && [ $retries -lt "$MAXRETRY" ]; then
+            retries=$((retries + 1)); rnote+=" retried $why;"
+            dial "$sz"
         fi
         [ $rc = 0 ] || { ok=0; note+=" $why"; }
-        break
-      done
-      [ $connected = 1 ] || { note+=" (never connected; other sizes skipped)"; break; }
+        [ $connected = 1 ] || { note+=" (never connected; other sizes skipped)"; break; }
     done
     if [ $ok = 1 ]; then cell "host-to-guest/$m" pass "sizes $SIZES${rnote:+ (flaky:$rnote passed on a fresh connection)}"
     else cell "host-to-guest/$m" fail "$note${rnote:+ (also$rnote)}"; fi
