@@ -16,12 +16,15 @@
 //!   graceful shutdown) and [`tcp::TcpClient`] (pipelined, XID matching, timeouts, reconnect
 //!   and retransmit with the same XID).
 //! - [`null`]: a program that answers only NULL, for `rpcinfo`, benchmarks and tests.
+//! - [`budget`]: per-server and per-connection memory budgets that every transport's server
+//!   side draws from before it allocates what a peer asked for.
 //!
 //! What it does not do: RPC-over-RDMA (crate `rpcrdma` implements the same traits over RDMA),
 //! RPCSEC_GSS context establishment or wrapping, UDP, a duplicate request cache, and portmap
 //! registration (crate `nfs`).
 
 pub mod auth;
+pub mod budget;
 pub mod bufpool;
 pub mod client;
 pub mod message;
@@ -31,6 +34,7 @@ pub mod service;
 pub mod tcp;
 
 pub use auth::{AuthSys, Credential, OpaqueAuth};
+pub use budget::{BudgetError, ConnBudget, MemoryBudget, Reservation};
 pub use bufpool::BufPool;
 pub use client::{CallRequest, ReplyExpectation, RpcClient, RpcError, RpcTransport};
 pub use message::{AcceptStat, AuthStat, CallHeader, MessageHeader, RejectedReply, ReplyHeader};

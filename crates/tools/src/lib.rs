@@ -1,0 +1,8 @@
+//! # tools — what oxrdma measures, stresses and tests with
+//!
+//! What it does: the tools that sit on top of the protocol crates and are not protocols
+//! themselves — bandwidth and latency measurement, stress and torture runs, benchmarks, and test
+//! peers. The `oxrdma` CLI parses arguments, calls into this crate and prints what it returns.
+//!
+//! What it does not do: implement any protocol (those stay in `xdr`, `oncrpc`, `verbs`,
+//! `rpcrdma`, `rds` and `nfs`), parse command lines or print (the CLI does).
