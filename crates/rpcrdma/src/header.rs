@@ -123,14 +123,14 @@ impl Chunks {
             .collect();
     }
 
-    fn encoded_len(&self) -> usize {
+    pub(crate) fn encoded_len(&self) -> usize {
         let reads = self.reads.len() * 24 + 4;
         let writes: usize = self.writes.iter().map(|c| 8 + 16 * c.len()).sum::<usize>() + 4;
         let reply = 4 + self.reply.as_ref().map_or(0, |c| 4 + 16 * c.len());
         reads + writes + reply
     }
 
-    fn encode(&self, out: &mut BytesMut) {
+    pub(crate) fn encode(&self, out: &mut BytesMut) {
         for rs in &self.reads {
             out.put_u32(1);
             out.put_u32(rs.position);

@@ -4,6 +4,11 @@
 //! - [`header`]: the transport header codec (RDMA_MSG, RDMA_NOMSG, RDMA_ERROR; RDMA_MSGP and
 //!   RDMA_DONE recognised so they can be refused with RDMA_ERR_CHUNK). The decoder never
 //!   panics; every error says how to answer it (ERR_VERS, ERR_CHUNK or silent discard).
+//! - [`header_v2`] and [`props`]: the version 2 transport header of
+//!   draft-cel-nfsv4-rpcrdma-version-two-05 (every procedure, the direction and remote
+//!   invalidation fields, every error with its body) and its transport properties (RBSIZ, BRS,
+//!   the experimental range, property-subset bitmaps), sharing version 1's chunk types. The
+//!   decoder never panics and names the error the draft prescribes.
 //! - [`privdata`]: RFC 8797 connection private data (inline sizes, Send With Invalidate), as
 //!   Linux sends it.
 //! - [`requester`] and [`responder`]: sans-IO engines. They take received messages, completions
@@ -36,7 +41,9 @@
 pub mod driver;
 pub mod engine;
 pub mod header;
+pub mod header_v2;
 pub mod privdata;
+pub mod props;
 pub mod requester;
 pub mod responder;
 pub mod ulb;
