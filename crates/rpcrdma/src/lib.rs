@@ -9,6 +9,9 @@
 //!   invalidation fields, every error with its body) and its transport properties (RBSIZ, BRS,
 //!   the experimental range, property-subset bitmaps), sharing version 1's chunk types. The
 //!   decoder never panics and names the error the draft prescribes.
+//! - [`version`]: version negotiation (cel-05 §8) as sans-IO state: the requester's probe and
+//!   fallback with a bounded memory of version-1-only servers, the responder's per-connection
+//!   version lock, and the version 2 transport properties that set the inline thresholds.
 //! - [`privdata`]: RFC 8797 connection private data (inline sizes, Send With Invalidate), as
 //!   Linux sends it.
 //! - [`requester`] and [`responder`]: sans-IO engines. They take received messages, completions
@@ -47,5 +50,6 @@ pub mod props;
 pub mod requester;
 pub mod responder;
 pub mod ulb;
+pub mod version;
 
 pub use driver::{RdmaClient, RdmaServer, ServerConnection, TransportConfig, connect};
