@@ -18,6 +18,7 @@ use oncrpc::{AuthStat, Call, Credential, Outcome, Program};
 use rustix::fs::{AtFlags, Mode, OFlags, Statx, Timestamps};
 use xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
 
+use crate::drc::{DrcConfig, DrcKey, DuplicateCache, Lookup, is_cached_nfs3_proc};
 use crate::mount::{
     self, DirPath, ExportNode, Fhandle3, List, MountBody, MountOk, MountRes, Mountstat3, Name,
 };
@@ -50,6 +51,8 @@ pub struct NfsServer {
     write_verf: Verf,
     mounts: Mutex<Vec<(String, String)>>,
     read_bufs: Arc<oncrpc::BufPool>,
+    /// Replies of non-idempotent calls, for retransmissions (`None`: no cache).
+    drc: Option<DuplicateCache>,
 }
 
 /// READs of at least this many bytes use a pooled buffer ([`oncrpc::BufPool`]) of `MAX_IO`
@@ -62,6 +65,15 @@ impl NfsServer {
     /// Serve the directory `root`. The write verifier is new for every server instance
     /// (RFC 1813 §3.3.7: it changes when the server restarts, so clients re-send UNSTABLE data).
     pub fn new(root: &Path, opts: ExportOptions) -> std::io::Result<Arc<Self>> {
+        Self::with_drc(root, opts, Some(DrcConfig::default()))
+    }
+
+    /// [`NfsServer::new`] with the duplicate request cache sized by `drc`, or without one.
+    pub fn with_drc(
+        root: &Path,
+        opts: ExportOptions,
+        drc: Option<DrcConfig>,
+    ) -> std::io::Result<Arc<Self>> {
         let export = Export::open(root)?;
         let mut write_verf = rand::random::<[u8; 8]>();
         let now = std::time::SystemTime::now()
@@ -76,12 +88,18 @@ impl NfsServer {
             write_verf,
             mounts: Mutex::new(Vec::new()),
             read_bufs: oncrpc::BufPool::new(POOLED_READ_KEEP),
+            drc: drc.map(DuplicateCache::new),
         }))
     }
 
     /// The export.
     pub fn export(&self) -> &Export {
         &self.export
+    }
+
+    /// The duplicate request cache, when the server has one.
+    pub fn duplicate_cache(&self) -> Option<&DuplicateCache> {
+        self.drc.as_ref()
     }
 
     /// The write verifier of this server instance.
@@ -1430,14 +1448,39 @@ impl Program for NfsProgram {
                 server.execute(&cred, args, &mut enc);
                 return Outcome::Success(enc.finish());
             }
+            // A retransmitted non-idempotent call gets the first execution's reply, or nothing
+            // while that still runs (nfsd's reply cache; see `crate::drc`).
+            let drc_key = match (&server.drc, call.context.peer) {
+                (Some(drc), Some(peer)) if is_cached_nfs3_proc(call.header.proc_) => {
+                    let h = &call.header;
+                    let key = DrcKey::new(peer.ip(), h.xid, h.prog, h.vers, h.proc_, &call.args);
+                    match drc.begin(key) {
+                        Lookup::Run => Some(key),
+                        Lookup::RunUncached => None,
+                        Lookup::InProgress => return Outcome::NoReply,
+                        Lookup::Replay(reply) => return Outcome::Success(reply),
+                    }
+                }
+                _ => None,
+            };
+            let s = server.clone();
             let r = tokio::task::spawn_blocking(move || {
-                server.execute(&cred, args, &mut enc);
+                s.execute(&cred, args, &mut enc);
                 enc.finish()
             })
             .await;
-            match r {
-                Ok(e) => Outcome::Success(e),
-                Err(_) => Outcome::SystemErr,
+            match (r, drc_key, &server.drc) {
+                (Ok(e), Some(key), Some(drc)) => {
+                    drc.complete(key, &e);
+                    Outcome::Success(e)
+                }
+                (Ok(e), _, _) => Outcome::Success(e),
+                (Err(_), key, drc) => {
+                    if let (Some(key), Some(drc)) = (key, drc) {
+                        drc.abandon(key);
+                    }
+                    Outcome::SystemErr
+                }
             }
         })
     }
