@@ -104,6 +104,9 @@ impl Served {
 
     /// Record an RPC-over-RDMA listener for NFSv3 in the port mapper (netid "rdma" or "rdma6",
     /// RFC 8267 §4.2 / RFC 5665).
+    //= specs/rfc8267.txt#section-4.2
+    //# The chosen port MAY be
+    //# registered with the RPC portmapper under the netids assigned in
     pub fn register_rdma(&self, addr: SocketAddr) {
         self.portmapper.set(Registration {
             prog: nfs3::PROGRAM,

@@ -31,6 +31,11 @@ use xdr::{Decoder, XdrDecode, XdrError};
 use crate::nfs3::{self, Nfsstat3, POST_OP_ATTR_MAX, POST_OP_FH_MAX, WCC_DATA_MAX};
 
 /// The IANA port for NFS over RPC-over-RDMA (RFC 8267 §9, "nfsrdma").
+//= specs/rfc8267.txt#section-4.2
+//# A Legacy NFS server supporting RPC-over-RDMA version 1 on such a
+//# network and registering itself with the RPC portmapper MAY choose an
+//# arbitrary port or MAY use the alternative well-known port number for
+//# its RPC-over-RDMA service (see Section 9).
 pub const NFS_RDMA_PORT: u16 = 20049;
 /// NFSACL program number (RFC 8267 §5.2).
 pub const NFSACL_PROGRAM: u32 = 100227;
@@ -47,11 +52,20 @@ pub const RPC_REPLY_HEADER_MAX: usize = 4 + 4 + 4 + 4 + 4 + 400 + 4;
 pub const NFS3_MAXPATHLEN: usize = 4096;
 
 /// RFC 8267 §5.1: these programs are conveyed over TCP, never RPC-over-RDMA.
+//= specs/rfc8267.txt#section-5.1
+//# To enable interoperation of
+//# these protocols when NFS/RDMA is in use, a Legacy NFS server MUST
+//# provide support for these protocols via TCP.
 pub fn tcp_only(prog: u32) -> bool {
     matches!(prog, crate::mount::PROGRAM | NLM_PROGRAM | NSM_PROGRAM)
 }
 
 /// How a Responder reports a call whose chunk lists exceed [`ChunkLimits`] (RFC 8267 §6.4.2).
+//= specs/rfc8267.txt#section-6.4.2
+//# An NFS version 4 server SHOULD return one of the following responses
+//# to a client that has sent an RPC transaction via RPC-over-RDMA
+//# version 1, which cannot be processed due to chunk list complexity
+//# limits on the server:
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ComplexityViolation {
     /// Found while parsing the transport header: RDMA_ERROR / ERR_CHUNK.
@@ -774,6 +788,26 @@ pub enum ChunkUse {
     ReturnEmpty { chunk: usize },
 }
 
+//= specs/rfc8267.txt#section-6.4.1
+//# o  The first chunk in the Write list MUST be used by the first READ
+//# operation in an NFS version 4 COMPOUND procedure.
+//= specs/rfc8267.txt#section-6.4.1
+//# o  If an NFS version 4 client has provided a matching non-empty Write
+//# chunk, then the corresponding READ operation MUST return its
+//# DDP-eligible data item using that chunk.
+//= specs/rfc8267.txt#section-6.4.1
+//# o  If an NFS version 4 client has provided an empty matching Write
+//# chunk, then the corresponding READ operation MUST return all of
+//# its result data items inline.
+//= specs/rfc8267.txt#section-6.4.1
+//# o  If a READ operation returns a union arm that does not contain a
+//# DDP-eligible result, and the NFS version 4 client has provided a
+//# matching non-empty Write chunk, an NFS version 4 server MUST
+//# return an empty Write chunk in that Write list position.
+//= specs/rfc8267.txt#section-6.4.1
+//# o  If there are more READ operations than Write chunks, then
+//# remaining NFS READ operations in an NFS version 4 COMPOUND that
+//# have no matching Write chunk MUST return their results inline.
 /// RFC 8267 §6.4.1 pairing: `results_have_item[i]` says whether the i-th READ operation's
 /// result carries a DDP-eligible item (READ4resok / READLINK4resok), `chunk_lens[j]` is the
 /// size of the client's j-th Write chunk (0 = an empty chunk). The first chunk goes with the
@@ -1069,7 +1103,15 @@ impl UpperLayerBinding for NfsBinding {
     }
 
     fn chunk_limits(&self) -> ChunkLimits {
-        // RFC 8267 §6.4.2 defaults.
+        // RFC 8267 §6.4.2 defaults, which bound what our requester builds and what our
+        // responder accepts.
+        //= specs/rfc8267.txt#section-6.4.2
+        //# In the absence of explicit knowledge of the server's limits, NFS
+        //# version 4 clients SHOULD follow the prescriptions listed below when
+        //# constructing RPC-over-RDMA version 1 messages.
+        //= specs/rfc8267.txt#section-6.4.2
+        //# NFS version 4 servers
+        //# MUST accept and process such requests.
         ChunkLimits::default()
     }
 

@@ -495,6 +495,31 @@ fn compound_results_locate_read_and_readlink_data() {
 
 #[test]
 fn write_chunk_pairing_follows_rfc8267_6_4_1() {
+    //= specs/rfc8267.txt#section-6.4.1
+    //= type=test
+    //# o  The first chunk in the Write list MUST be used by the first READ
+    //# operation in an NFS version 4 COMPOUND procedure.
+    //= specs/rfc8267.txt#section-6.4.1
+    //= type=test
+    //# o  If an NFS version 4 client has provided a matching non-empty Write
+    //# chunk, then the corresponding READ operation MUST return its
+    //# DDP-eligible data item using that chunk.
+    //= specs/rfc8267.txt#section-6.4.1
+    //= type=test
+    //# o  If an NFS version 4 client has provided an empty matching Write
+    //# chunk, then the corresponding READ operation MUST return all of
+    //# its result data items inline.
+    //= specs/rfc8267.txt#section-6.4.1
+    //= type=test
+    //# o  If a READ operation returns a union arm that does not contain a
+    //# DDP-eligible result, and the NFS version 4 client has provided a
+    //# matching non-empty Write chunk, an NFS version 4 server MUST
+    //# return an empty Write chunk in that Write list position.
+    //= specs/rfc8267.txt#section-6.4.1
+    //= type=test
+    //# o  If there are more READ operations than Write chunks, then
+    //# remaining NFS READ operations in an NFS version 4 COMPOUND that
+    //# have no matching Write chunk MUST return their results inline.
     // No Write list: everything inline.
     assert_eq!(
         ulb::pair_write_chunks(&[true, true], &[]),
@@ -535,6 +560,21 @@ fn write_chunk_pairing_follows_rfc8267_6_4_1() {
 
 #[test]
 fn limits_retry_policy_and_auxiliary_protocols() {
+    //= specs/rfc8267.txt#section-6.4.2
+    //= type=test
+    //# NFS version 4 servers
+    //# MUST accept and process such requests.
+    //= specs/rfc8267.txt#section-6.4.2
+    //= type=test
+    //# An NFS version 4 server SHOULD return one of the following responses
+    //# to a client that has sent an RPC transaction via RPC-over-RDMA
+    //# version 1, which cannot be processed due to chunk list complexity
+    //# limits on the server:
+    //= specs/rfc8267.txt#section-5.1
+    //= type=test
+    //# To enable interoperation of
+    //# these protocols when NFS/RDMA is in use, a Legacy NFS server MUST
+    //# provide support for these protocols via TCP.
     let b = NfsBinding::new();
     let l = b.chunk_limits();
     assert_eq!(
