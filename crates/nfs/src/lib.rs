@@ -17,6 +17,8 @@
 //!   retransmissions, keyed by client address, XID, procedure and an argument checksum; bounded
 //!   in entries and bytes), so a call retransmitted after a reconnect, over either transport,
 //!   gets the reply of its first execution.
+//! - [`exports`]: exports(5) files (several exports, client addresses, networks and `*`, and the
+//!   `ro`/`rw`, squash, `anonuid`/`anongid`, `sec=sys`, `fsid=`, `secure`/`insecure` options).
 //! - [`portmap::Portmapper`]: a port mapper / rpcbind registry served as a program.
 //! - [`client`]: NFSv3, MOUNT and port mapper clients over any `oncrpc::RpcTransport`, with
 //!   the binding applied (WRITE data and SYMLINK paths DDP-eligible; READ and READLINK calls
@@ -39,6 +41,7 @@ mod xdr_util;
 
 pub mod client;
 pub mod drc;
+pub mod exports;
 pub mod mount;
 pub mod nfs3;
 pub mod nfsacl;
