@@ -37,7 +37,7 @@ pub enum Squash {
 
 /// The options of one client specification.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExportOptions {
+pub struct ClientOptions {
     /// `ro`: every modifying procedure gets NFS3ERR_ROFS.
     pub read_only: bool,
     pub squash: Squash,
@@ -51,10 +51,10 @@ pub struct ExportOptions {
     pub fsid: Option<u64>,
 }
 
-impl Default for ExportOptions {
+impl Default for ClientOptions {
     /// exports(5)'s defaults: `ro,root_squash,secure,anonuid=65534,anongid=65534`.
     fn default() -> Self {
-        ExportOptions {
+        ClientOptions {
             read_only: true,
             squash: Squash::Root,
             anon_uid: 65534,
@@ -65,7 +65,7 @@ impl Default for ExportOptions {
     }
 }
 
-impl ExportOptions {
+impl ClientOptions {
     /// Map a caller's uid, gid and groups as these options say.
     pub fn map_identity(&self, uid: u32, gid: u32, gids: &[u32]) -> (u32, u32, Vec<u32>) {
         match self.squash {
@@ -182,7 +182,7 @@ fn in_network(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientRule {
     pub spec: ClientSpec,
-    pub options: ExportOptions,
+    pub options: ClientOptions,
 }
 
 /// One exported directory.
@@ -271,7 +271,7 @@ impl Exports {
             if !path.starts_with('/') {
                 return Err(err(format!("export path {path:?} is not absolute")));
             }
-            let mut defaults = ExportOptions::default();
+            let mut defaults = ClientOptions::default();
             let mut clients = Vec::new();
             for w in rest {
                 if let Some(opts) = w.strip_prefix('-') {
@@ -405,7 +405,7 @@ fn split_words(line: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-fn apply_options(o: &mut ExportOptions, list: &str) -> Result<(), String> {
+fn apply_options(o: &mut ClientOptions, list: &str) -> Result<(), String> {
     for opt in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (key, value) = match opt.split_once('=') {
             Some((k, v)) => (k, Some(v)),
@@ -569,7 +569,7 @@ mod tests {
         assert_eq!(s.clients[1].options.fsid, Some(7));
         // No client list: everybody, with the defaults (ro, root_squash, secure).
         assert_eq!(e.entries[2].clients[0].spec, ClientSpec::Anyone);
-        assert_eq!(e.entries[2].clients[0].options, ExportOptions::default());
+        assert_eq!(e.entries[2].clients[0].options, ClientOptions::default());
     }
 
     #[test]
@@ -611,7 +611,7 @@ mod tests {
 
     #[test]
     fn squashing_maps_identities() {
-        let mut o = ExportOptions::default();
+        let mut o = ClientOptions::default();
         assert_eq!(
             o.map_identity(0, 0, &[0, 5]),
             (65534, 65534, vec![65534, 5])

@@ -19,6 +19,9 @@
 //!   gets the reply of its first execution.
 //! - [`exports`]: exports(5) files (several exports, client addresses, networks and `*`, and the
 //!   `ro`/`rw`, squash, `anonuid`/`anongid`, `sec=sys`, `fsid=`, `secure`/`insecure` options).
+//! - [`gate`]: several exports behind one NFS and one MOUNT program, with the client list
+//!   checked and the export's options applied on every call; MNT of any directory at or below
+//!   an export; EXPORT listing the real paths and client lists.
 //! - [`portmap::Portmapper`]: a port mapper / rpcbind registry served as a program.
 //! - [`client`]: NFSv3, MOUNT and port mapper clients over any `oncrpc::RpcTransport`, with
 //!   the binding applied (WRITE data and SYMLINK paths DDP-eligible; READ and READLINK calls
@@ -42,6 +45,7 @@ mod xdr_util;
 pub mod client;
 pub mod drc;
 pub mod exports;
+pub mod gate;
 pub mod mount;
 pub mod nfs3;
 pub mod nfsacl;

@@ -19,8 +19,11 @@ use std::sync::Arc;
 
 use oncrpc::{Dispatcher, ServerConfig, TcpServer};
 
+use crate::drc::DrcConfig;
+use crate::exports::Exports;
+use crate::gate::ExportTable;
 use crate::portmap::{PortmapProgram, Portmapper, Registration};
-use crate::server::{ExportOptions, NfsServer};
+use crate::server::NfsServer;
 use crate::ulb::NfsBinding;
 use crate::{mount, nfs3};
 
@@ -46,6 +49,10 @@ pub struct ServeConfig {
     /// RPC-over-RDMA settings (device, credits, inline sizes, capture); soft-iWARP over TCP
     /// with the defaults when `None`.
     pub rdma_config: Option<rpcrdma::TransportConfig>,
+    /// Exports read from an exports(5) file. When set, they are served instead of `export`
+    /// (see [`crate::gate`]); when not, `export` is served to everybody who can reach the
+    /// listeners ([`ExportTable::single`]).
+    pub exports: Option<Exports>,
 }
 
 impl ServeConfig {
@@ -63,6 +70,7 @@ impl ServeConfig {
             )),
             rdma: None,
             rdma_config: None,
+            exports: None,
         }
     }
 }
@@ -137,21 +145,23 @@ const MAX_RECORD: usize = 4 << 20;
 /// Bind and start everything; see the module documentation.
 pub async fn start(config: ServeConfig) -> io::Result<Served> {
     let export = config.export.clone();
-    let name = config
-        .export_name
-        .clone()
-        .unwrap_or_else(|| "/".to_string());
+    let name = config.export_name.clone();
     let read_only = config.read_only;
-    let server = tokio::task::spawn_blocking(move || {
-        NfsServer::new(&export, ExportOptions { read_only, name })
-    })
-    .await
-    .map_err(io::Error::other)??;
+    let exports = config.exports.clone();
+    let table = Arc::new(
+        tokio::task::spawn_blocking(move || match exports {
+            Some(e) => ExportTable::open(&e, Some(DrcConfig::default())),
+            None => ExportTable::single(&export, name, read_only),
+        })
+        .await
+        .map_err(io::Error::other)??,
+    );
+    let server = table.exports()[0].server.clone();
     let portmapper = Portmapper::new();
     let nfs_dispatcher = Arc::new(
         Dispatcher::new()
-            .with(server.nfs_program())
-            .with(server.mount_program())
+            .with(table.nfs_program())
+            .with(table.mount_program())
             .with(Arc::new(PortmapProgram(portmapper.clone()))),
     );
     let scfg = ServerConfig::default().with_max_record(MAX_RECORD);
@@ -178,7 +188,7 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
         }
     }
     if let Some(addr) = config.mount {
-        let d = Arc::new(Dispatcher::new().with(server.mount_program()));
+        let d = Arc::new(Dispatcher::new().with(table.mount_program()));
         let l = TcpServer::bind(addr, d, ServerConfig::default()).await?;
         let a = l.local_addr();
         mount_addr = Some(a);
@@ -203,7 +213,7 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
     let mut rdma_addr = None;
     if let Some(addr) = config.rdma {
         // RFC 8267 §5.1: only NFS itself is offered over RPC-over-RDMA.
-        let d = Dispatcher::new().with(server.nfs_program());
+        let d = Dispatcher::new().with(table.nfs_program());
         let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
         let r =
             rpcrdma::RdmaServer::bind(addr, d, vec![ulb], config.rdma_config.unwrap_or_default())

@@ -74,7 +74,11 @@ impl NfsServer {
         opts: ExportOptions,
         drc: Option<DrcConfig>,
     ) -> std::io::Result<Arc<Self>> {
-        let export = Export::open(root)?;
+        Ok(Self::from_export(Export::open(root)?, opts, drc))
+    }
+
+    /// Serve an export already opened (see [`crate::gate::ExportTable`]).
+    pub fn from_export(export: Export, opts: ExportOptions, drc: Option<DrcConfig>) -> Arc<Self> {
         let mut write_verf = rand::random::<[u8; 8]>();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -82,14 +86,14 @@ impl NfsServer {
         for (v, t) in write_verf.iter_mut().zip(now.to_be_bytes()) {
             *v ^= t;
         }
-        Ok(Arc::new(NfsServer {
+        Arc::new(NfsServer {
             export,
             opts,
             write_verf,
             mounts: Mutex::new(Vec::new()),
             read_bufs: oncrpc::BufPool::new(POOLED_READ_KEEP),
             drc: drc.map(DuplicateCache::new),
-        }))
+        })
     }
 
     /// The export.

@@ -268,19 +268,26 @@ fn o_path_dir() -> OFlags {
 impl Export {
     /// Open an export rooted at `root` (which must be a directory).
     pub fn open(root: &Path) -> std::io::Result<Self> {
+        Self::open_with_fsid(root, None)
+    }
+
+    /// [`Export::open`], with the file-system id clients see set to `fsid` (exports(5)
+    /// `fsid=N`) instead of the one derived from the root's device and inode.
+    pub fn open_with_fsid(root: &Path, fsid: Option<u64>) -> std::io::Result<Self> {
         let root = root.canonicalize()?;
         let root_fd = rustix::fs::open(&root, o_path_dir(), Mode::empty())?;
         let st = rustix::fs::statx(&root_fd, "", AtFlags::EMPTY_PATH, statx_flags())?;
         if !is_dir(&st) {
             return Err(std::io::Error::from(rustix::io::Errno::NOTDIR));
         }
-        let fsid = mix(
+        let derived = mix(
             mix(
                 mix(0xcbf2_9ce4_8422_2325, u64::from(st.stx_dev_major)),
                 u64::from(st.stx_dev_minor),
             ),
             st.stx_ino,
         );
+        let fsid = fsid.unwrap_or(derived);
         let mut index = HashMap::new();
         index.insert(st.stx_ino, PathBuf::new());
         Ok(Export {
@@ -321,6 +328,27 @@ impl Export {
     /// The root's handle.
     pub fn root_handle(&self) -> NfsResult<Fh3> {
         let st = self.stat_rel(Path::new(""))?;
+        Ok(self.handle_of(&st))
+    }
+
+    /// The handle of the directory at `rel` below the root, walked one component at a time
+    /// without following symbolic links (MNT of a directory below an export: the walk cannot
+    /// leave the export). NOTDIR when the last component is not a directory.
+    pub fn dir_handle(&self, rel: &Path) -> NfsResult<Fh3> {
+        if rel.as_os_str().is_empty() {
+            return self.root_handle();
+        }
+        let st = self.stat_rel(rel)?;
+        if !is_dir(&st) {
+            return Err(Nfsstat3::NotDir);
+        }
+        // The walk: every component a real directory, never a symlink, never `..`.
+        let fd = self.open_dir(rel)?;
+        let st2 = rustix::fs::statx(&fd, "", AtFlags::EMPTY_PATH, statx_flags())?;
+        if st2.stx_ino != st.stx_ino {
+            return Err(Nfsstat3::Stale);
+        }
+        self.remember(st.stx_ino, rel);
         Ok(self.handle_of(&st))
     }
 

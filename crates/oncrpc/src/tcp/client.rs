@@ -46,6 +46,9 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Largest reply record accepted; a larger one breaks the connection.
     pub max_record: usize,
+    /// Bind connections to this local address first (a source address of the client's
+    /// choosing, or a port below 1024 for servers that insist on one, as Linux's `resvport`).
+    pub local_addr: Option<SocketAddr>,
 }
 
 impl Default for ClientConfig {
@@ -57,6 +60,7 @@ impl Default for ClientConfig {
             reconnect_backoff: Duration::from_millis(20),
             connect_timeout: Duration::from_secs(5),
             max_record: DEFAULT_MAX_RECORD,
+            local_addr: None,
         }
     }
 }
@@ -77,6 +81,12 @@ impl ClientConfig {
     /// Set the number of consecutive connection attempts.
     pub fn with_reconnect_attempts(mut self, n: u32) -> Self {
         self.reconnect_attempts = n.max(1);
+        self
+    }
+
+    /// Bind connections to `addr` first ([`ClientConfig::local_addr`]).
+    pub fn with_local_addr(mut self, addr: SocketAddr) -> Self {
+        self.local_addr = Some(addr);
         self
     }
 
@@ -243,7 +253,22 @@ impl RpcTransport for TcpClient {
 }
 
 async fn connect_once(peer: SocketAddr, config: &ClientConfig) -> io::Result<TcpStream> {
-    let stream = tokio::time::timeout(config.connect_timeout, TcpStream::connect(peer))
+    let connect = async {
+        match config.local_addr {
+            None => TcpStream::connect(peer).await,
+            Some(local) => {
+                let sock = if local.is_ipv4() {
+                    tokio::net::TcpSocket::new_v4()?
+                } else {
+                    tokio::net::TcpSocket::new_v6()?
+                };
+                sock.set_reuseaddr(true)?;
+                sock.bind(local)?;
+                sock.connect(peer).await
+            }
+        }
+    };
+    let stream = tokio::time::timeout(config.connect_timeout, connect)
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
     let _ = stream.set_nodelay(true);

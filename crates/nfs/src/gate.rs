@@ -1,0 +1,482 @@
+//! Several exports behind one NFS and one MOUNT program, with exports(5) access control on
+//! every call.
+//!
+//! Each export is served by its own [`NfsServer`] (its own file-system id, so its file handles
+//! name it). The [`ExportTable`]'s NFS program finds the export a call is for from the file
+//! system id in the call's first file handle (every NFSv3 procedure but NULL starts with one),
+//! then checks the caller against that export's client list — on every call, not only at MNT,
+//! since file handles outlive mounts and can be passed around — and applies the options of the
+//! client specification that matched: `secure` (source port below 1024), `ro` (NFS3ERR_ROFS
+//! for modifying procedures) and identity squashing (the AUTH_SYS credential is rewritten
+//! before the export's server sees it). A refused caller gets NFS3ERR_ACCES, and the first
+//! refusal of each client and export is logged with the reason.
+//!
+//! The MOUNT program accepts any directory at or below an export, as Linux's mountd does (the
+//! path below the export is walked one component at a time, never following symbolic links,
+//! so a mount cannot leave its export), and EXPORT lists the exports' real paths with their
+//! client lists.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use oncrpc::service::BoxFuture;
+use oncrpc::{AuthStat, Call, Credential, Outcome, Program};
+use xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
+
+use crate::drc::DrcConfig;
+use crate::exports::{ClientOptions, ClientRule, ClientSpec, ExportEntry, Exports, Squash};
+use crate::mount::{
+    self, DirPath, ExportNode, Fhandle3, List, MountBody, MountOk, MountRes, Mountstat3, Name,
+};
+use crate::nfs3::{self, Nfsstat3, proc_};
+use crate::server::{ExportOptions, NfsServer};
+use crate::vfs::{Export, HandleData};
+use crate::xdr_util::Void;
+
+/// One export and the server behind it.
+pub struct Exported {
+    pub entry: ExportEntry,
+    pub server: Arc<NfsServer>,
+    program: Arc<dyn Program>,
+}
+
+impl std::fmt::Debug for Exported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exported")
+            .field("entry", &self.entry)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Refusals logged at warning level, per (client, export); later ones go to debug.
+const REFUSALS_LOGGED: usize = 1024;
+
+/// The exports a server serves, and who may use them.
+#[derive(Debug)]
+pub struct ExportTable {
+    exports: Vec<Exported>,
+    /// Extra names MNT accepts for the only export of the single-directory shorthand ("/",
+    /// which the interop lab and older setups mount, and `--export NAME`).
+    aliases: Vec<String>,
+    mounts: Mutex<Vec<(String, String)>>,
+    logged: Mutex<HashSet<(IpAddr, usize)>>,
+}
+
+impl ExportTable {
+    /// Open every export of `exports` (blocking: directories are opened and stat'ed).
+    pub fn open(exports: &Exports, drc: Option<DrcConfig>) -> std::io::Result<Self> {
+        let mut out = Vec::new();
+        for entry in &exports.entries {
+            let fsid = entry.clients.iter().find_map(|r| r.options.fsid);
+            let export = Export::open_with_fsid(&entry.path, fsid).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("export {}: {e}", entry.path.display()))
+            })?;
+            if let Some(other) = out
+                .iter()
+                .find(|x: &&Exported| x.server.export().fsid() == export.fsid())
+            {
+                return Err(std::io::Error::other(format!(
+                    "exports {} and {} have the same fsid; give one of them fsid=N",
+                    other.entry.path.display(),
+                    entry.path.display()
+                )));
+            }
+            let server = NfsServer::from_export(
+                export,
+                ExportOptions {
+                    read_only: false,
+                    name: entry.path.to_string_lossy().into_owned(),
+                },
+                drc,
+            );
+            let program = server.nfs_program();
+            out.push(Exported {
+                entry: entry.clone(),
+                server,
+                program,
+            });
+        }
+        if out.is_empty() {
+            return Err(std::io::Error::other("no exports"));
+        }
+        Ok(ExportTable {
+            exports: out,
+            aliases: Vec::new(),
+            mounts: Mutex::new(Vec::new()),
+            logged: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// The single-directory shorthand (`oxrdma nfs serve DIR`): `DIR` exported to everybody
+    /// who can reach the listeners, read-write (or `ro`), without squashing and from any port,
+    /// as this server always did; MNT also accepts `/` and `name`. Use an exports file to
+    /// restrict clients.
+    pub fn single(dir: &Path, name: Option<String>, read_only: bool) -> std::io::Result<Self> {
+        let path = dir.canonicalize()?;
+        let exports = Exports {
+            entries: vec![ExportEntry {
+                path,
+                clients: vec![ClientRule {
+                    spec: ClientSpec::Anyone,
+                    options: ClientOptions {
+                        read_only,
+                        squash: Squash::None,
+                        secure: false,
+                        ..ClientOptions::default()
+                    },
+                }],
+            }],
+        };
+        let mut t = Self::open(&exports, Some(DrcConfig::default()))?;
+        t.aliases = std::iter::once("/".to_string()).chain(name).collect();
+        Ok(t)
+    }
+
+    /// The exports.
+    pub fn exports(&self) -> &[Exported] {
+        &self.exports
+    }
+
+    /// The NFS (100003 v3) program over every export.
+    pub fn nfs_program(self: &Arc<Self>) -> Arc<dyn Program> {
+        Arc::new(GatedNfs(self.clone()))
+    }
+
+    /// The MOUNT (100005 v3) program over every export.
+    pub fn mount_program(self: &Arc<Self>) -> Arc<dyn Program> {
+        Arc::new(GatedMount(self.clone()))
+    }
+
+    fn by_fsid(&self, fsid: u64) -> Option<usize> {
+        self.exports
+            .iter()
+            .position(|x| x.server.export().fsid() == fsid)
+    }
+
+    /// The rule that admits `peer` to export `i`, or NFS3ERR_ACCES's reason, logged.
+    fn admit(&self, i: usize, peer: SocketAddr) -> Option<&ClientRule> {
+        let x = &self.exports[i];
+        match x.entry.admit(peer) {
+            Ok(rule) => Some(rule),
+            Err(why) => {
+                let first = {
+                    let mut g = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+                    g.len() < REFUSALS_LOGGED && g.insert((peer.ip(), i))
+                };
+                if first {
+                    tracing::warn!(client = %peer, export = %x.entry.path.display(), reason = %why, "client refused");
+                } else {
+                    tracing::debug!(client = %peer, export = %x.entry.path.display(), reason = %why, "client refused");
+                }
+                None
+            }
+        }
+    }
+
+    /// The export a mount path belongs to, and the path below it.
+    fn find_mount(&self, dir: &str) -> Option<(usize, PathBuf)> {
+        let trimmed = match dir.trim_end_matches('/') {
+            "" => "/",
+            t => t,
+        };
+        if self.exports.len() == 1
+            && self
+                .aliases
+                .iter()
+                .any(|a| a.trim_end_matches('/') == trimmed.trim_end_matches('/'))
+        {
+            return Some((0, PathBuf::new()));
+        }
+        let dir = Path::new(trimmed);
+        self.exports
+            .iter()
+            .enumerate()
+            .filter_map(|(i, x)| dir.strip_prefix(&x.entry.path).ok().map(|rest| (i, rest)))
+            .max_by_key(|(i, _)| self.exports[*i].entry.path.components().count())
+            .map(|(i, rest)| (i, rest.to_path_buf()))
+    }
+
+    /// MNT (RFC 1813 Appendix I).
+    fn mnt(&self, path: &[u8], peer: Option<SocketAddr>) -> MountRes {
+        let Ok(p) = std::str::from_utf8(path) else {
+            return MountRes::Err(Mountstat3::NoEnt);
+        };
+        let Some((i, rest)) = self.find_mount(p) else {
+            return MountRes::Err(Mountstat3::NoEnt);
+        };
+        if let Some(peer) = peer
+            && self.admit(i, peer).is_none()
+        {
+            return MountRes::Err(Mountstat3::Acces);
+        }
+        match self.exports[i].server.export().dir_handle(&rest) {
+            Ok(fh) => {
+                let host = peer.map_or_else(|| "local".to_string(), |p| p.ip().to_string());
+                let mut m = self.mounts.lock().unwrap_or_else(|e| e.into_inner());
+                let entry = (host, p.to_string());
+                if !m.contains(&entry) && m.len() < 4096 {
+                    m.push(entry);
+                }
+                MountRes::Ok(MountOk {
+                    fhandle: Fhandle3(fh.0),
+                    auth_flavors: vec![oncrpc::auth::AUTH_SYS, oncrpc::auth::AUTH_NONE],
+                })
+            }
+            Err(Nfsstat3::NotDir) => MountRes::Err(Mountstat3::NotDir),
+            Err(Nfsstat3::Acces) => MountRes::Err(Mountstat3::Acces),
+            Err(_) => MountRes::Err(Mountstat3::NoEnt),
+        }
+    }
+
+    fn export_list(&self) -> List<ExportNode> {
+        List(
+            self.exports
+                .iter()
+                .map(|x| ExportNode {
+                    dir: DirPath(Bytes::from(x.entry.path.to_string_lossy().into_owned())),
+                    groups: List(
+                        x.entry
+                            .clients
+                            .iter()
+                            .map(|r| Name(Bytes::from(r.spec.to_string())))
+                            .collect(),
+                    ),
+                })
+                .collect(),
+        )
+    }
+}
+
+/// True for the NFSv3 procedures a read-only export refuses with NFS3ERR_ROFS.
+fn modifies(p: u32) -> bool {
+    matches!(
+        p,
+        proc_::SETATTR
+            | proc_::WRITE
+            | proc_::CREATE
+            | proc_::MKDIR
+            | proc_::SYMLINK
+            | proc_::MKNOD
+            | proc_::REMOVE
+            | proc_::RMDIR
+            | proc_::RENAME
+            | proc_::LINK
+    )
+}
+
+/// Encode procedure `p`'s failure result with `status`: the status, then the procedure's
+/// `resfail` arm with every attribute absent (RFC 1813 §3.3: post_op_attr and pre_op_attr are
+/// optional, so "no attributes" is always a valid failure body).
+fn encode_failure(p: u32, status: Nfsstat3, enc: &mut Encoder) {
+    enc.put_u32(status as u32);
+    let absent = match p {
+        proc_::GETATTR => 0,
+        proc_::LOOKUP
+        | proc_::ACCESS
+        | proc_::READLINK
+        | proc_::READ
+        | proc_::READDIR
+        | proc_::READDIRPLUS
+        | proc_::FSSTAT
+        | proc_::FSINFO
+        | proc_::PATHCONF => 1,
+        proc_::SETATTR
+        | proc_::WRITE
+        | proc_::CREATE
+        | proc_::MKDIR
+        | proc_::SYMLINK
+        | proc_::MKNOD
+        | proc_::REMOVE
+        | proc_::RMDIR
+        | proc_::COMMIT => 2,
+        proc_::LINK => 3,
+        proc_::RENAME => 4,
+        _ => 0,
+    };
+    for _ in 0..absent {
+        enc.put_u32(0);
+    }
+}
+
+/// The file-system id in the first file handle of a call's arguments.
+fn first_fsid(args: &Bytes) -> Option<u64> {
+    let mut d = Decoder::from_bytes(args);
+    let fh = nfs3::Fh3::decode(&mut d).ok()?;
+    HandleData::from_fh(&fh).ok().map(|h| h.fsid)
+}
+
+/// Rewrite an AUTH_SYS credential as the export's squash options say. AUTH_NONE callers are
+/// already the anonymous user.
+fn squash(cred: Credential, o: &ClientOptions) -> Credential {
+    match cred {
+        Credential::Sys(mut s) => {
+            let (uid, gid, gids) = o.map_identity(s.uid, s.gid, &s.gids);
+            s.uid = uid;
+            s.gid = gid;
+            s.gids = gids;
+            Credential::Sys(s)
+        }
+        other => other,
+    }
+}
+
+#[derive(Debug)]
+struct GatedNfs(Arc<ExportTable>);
+
+impl Program for GatedNfs {
+    fn program(&self) -> u32 {
+        nfs3::PROGRAM
+    }
+    fn versions(&self) -> (u32, u32) {
+        (nfs3::VERSION, nfs3::VERSION)
+    }
+    fn name(&self) -> &'static str {
+        "nfs"
+    }
+    fn call(&self, mut call: Call) -> BoxFuture<'_, Outcome> {
+        let t = &self.0;
+        let p = call.header.proc_;
+        // An unknown or foreign file system id goes to the first export, whose server answers
+        // it with NFS3ERR_STALE or NFS3ERR_BADHANDLE as it always did.
+        let i = if p == proc_::NULL {
+            0
+        } else {
+            first_fsid(&call.args)
+                .and_then(|f| t.by_fsid(f))
+                .unwrap_or(0)
+        };
+        if p != proc_::NULL
+            && let Some(peer) = call.context.peer
+        {
+            let refuse = |status| {
+                let mut enc = call.reply_encoder();
+                encode_failure(p, status, &mut enc);
+                Outcome::Success(enc.finish())
+            };
+            let Some(rule) = t.admit(i, peer) else {
+                return Box::pin(std::future::ready(refuse(Nfsstat3::Acces)));
+            };
+            if rule.options.read_only && modifies(p) {
+                return Box::pin(std::future::ready(refuse(Nfsstat3::Rofs)));
+            }
+            if !matches!(call.credential, Credential::Sys(_) | Credential::None) {
+                // exports(5) sec=sys is the only flavor served.
+                return Box::pin(std::future::ready(Outcome::AuthError(AuthStat::TooWeak)));
+            }
+            call.credential = squash(call.credential, &rule.options);
+        }
+        t.exports[i].program.call(call)
+    }
+}
+
+#[derive(Debug)]
+struct GatedMount(Arc<ExportTable>);
+
+impl Program for GatedMount {
+    fn program(&self) -> u32 {
+        mount::PROGRAM
+    }
+    fn versions(&self) -> (u32, u32) {
+        (mount::VERSION, mount::VERSION)
+    }
+    fn name(&self) -> &'static str {
+        "mountd"
+    }
+    fn call(&self, call: Call) -> BoxFuture<'_, Outcome> {
+        let t = self.0.clone();
+        Box::pin(async move {
+            let peer = call.context.peer;
+            let host = peer.map_or_else(|| "local".to_string(), |p| p.ip().to_string());
+            let mut dec = call.args_decoder();
+            let mut enc = call.reply_encoder();
+            macro_rules! args {
+                ($t:ty) => {{
+                    let Ok(v) = <$t>::decode(&mut dec) else {
+                        return Outcome::GarbageArgs;
+                    };
+                    if dec.finish().is_err() {
+                        return Outcome::GarbageArgs;
+                    }
+                    v
+                }};
+            }
+            let mounts = || t.mounts.lock().unwrap_or_else(|e| e.into_inner());
+            match call.header.proc_ {
+                mount::proc_::NULL => {
+                    let _ = args!(Void);
+                }
+                mount::proc_::MNT => {
+                    let p = args!(DirPath);
+                    if !matches!(call.credential, Credential::Sys(_) | Credential::None) {
+                        return Outcome::AuthError(AuthStat::TooWeak);
+                    }
+                    let t2 = t.clone();
+                    let res = tokio::task::spawn_blocking(move || t2.mnt(p.as_bytes(), peer)).await;
+                    match res {
+                        Ok(r) => r.encode(&mut enc),
+                        Err(_) => return Outcome::SystemErr,
+                    }
+                }
+                mount::proc_::DUMP => {
+                    let _ = args!(Void);
+                    let m = mounts().clone();
+                    List(
+                        m.into_iter()
+                            .map(|(h, d)| MountBody {
+                                hostname: Name(Bytes::from(h)),
+                                directory: DirPath(Bytes::from(d)),
+                            })
+                            .collect(),
+                    )
+                    .encode(&mut enc);
+                }
+                mount::proc_::UMNT => {
+                    let p = args!(DirPath);
+                    let p = String::from_utf8_lossy(p.as_bytes()).into_owned();
+                    mounts().retain(|(h, d)| {
+                        !(h == &host && d.trim_end_matches('/') == p.trim_end_matches('/'))
+                    });
+                }
+                mount::proc_::UMNTALL => {
+                    let _ = args!(Void);
+                    mounts().retain(|(h, _)| h != &host);
+                }
+                mount::proc_::EXPORT => {
+                    let _ = args!(Void);
+                    t.export_list().encode(&mut enc);
+                }
+                _ => return Outcome::ProcUnavail,
+            }
+            Outcome::Success(enc.finish())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_bodies_have_the_shape_of_each_result() {
+        // status + resfail with every attribute absent: 4 bytes per word.
+        let words = |p| {
+            let mut e = Encoder::new();
+            encode_failure(p, Nfsstat3::Acces, &mut e);
+            e.into_bytes().len() / 4
+        };
+        assert_eq!(words(proc_::GETATTR), 1);
+        assert_eq!(words(proc_::LOOKUP), 2);
+        assert_eq!(words(proc_::WRITE), 3);
+        assert_eq!(words(proc_::LINK), 4);
+        assert_eq!(words(proc_::RENAME), 5);
+        // Each decodes as the procedure's result type with the status.
+        let mut e = Encoder::new();
+        encode_failure(proc_::RENAME, Nfsstat3::Rofs, &mut e);
+        let b = e.into_bytes();
+        let r = nfs3::RenameRes::decode(&mut Decoder::new(&b)).unwrap();
+        assert!(matches!(r, nfs3::Res::Err(Nfsstat3::Rofs, _)));
+    }
+}
