@@ -79,6 +79,7 @@ impl ServeConfig {
 #[derive(Debug)]
 pub struct Served {
     server: Arc<NfsServer>,
+    table: Arc<ExportTable>,
     portmapper: Arc<Portmapper>,
     nfs_dispatcher: Arc<Dispatcher>,
     /// Where NFS (and MOUNT) listen.
@@ -94,6 +95,11 @@ pub struct Served {
 }
 
 impl Served {
+    /// Every export served, with its client list.
+    pub fn exports(&self) -> &[crate::gate::Exported] {
+        self.table.exports()
+    }
+
     /// The NFS server state (export, write verifier).
     pub fn server(&self) -> &Arc<NfsServer> {
         &self.server
@@ -224,6 +230,7 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
     }
     let served = Served {
         server,
+        table: table.clone(),
         portmapper,
         nfs_dispatcher,
         nfs_addr,

@@ -47,8 +47,21 @@ pub enum NfsCommand {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// The directory to export (as "/", and under its own canonical path).
-    dir: PathBuf,
+    /// The directory to export to everybody who can reach the listeners, read-write, without
+    /// squashing (mounted as "/", as --export PATH, or under its own canonical path). Use
+    /// --exports to restrict clients.
+    #[arg(required_unless_present = "exports", conflicts_with = "exports")]
+    dir: Option<PathBuf>,
+    /// Serve the exports of an exports(5) file instead of DIR: several directories, each with
+    /// its client list and options (ro/rw, root_squash/no_root_squash/all_squash,
+    /// anonuid/anongid, secure/insecure, fsid, sec=sys), checked on every call.
+    #[arg(long, value_name = "FILE")]
+    exports: Option<PathBuf>,
+    /// The address every default listener binds [default: 127.0.0.1, which only this machine
+    /// can reach]. Give 0.0.0.0 (or ::) to serve a network; --tcp, --rdma and --portmap
+    /// override it per listener.
+    #[arg(long, value_name = "IP")]
+    listen: Option<IpAddr>,
     /// NFS over RPC-over-RDMA (soft-iWARP over TCP) on ADDR [default: 127.0.0.1:20049].
     #[arg(long, value_name = "ADDR")]
     rdma: Option<SocketAddr>,
@@ -95,13 +108,29 @@ fn mount_host(a: SocketAddr) -> String {
 }
 
 async fn serve(a: ServeArgs) -> CmdResult {
-    let meta =
-        std::fs::metadata(&a.dir).map_err(|e| format!("cannot export {}: {e}", a.dir.display()))?;
-    if !meta.is_dir() {
-        return Err(format!("cannot export {}: not a directory", a.dir.display()).into());
-    }
+    let mut cfg = match (&a.dir, &a.exports) {
+        (_, Some(file)) => {
+            let e = nfs::exports::Exports::load(file).map_err(|e| format!("{e}"))?;
+            if e.entries.is_empty() {
+                return Err(format!("{}: no exports", file.display()).into());
+            }
+            let mut c = ServeConfig::new("/");
+            c.exports = Some(e);
+            c
+        }
+        (Some(dir), None) => {
+            let meta = std::fs::metadata(dir)
+                .map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
+            if !meta.is_dir() {
+                return Err(format!("cannot export {}: not a directory", dir.display()).into());
+            }
+            ServeConfig::new(dir)
+        }
+        (None, None) => return Err("give a directory or --exports FILE".into()),
+    };
+    let ip = a.listen.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let localhost = |port| SocketAddr::new(ip, port);
     let tcp = a.tcp.unwrap_or(localhost(NFS_PORT));
-    let mut cfg = ServeConfig::new(&a.dir);
     cfg.export_name = Some(a.export.clone());
     cfg.read_only = a.read_only;
     cfg.tcp = Some(tcp);
@@ -141,7 +170,7 @@ async fn serve(a: ServeArgs) -> CmdResult {
             e.to_string()
         };
         eprintln!(
-            "oxrdma: warning: no port mapper on 127.0.0.1:111 ({why}); continuing without it. \
+            "oxrdma: warning: no port mapper on {ip}:111 ({why}); continuing without it. \
              Clients must give the ports: mount -o port=...,mountport=...,mountproto=tcp \
              (see below), or use --portmap ADDR / --no-portmap."
         );
@@ -155,16 +184,32 @@ async fn serve(a: ServeArgs) -> CmdResult {
 }
 
 fn print_served(s: &Served, a: &ServeArgs) {
-    let root = s.server().export().root_path().display().to_string();
-    println!(
-        "exporting {root} as {:?} ({})",
-        a.export,
-        if a.read_only {
-            "read-only"
-        } else {
-            "read-write"
+    if a.exports.is_some() {
+        for x in s.exports() {
+            let clients: Vec<String> = x
+                .entry
+                .clients
+                .iter()
+                .map(|r| format!("{}({})", r.spec, r.options.describe()))
+                .collect();
+            println!(
+                "exporting {} to {}",
+                x.entry.path.display(),
+                clients.join(" ")
+            );
         }
-    );
+    } else {
+        let root = s.server().export().root_path().display().to_string();
+        println!(
+            "exporting {root} as {:?} ({})",
+            a.export,
+            if a.read_only {
+                "read-only"
+            } else {
+                "read-write"
+            }
+        );
+    }
     println!(
         "ADDRS nfs={} rdma={} mount={} portmap={}",
         show(s.nfs_addr, "tcp"),
@@ -175,7 +220,10 @@ fn print_served(s: &Served, a: &ServeArgs) {
     let Some(nfs) = s.nfs_addr else { return };
     let mport = s.mount_addr.unwrap_or(nfs).port();
     let host = mount_host(nfs);
-    let export = &a.export;
+    let export = match s.exports().first() {
+        Some(x) if a.exports.is_some() => x.entry.path.display().to_string(),
+        _ => a.export.clone(),
+    };
     println!("mount from a Linux client (as root; nolock: no NLM/statd here):");
     if let Some(r) = s.rdma_addr {
         println!(
