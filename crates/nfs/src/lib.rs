@@ -13,6 +13,9 @@
 //!   `oncrpc::Program`s (NFS 100003 v3, MOUNT 100005 v3). Stateless file handles that survive
 //!   a restart, paths confined to the export (no `..` or symlink escape), AUTH_SYS permission
 //!   checks, real `fsync` for COMMIT and stable WRITEs.
+//! - [`drc`]: the duplicate request cache: a non-idempotent call retransmitted after a
+//!   reconnect (to a new connection, or over the other transport) gets the reply of its first
+//!   execution instead of running twice.
 //! - [`portmap::Portmapper`]: a port mapper / rpcbind registry served as a program.
 //! - [`client`]: NFSv3, MOUNT and port mapper clients over any `oncrpc::RpcTransport`, with
 //!   the binding applied (WRITE data and SYMLINK paths DDP-eligible; READ and READLINK calls
@@ -34,6 +37,7 @@
 mod xdr_util;
 
 pub mod client;
+pub mod drc;
 pub mod mount;
 pub mod nfs3;
 pub mod nfsacl;

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use oncrpc::{Dispatcher, ServerConfig, TcpServer};
 
+use crate::drc::DrcConfig;
 use crate::portmap::{PortmapProgram, Portmapper, Registration};
 use crate::server::{ExportOptions, NfsServer};
 use crate::ulb::NfsBinding;
@@ -46,6 +47,10 @@ pub struct ServeConfig {
     /// RPC-over-RDMA settings (device, credits, inline sizes, capture); soft-iWARP over TCP
     /// with the defaults when `None`.
     pub rdma_config: Option<rpcrdma::TransportConfig>,
+    /// Bounds of the duplicate request cache shared by NFS over every transport
+    /// ([`crate::drc`]); `None` runs without one (a retransmitted non-idempotent call then
+    /// executes again).
+    pub drc: Option<DrcConfig>,
 }
 
 impl ServeConfig {
@@ -63,6 +68,7 @@ impl ServeConfig {
             )),
             rdma: None,
             rdma_config: None,
+            drc: Some(DrcConfig::default()),
         }
     }
 }
@@ -139,8 +145,9 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
         .clone()
         .unwrap_or_else(|| "/".to_string());
     let read_only = config.read_only;
+    let drc = config.drc;
     let server = tokio::task::spawn_blocking(move || {
-        NfsServer::new(&export, ExportOptions { read_only, name })
+        NfsServer::with_drc(&export, ExportOptions { read_only, name }, drc)
     })
     .await
     .map_err(io::Error::other)??;

@@ -18,6 +18,7 @@ use oncrpc::{AuthStat, Call, Credential, Outcome, Program};
 use rustix::fs::{AtFlags, Mode, OFlags, Statx, Timestamps};
 use xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
 
+use crate::drc::{Admit, DrcConfig, DrcStats, Key, SharedCache, is_cached_proc};
 use crate::mount::{
     self, DirPath, ExportNode, Fhandle3, List, MountBody, MountOk, MountRes, Mountstat3, Name,
 };
@@ -50,6 +51,7 @@ pub struct NfsServer {
     write_verf: Verf,
     mounts: Mutex<Vec<(String, String)>>,
     read_bufs: Arc<oncrpc::BufPool>,
+    drc: Option<Arc<SharedCache>>,
 }
 
 /// READs of at least this many bytes use a pooled buffer ([`oncrpc::BufPool`]) of `MAX_IO`
@@ -59,9 +61,20 @@ const POOLED_READ_MIN: usize = (MAX_IO / 4) as usize;
 const POOLED_READ_KEEP: usize = 32;
 
 impl NfsServer {
-    /// Serve the directory `root`. The write verifier is new for every server instance
+    /// Serve the directory `root`, with a duplicate request cache of the default size
+    /// ([`DrcConfig::default`]). The write verifier is new for every server instance
     /// (RFC 1813 §3.3.7: it changes when the server restarts, so clients re-send UNSTABLE data).
     pub fn new(root: &Path, opts: ExportOptions) -> std::io::Result<Arc<Self>> {
+        Self::with_drc(root, opts, Some(DrcConfig::default()))
+    }
+
+    /// [`NfsServer::new`] with these duplicate request cache bounds, or none (`None`: every
+    /// retransmission executes again).
+    pub fn with_drc(
+        root: &Path,
+        opts: ExportOptions,
+        drc: Option<DrcConfig>,
+    ) -> std::io::Result<Arc<Self>> {
         let export = Export::open(root)?;
         let mut write_verf = rand::random::<[u8; 8]>();
         let now = std::time::SystemTime::now()
@@ -76,7 +89,13 @@ impl NfsServer {
             write_verf,
             mounts: Mutex::new(Vec::new()),
             read_bufs: oncrpc::BufPool::new(POOLED_READ_KEEP),
+            drc: drc.map(SharedCache::new),
         }))
+    }
+
+    /// Counters of the duplicate request cache (`None` without one).
+    pub fn drc_stats(&self) -> Option<DrcStats> {
+        self.drc.as_ref().map(|c| c.stats())
     }
 
     /// The export.
@@ -1425,6 +1444,24 @@ impl Program for NfsProgram {
             if matches!(args, Args::Null) {
                 return Outcome::Success(call.reply_encoder().finish());
             }
+            // The duplicate request cache (crate::drc): calls from the network of the
+            // procedures it covers.
+            let ticket = match (&server.drc, call.context.peer) {
+                (Some(cache), Some(peer)) if is_cached_proc(call.header.proc_) => {
+                    let h = &call.header;
+                    let key = Key::new(peer.ip(), h.xid, h.prog, h.vers, h.proc_, &call.args);
+                    match cache.admit(key) {
+                        Admit::Run(t) => t,
+                        Admit::Drop => return Outcome::NoReply,
+                        Admit::Replay(results) => {
+                            let mut enc = call.reply_encoder();
+                            enc.put_raw_bytes(results);
+                            return Outcome::Success(enc.finish());
+                        }
+                    }
+                }
+                _ => None,
+            };
             let mut enc = call.reply_encoder();
             if runs_inline(&args) {
                 server.execute(&cred, args, &mut enc);
@@ -1436,7 +1473,16 @@ impl Program for NfsProgram {
             })
             .await;
             match r {
-                Ok(e) => Outcome::Success(e),
+                Ok(e) => {
+                    if let Some(t) = ticket {
+                        // Kept with every item inline: a replay may go over another
+                        // transport, whose policy its own encoder applies (none of these
+                        // procedures has a DDP-eligible result, RFC 8267 §4.1).
+                        t.complete(e.unreduced());
+                    }
+                    Outcome::Success(e)
+                }
+                // Dropping the ticket forgets the call: a retransmission runs it.
                 Err(_) => Outcome::SystemErr,
             }
         })

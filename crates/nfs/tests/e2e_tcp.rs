@@ -25,6 +25,7 @@ async fn start_on(dir: &std::path::Path) -> Served {
         portmap: Some(local()),
         rdma: None,
         rdma_config: None,
+        drc: Some(nfs::drc::DrcConfig::default()),
     })
     .await
     .unwrap()
