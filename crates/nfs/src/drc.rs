@@ -1,101 +1,145 @@
-//! The duplicate request cache of the NFSv3 server.
+//! The duplicate request cache (DRC): replies of non-idempotent NFSv3 calls, kept so that a
+//! call retransmitted after a reconnect gets the reply of its first execution instead of
+//! running again (a retransmitted REMOVE would otherwise answer NFS3ERR_NOENT for a file it
+//! removed itself).
 //!
-//! RPC-over-RDMA clients retransmit every call that was outstanding when a connection was
-//! lost, with the same XID, on the next connection (RFC 8166 §4.2.1 keeps XIDs across
-//! retransmission); TCP clients do the same after a reconnect. A non-idempotent procedure run
-//! twice answers the retransmission with an error for work that succeeded (a REMOVE gets
-//! NFS3ERR_NOENT, an exclusive CREATE NFS3ERR_EXIST). Like Linux nfsd's reply cache
-//! (`fs/nfsd/nfscache.c`), this cache remembers the replies of the non-idempotent procedures and
-//! answers a retransmission with the reply the first execution produced; a retransmission that
-//! arrives while the first execution still runs gets no reply at all (the client will retransmit
-//! again).
+//! Behaviour follows Linux nfsd's reply cache (fs/nfsd/nfscache.c), with the differences noted
+//! below. [`ReplyCache`] is a plain data structure with no I/O and no clock of its own: callers
+//! pass `now`. [`SharedCache`] and [`Ticket`] are the thin layer the NFS program uses.
 //!
-//! The cache is a plain data structure: no I/O, no clock. It is bounded in entries and in bytes
-//! of cached replies, evicting the least recently inserted completed entry; entries still in
-//! progress are never evicted, and a call that would need more room than the bounds allow is
-//! simply run uncached.
-//!
-//! The key is the client's IP address (not its port: an RPC-over-RDMA reconnect comes from a
-//! new port, and may come over the other transport), the XID, program, version and procedure,
-//! and the length and CRC32C of the whole argument stream. nfsd sums only the first 256 bytes;
-//! the arguments of the procedures cached here are at most a few KiB (names, a symlink path,
-//! attributes), so hashing all of them costs little and tells apart two calls that share an XID
-//! but not their arguments (a client that reused an XID for a different call after a restart).
+//! - **Which calls**: RFC 1813's non-idempotent procedures SETATTR, CREATE (exclusive CREATE
+//!   included), MKDIR, SYMLINK, MKNOD, REMOVE, RMDIR, RENAME and LINK, and WRITE, which nfsd
+//!   caches too (its NFSv3 table marks WRITE `RC_REPLBUFF`): a WRITE replayed after a later
+//!   WRITE to the same range would put old data back. Reads and lookups are not cached.
+//! - **Key**: the client's IP address, XID, program, version, procedure, and the length and a
+//!   CRC-32C of the argument bytes. nfsd compares address *and port* and the transport
+//!   protocol; here the port and transport are left out on purpose, because an RPC-over-RDMA
+//!   client reconnects from a new port, and a client may come back over the other transport.
+//!   The arguments are the same bytes over either transport (RPC-over-RDMA puts Read chunk
+//!   data back in place before the program sees it).
+//! - **Checksum**: nfsd sums the first 256 bytes of the arguments plus their length, to keep
+//!   the cost of summing a large WRITE down. Here the first [`CSUM_PREFIX`] bytes are summed
+//!   with CRC-32C (hardware-assisted where the CPU has it): that covers every argument of the
+//!   cached procedures except WRITE's data (two file handles and two names of RENAME fit), and
+//!   a WRITE's handle, offset, count and the start of its data. A call that reuses an XID with
+//!   different arguments is a new call ([`DrcStats::mismatches`] counts them).
+//! - **States**: a new call enters *in progress*; its reply makes it *done*. A duplicate of a
+//!   call in progress is answered with nothing (the client retransmits again later); a
+//!   duplicate of a done call is answered with the cached reply. A call whose execution did not
+//!   produce a reply to cache (its future dropped, an RPC-level error) leaves the cache.
+//! - **Bounds**: at most [`DrcConfig::max_entries`] entries and [`DrcConfig::max_bytes`] bytes
+//!   (each entry is charged [`ENTRY_OVERHEAD`] plus its reply), evicting the least recently
+//!   used done entry; entries unused for [`DrcConfig::max_age`] are dropped (nfsd: 120 s).
+//!   In-progress entries are never evicted; when the cache is full of them, a new call runs
+//!   uncached ([`DrcStats::uncached`]), as nfsd does when it cannot allocate an entry.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use xdr::Encoded;
+use bytes::Bytes;
 
 use crate::nfs3::proc_;
 
-/// Bounds of a [`DuplicateCache`].
+/// Bytes of the arguments that go into the checksum (see the module documentation).
+pub const CSUM_PREFIX: usize = 1024;
+
+/// What each entry is charged on top of its reply: key, state, LRU and map bookkeeping.
+pub const ENTRY_OVERHEAD: usize = 128;
+
+/// Cache bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DrcConfig {
-    /// Entries kept (completed and in progress).
+    /// Most entries (in progress and done).
     pub max_entries: usize,
-    /// Bytes of cached replies kept, with [`ENTRY_OVERHEAD`] counted per entry.
+    /// Most bytes: [`ENTRY_OVERHEAD`] per entry plus the cached replies.
     pub max_bytes: usize,
+    /// A done entry unused for this long is dropped.
+    pub max_age: Duration,
 }
 
 impl Default for DrcConfig {
-    /// 4096 entries and 8 MiB: replies of the cached procedures are a few hundred bytes, so
-    /// the entry bound is the one that applies. nfsd sizes its cache from memory (a few
-    /// thousand entries per GiB); 4096 covers several clients' full credit windows of
-    /// non-idempotent calls (a Linux client keeps at most 128 RPC-over-RDMA credits).
+    /// 4096 entries, 8 MiB, 120 s.
+    ///
+    /// The entry bound is what matters: the cache has to hold a reply from its execution until
+    /// the client's retransmission after a reconnect (well under a second for both transports
+    /// here), while other calls go on. 4096 entries cover 32 clients each with 128
+    /// RPC-over-RDMA credits (the default grant) full of non-idempotent calls. The replies of
+    /// the cached procedures are small (the largest, CREATE/MKDIR/SYMLINK/MKNOD with a handle,
+    /// attributes and directory wcc data, is under 300 bytes), so 4096 full entries take about
+    /// 1.7 MB; the 8 MiB byte bound is a backstop that never binds with these replies. The age
+    /// is nfsd's (`RC_EXPIRE`).
     fn default() -> Self {
         DrcConfig {
             max_entries: 4096,
             max_bytes: 8 << 20,
+            max_age: Duration::from_secs(120),
         }
     }
 }
 
-/// Bytes counted for an entry besides its reply.
-pub const ENTRY_OVERHEAD: usize = 96;
+/// Counters since the cache was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrcStats {
+    /// Duplicates answered with a cached reply.
+    pub hits: u64,
+    /// New calls (entries created).
+    pub misses: u64,
+    /// Duplicates of a call still in progress, answered with nothing.
+    pub in_progress_drops: u64,
+    /// Done entries evicted to stay within the bounds.
+    pub evictions: u64,
+    /// Done entries dropped for age.
+    pub expired: u64,
+    /// New calls whose client and XID matched an entry with other arguments (or procedure).
+    pub mismatches: u64,
+    /// Calls run without an entry (the cache was full of calls in progress), and replies that
+    /// did not fit the byte bound.
+    pub uncached: u64,
+    /// Entries in the cache now.
+    pub entries: u64,
+    /// Bytes charged now.
+    pub bytes: u64,
+}
 
-/// What identifies one call for the cache.
+/// What identifies one call (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct DrcKey {
+pub struct Key {
     pub client: IpAddr,
     pub xid: u32,
     pub prog: u32,
     pub vers: u32,
     pub proc_: u32,
+    /// Length of the argument bytes.
     pub args_len: u32,
-    pub args_crc: u32,
+    /// CRC-32C of the first [`CSUM_PREFIX`] argument bytes.
+    pub args_sum: u32,
 }
 
-impl DrcKey {
-    /// The key of a call from `client` with these header fields and argument bytes.
-    pub fn new(client: IpAddr, xid: u32, prog: u32, vers: u32, proc_: u32, args: &[u8]) -> Self {
-        // One address family for one host: an IPv4 client seen as ::ffff:a.b.c.d is the same.
-        let client = match client {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(client, IpAddr::V4),
-            v4 => v4,
-        };
-        DrcKey {
-            client,
+impl Key {
+    /// The key of a call from `client` with these header fields and argument bytes. An
+    /// IPv4-mapped IPv6 address is taken as the IPv4 address it maps.
+    pub fn new(client: IpAddr, xid: u32, prog: u32, vers: u32, proc_: u32, args: &[u8]) -> Key {
+        let n = args.len().min(CSUM_PREFIX);
+        Key {
+            client: client.to_canonical(),
             xid,
             prog,
             vers,
             proc_,
             args_len: u32::try_from(args.len()).unwrap_or(u32::MAX),
-            args_crc: crc32c::crc32c(args),
+            args_sum: crc32c::crc32c(&args[..n]),
         }
     }
 }
 
-/// True for the NFSv3 procedures whose replies are cached: those that change the file system
-/// in a way a second execution would report differently. WRITE is left out: executing a
-/// retransmitted WRITE again stores the same bytes at the same offset and answers the same,
-/// while caching every WRITE would let a stream of them evict the entries that matter.
-pub fn is_cached_nfs3_proc(p: u32) -> bool {
+/// Whether NFSv3 procedure `proc_` goes through the cache.
+pub fn is_cached_proc(proc_: u32) -> bool {
     matches!(
-        p,
+        proc_,
         proc_::SETATTR
+            | proc_::WRITE
             | proc_::CREATE
             | proc_::MKDIR
             | proc_::SYMLINK
@@ -107,179 +151,286 @@ pub fn is_cached_nfs3_proc(p: u32) -> bool {
     )
 }
 
-/// What to do with a call.
-#[derive(Debug)]
-pub enum Lookup {
-    /// Not seen before: run it, then report with [`DuplicateCache::complete`] (or
-    /// [`DuplicateCache::abandon`]).
+/// What to do with a call ([`ReplyCache::begin`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Begin {
+    /// A new call: execute it, then [`ReplyCache::complete`] or [`ReplyCache::abandon`].
     Run,
-    /// Not seen before and no room to track it: run it uncached.
-    RunUncached,
-    /// A retransmission of a call still running: send nothing.
+    /// A duplicate of a call still executing: send nothing.
     InProgress,
-    /// A retransmission of a completed call: send this reply again.
-    Replay(Encoded),
+    /// A duplicate of a finished call: send this reply (the results, after the RPC header).
+    Replay(Bytes),
+    /// No room for an entry: execute without caching.
+    Uncached,
 }
 
 #[derive(Debug)]
-enum Entry {
+enum State {
     InProgress,
-    Done { reply: Encoded, bytes: usize },
+    Done {
+        reply: Bytes,
+        seq: u64,
+        used: Instant,
+    },
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    map: HashMap<DrcKey, Entry>,
-    /// Completed entries, oldest first (in-progress ones are not here).
-    order: VecDeque<DrcKey>,
-    bytes: usize,
-}
-
-/// Counters of a [`DuplicateCache`].
-#[derive(Debug, Default)]
-pub struct DrcStats {
-    /// Retransmissions answered from the cache.
-    pub replays: AtomicU64,
-    /// Retransmissions dropped because the original was still running.
-    pub in_progress_drops: AtomicU64,
-    /// Calls run and tracked.
-    pub misses: AtomicU64,
-    /// Calls run untracked because the cache was full of calls in progress.
-    pub uncached: AtomicU64,
-    /// Completed entries evicted to make room.
-    pub evictions: AtomicU64,
-}
-
-/// A bounded duplicate request cache.
+/// The cache itself (no I/O, no clock).
 #[derive(Debug)]
-pub struct DuplicateCache {
+pub struct ReplyCache {
     cfg: DrcConfig,
-    inner: Mutex<Inner>,
+    entries: HashMap<Key, State>,
+    /// Done entries, least recently used first.
+    lru: BTreeMap<u64, Key>,
+    /// Entries per (client, XID), to count XIDs reused with other arguments.
+    xids: HashMap<(IpAddr, u32), u32>,
+    next_seq: u64,
+    bytes: usize,
     stats: DrcStats,
 }
 
-impl DuplicateCache {
+impl ReplyCache {
     /// An empty cache with these bounds.
     pub fn new(cfg: DrcConfig) -> Self {
-        DuplicateCache {
+        ReplyCache {
             cfg,
-            inner: Mutex::new(Inner::default()),
+            entries: HashMap::new(),
+            lru: BTreeMap::new(),
+            xids: HashMap::new(),
+            next_seq: 0,
+            bytes: 0,
             stats: DrcStats::default(),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    /// The bounds.
+    pub fn config(&self) -> &DrcConfig {
+        &self.cfg
     }
 
-    /// The counters.
-    pub fn stats(&self) -> &DrcStats {
-        &self.stats
+    /// Counters, with the current size.
+    pub fn stats(&self) -> DrcStats {
+        DrcStats {
+            entries: self.entries.len() as u64,
+            bytes: self.bytes as u64,
+            ..self.stats
+        }
     }
 
-    /// Entries held now (completed and in progress) and bytes counted.
-    pub fn usage(&self) -> (usize, usize) {
-        let g = self.lock();
-        (g.map.len(), g.bytes)
+    /// Entries now (in progress and done).
+    pub fn len(&self) -> usize {
+        self.entries.len()
     }
 
-    /// Look a call up; a new call is recorded as in progress.
-    pub fn begin(&self, key: DrcKey) -> Lookup {
-        let mut g = self.lock();
-        match g.map.get(&key) {
-            Some(Entry::InProgress) => {
-                self.stats.in_progress_drops.fetch_add(1, Ordering::Relaxed);
-                return Lookup::InProgress;
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Bytes charged now.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Look a call up; a new call gets an in-progress entry (when there is room).
+    pub fn begin(&mut self, key: Key, now: Instant) -> Begin {
+        self.expire(now);
+        match self.entries.get_mut(&key) {
+            Some(State::InProgress) => {
+                self.stats.in_progress_drops += 1;
+                return Begin::InProgress;
             }
-            Some(Entry::Done { reply, .. }) => {
-                self.stats.replays.fetch_add(1, Ordering::Relaxed);
-                return Lookup::Replay(reply.clone());
+            Some(State::Done { reply, seq, used }) => {
+                self.stats.hits += 1;
+                let r = reply.clone();
+                // Most recently used again (nfsd moves a hit to the tail of its LRU).
+                self.lru.remove(seq);
+                *seq = self.next_seq;
+                *used = now;
+                self.lru.insert(self.next_seq, key);
+                self.next_seq += 1;
+                return Begin::Replay(r);
             }
             None => {}
         }
-        while g.map.len() >= self.cfg.max_entries || g.bytes + ENTRY_OVERHEAD > self.cfg.max_bytes {
-            if !self.evict_one(&mut g) {
-                self.stats.uncached.fetch_add(1, Ordering::Relaxed);
-                return Lookup::RunUncached;
-            }
+        self.stats.misses += 1;
+        if self.xids.contains_key(&(key.client, key.xid)) {
+            self.stats.mismatches += 1;
         }
-        g.map.insert(key, Entry::InProgress);
-        g.bytes += ENTRY_OVERHEAD;
-        self.stats.misses.fetch_add(1, Ordering::Relaxed);
-        Lookup::Run
+        if !self.make_room(1, ENTRY_OVERHEAD) {
+            self.stats.uncached += 1;
+            return Begin::Uncached;
+        }
+        self.entries.insert(key, State::InProgress);
+        *self.xids.entry((key.client, key.xid)).or_default() += 1;
+        self.bytes += ENTRY_OVERHEAD;
+        Begin::Run
     }
 
-    fn evict_one(&self, g: &mut Inner) -> bool {
-        while let Some(old) = g.order.pop_front() {
-            if let Some(Entry::Done { bytes, .. }) = g.map.get(&old) {
-                g.bytes -= *bytes;
-                g.map.remove(&old);
-                self.stats.evictions.fetch_add(1, Ordering::Relaxed);
-                return true;
-            }
-        }
-        false
-    }
-
-    /// The call of `key` (begun with [`Lookup::Run`]) finished with `reply`. Replies that
-    /// reduced data items into chunks are not kept (the cached procedures have none).
-    pub fn complete(&self, key: DrcKey, reply: &Encoded) {
-        let mut g = self.lock();
-        if !matches!(g.map.get(&key), Some(Entry::InProgress)) {
+    /// The call `key` (begun with [`Begin::Run`]) produced `reply`: keep it for duplicates.
+    /// A reply that cannot fit the byte bound is not kept (the entry goes).
+    pub fn complete(&mut self, key: &Key, reply: Bytes, now: Instant) {
+        if !matches!(self.entries.get(key), Some(State::InProgress)) {
             return;
         }
-        let size = ENTRY_OVERHEAD + reply.len();
-        // The in-progress entry already counted its overhead.
-        let extra = reply.len();
-        if !reply.reduced.is_empty() || size > self.cfg.max_bytes {
-            g.map.remove(&key);
-            g.bytes -= ENTRY_OVERHEAD;
+        // A reply that could never fit does not empty the cache first.
+        if ENTRY_OVERHEAD + reply.len() > self.cfg.max_bytes || !self.make_room(0, reply.len()) {
+            self.stats.uncached += 1;
+            self.remove(key);
             return;
         }
-        while g.bytes + extra > self.cfg.max_bytes {
-            if !self.evict_one(&mut g) {
-                g.map.remove(&key);
-                g.bytes -= ENTRY_OVERHEAD;
-                return;
-            }
-        }
-        g.bytes += extra;
-        g.map.insert(
-            key,
-            Entry::Done {
-                reply: reply.clone(),
-                bytes: size,
+        self.bytes += reply.len();
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.lru.insert(seq, *key);
+        self.entries.insert(
+            *key,
+            State::Done {
+                reply,
+                seq,
+                used: now,
             },
         );
-        g.order.push_back(key);
     }
 
-    /// The call of `key` produced no reply worth keeping (an RPC-level error): forget it, so a
-    /// retransmission runs again.
-    pub fn abandon(&self, key: DrcKey) {
-        let mut g = self.lock();
-        if matches!(g.map.get(&key), Some(Entry::InProgress)) {
-            g.map.remove(&key);
-            g.bytes -= ENTRY_OVERHEAD;
+    /// The call `key` ended without a reply to keep (its execution was abandoned, or it failed
+    /// at the RPC level): forget it, so that a retransmission executes it.
+    pub fn abandon(&mut self, key: &Key) {
+        if matches!(self.entries.get(key), Some(State::InProgress)) {
+            self.remove(key);
+        }
+    }
+
+    /// Evict least recently used done entries until `entries` more entries and `bytes` more
+    /// bytes fit. False if they cannot (only in-progress entries left, or too large).
+    fn make_room(&mut self, entries: usize, bytes: usize) -> bool {
+        while self.entries.len() + entries > self.cfg.max_entries
+            || self.bytes + bytes > self.cfg.max_bytes
+        {
+            let Some((_, victim)) = self.lru.first_key_value().map(|(s, k)| (*s, *k)) else {
+                return false;
+            };
+            self.remove(&victim);
+            self.stats.evictions += 1;
+        }
+        true
+    }
+
+    /// Drop done entries unused for longer than the maximum age (they are at the front of the
+    /// LRU order, since `now` does not go backwards).
+    fn expire(&mut self, now: Instant) {
+        while let Some((_, key)) = self.lru.first_key_value().map(|(s, k)| (*s, *k)) {
+            let old = match self.entries.get(&key) {
+                Some(State::Done { used, .. }) => {
+                    now.saturating_duration_since(*used) >= self.cfg.max_age
+                }
+                _ => true,
+            };
+            if !old {
+                break;
+            }
+            self.remove(&key);
+            self.stats.expired += 1;
+        }
+    }
+
+    fn remove(&mut self, key: &Key) {
+        let Some(state) = self.entries.remove(key) else {
+            return;
+        };
+        self.bytes -= ENTRY_OVERHEAD;
+        if let State::Done { reply, seq, .. } = state {
+            self.bytes -= reply.len();
+            self.lru.remove(&seq);
+        }
+        let xk = (key.client, key.xid);
+        if let Some(n) = self.xids.get_mut(&xk) {
+            *n -= 1;
+            if *n == 0 {
+                self.xids.remove(&xk);
+            }
         }
     }
 }
 
-impl Default for DuplicateCache {
-    fn default() -> Self {
-        DuplicateCache::new(DrcConfig::default())
+/// A [`ReplyCache`] shared by the NFS program's calls on every connection and transport.
+#[derive(Debug)]
+pub struct SharedCache(Mutex<ReplyCache>);
+
+/// What the NFS program does with a call ([`SharedCache::admit`]).
+#[derive(Debug)]
+pub enum Admit {
+    /// Execute; give the reply to the ticket (if any: an uncached call has none).
+    Run(Option<Ticket>),
+    /// Send nothing.
+    Drop,
+    /// Send these results.
+    Replay(Bytes),
+}
+
+impl SharedCache {
+    /// An empty shared cache.
+    pub fn new(cfg: DrcConfig) -> Arc<Self> {
+        Arc::new(SharedCache(Mutex::new(ReplyCache::new(cfg))))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReplyCache> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> DrcStats {
+        self.lock().stats()
+    }
+
+    /// Look up a call from `client` (see [`ReplyCache::begin`]).
+    pub fn admit(self: &Arc<Self>, key: Key) -> Admit {
+        match self.lock().begin(key, Instant::now()) {
+            Begin::Run => Admit::Run(Some(Ticket {
+                cache: self.clone(),
+                key,
+                done: false,
+            })),
+            Begin::Uncached => Admit::Run(None),
+            Begin::InProgress => Admit::Drop,
+            Begin::Replay(r) => Admit::Replay(r),
+        }
+    }
+}
+
+/// An in-progress entry. Completing it stores the reply; dropping it without completing
+/// (the call's future was dropped, or the call failed at the RPC level) removes the entry.
+#[derive(Debug)]
+pub struct Ticket {
+    cache: Arc<SharedCache>,
+    key: Key,
+    done: bool,
+}
+
+impl Ticket {
+    /// Keep `reply` (the results, all items inline) for duplicates of this call.
+    pub fn complete(mut self, reply: Bytes) {
+        self.done = true;
+        self.cache.lock().complete(&self.key, reply, Instant::now());
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.done {
+            self.cache.lock().abandon(&self.key);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::Ipv4Addr;
-    use xdr::Encoder;
 
-    fn key(xid: u32, args: &[u8]) -> DrcKey {
-        DrcKey::new(
-            IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
+    fn key(xid: u32, args: &[u8]) -> Key {
+        Key::new(
+            "192.0.2.7".parse().unwrap(),
             xid,
             100003,
             3,
@@ -288,122 +439,156 @@ mod tests {
         )
     }
 
-    fn reply(n: usize) -> Encoded {
-        let mut e = Encoder::new();
-        e.put_opaque_fixed(&vec![7; n]);
-        e.finish()
+    fn cfg(entries: usize, bytes: usize) -> DrcConfig {
+        DrcConfig {
+            max_entries: entries,
+            max_bytes: bytes,
+            max_age: Duration::from_secs(120),
+        }
     }
 
     #[test]
-    fn a_completed_call_is_replayed_and_an_in_progress_one_dropped() {
-        let c = DuplicateCache::default();
+    fn new_then_in_progress_then_replay() {
+        let mut c = ReplyCache::new(DrcConfig::default());
+        let t = Instant::now();
         let k = key(1, b"args");
-        assert!(matches!(c.begin(k), Lookup::Run));
-        assert!(matches!(c.begin(k), Lookup::InProgress));
-        c.complete(k, &reply(8));
-        match c.begin(k) {
-            Lookup::Replay(r) => assert_eq!(r, reply(8)),
-            other => panic!("expected a replay, got {other:?}"),
-        }
-        // Same XID, other arguments: a different call.
-        assert!(matches!(c.begin(key(1, b"other")), Lookup::Run));
-        assert_eq!(c.stats().replays.load(Ordering::Relaxed), 1);
-        assert_eq!(c.stats().in_progress_drops.load(Ordering::Relaxed), 1);
+        assert_eq!(c.begin(k, t), Begin::Run);
+        assert_eq!(c.begin(k, t), Begin::InProgress);
+        c.complete(&k, Bytes::from_static(b"reply"), t);
+        assert_eq!(c.begin(k, t), Begin::Replay(Bytes::from_static(b"reply")));
+        let s = c.stats();
+        assert_eq!((s.misses, s.in_progress_drops, s.hits), (1, 1, 1));
+        assert_eq!(s.entries, 1);
+        assert_eq!(s.bytes, (ENTRY_OVERHEAD + 5) as u64);
     }
 
     #[test]
-    fn the_client_is_its_address_whatever_the_family() {
-        let v4 = DrcKey::new(IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)), 5, 1, 3, 12, b"x");
-        let mapped = DrcKey::new(
-            IpAddr::V6(Ipv4Addr::new(10, 1, 2, 3).to_ipv6_mapped()),
-            5,
-            1,
-            3,
-            12,
-            b"x",
-        );
+    fn same_xid_other_arguments_is_a_new_call() {
+        let mut c = ReplyCache::new(DrcConfig::default());
+        let t = Instant::now();
+        let a = key(9, b"remove a");
+        let b = key(9, b"remove b");
+        assert_ne!(a, b);
+        assert_eq!(c.begin(a, t), Begin::Run);
+        c.complete(&a, Bytes::from_static(b"ok a"), t);
+        assert_eq!(c.begin(b, t), Begin::Run);
+        assert_eq!(c.stats().mismatches, 1);
+        // Another procedure with the same XID and arguments is not a duplicate either.
+        let mut other = a;
+        other.proc_ = proc_::RMDIR;
+        assert_eq!(c.begin(other, t), Begin::Run);
+        // The first call still replays.
+        assert_eq!(c.begin(a, t), Begin::Replay(Bytes::from_static(b"ok a")));
+    }
+
+    #[test]
+    fn port_is_not_part_of_the_key_and_mapped_v4_is_v4() {
+        let v4 = Key::new("127.0.0.1".parse().unwrap(), 5, 1, 3, 12, b"x");
+        let mapped = Key::new("::ffff:127.0.0.1".parse().unwrap(), 5, 1, 3, 12, b"x");
         assert_eq!(v4, mapped);
+        let other_host = Key::new("127.0.0.2".parse().unwrap(), 5, 1, 3, 12, b"x");
+        assert_ne!(v4, other_host);
     }
 
     #[test]
-    fn abandoned_calls_run_again() {
-        let c = DuplicateCache::default();
-        let k = key(2, b"a");
-        assert!(matches!(c.begin(k), Lookup::Run));
-        c.abandon(k);
-        assert!(matches!(c.begin(k), Lookup::Run));
-        assert_eq!(c.usage(), (1, ENTRY_OVERHEAD));
+    fn checksum_covers_a_prefix_and_the_length() {
+        let mut a = vec![7u8; CSUM_PREFIX + 100];
+        let b = a.clone();
+        a[CSUM_PREFIX + 50] = 8;
+        // Beyond the prefix, only the length tells calls apart.
+        assert_eq!(key(1, &a), key(1, &b));
+        a.push(0);
+        assert_ne!(key(1, &a), key(1, &b));
+        let mut c = b.clone();
+        c[3] = 0;
+        assert_ne!(key(1, &c), key(1, &b));
     }
 
     #[test]
-    fn bounds_hold_by_evicting_the_oldest_completed_entry() {
-        let c = DuplicateCache::new(DrcConfig {
-            max_entries: 3,
-            max_bytes: 1 << 20,
-        });
-        for xid in 0..10 {
-            let k = key(xid, b"a");
-            assert!(matches!(c.begin(k), Lookup::Run));
-            c.complete(k, &reply(4));
-            assert!(c.usage().0 <= 3);
+    fn entry_bound_evicts_least_recently_used_done_entries() {
+        let mut c = ReplyCache::new(cfg(3, 1 << 20));
+        let t = Instant::now();
+        for x in 0..3 {
+            assert_eq!(c.begin(key(x, b"a"), t), Begin::Run);
+            c.complete(&key(x, b"a"), Bytes::from_static(b"r"), t);
         }
-        assert!(matches!(c.begin(key(9, b"a")), Lookup::Replay(_)));
-        assert!(matches!(c.begin(key(0, b"a")), Lookup::Run), "evicted");
-        assert_eq!(c.stats().evictions.load(Ordering::Relaxed), 8);
-
-        let c = DuplicateCache::new(DrcConfig {
-            max_entries: 100,
-            max_bytes: 3 * (ENTRY_OVERHEAD + 100),
-        });
-        for xid in 0..10 {
-            let k = key(xid, b"a");
-            let _ = c.begin(k);
-            c.complete(k, &reply(100));
-            assert!(c.usage().1 <= 3 * (ENTRY_OVERHEAD + 100));
-        }
-        assert_eq!(c.usage().0, 3);
+        // Touch 0: 1 is now the least recently used.
+        assert!(matches!(c.begin(key(0, b"a"), t), Begin::Replay(_)));
+        assert_eq!(c.begin(key(3, b"a"), t), Begin::Run);
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.stats().evictions, 1);
+        assert!(matches!(c.begin(key(0, b"a"), t), Begin::Replay(_)));
+        assert!(matches!(c.begin(key(2, b"a"), t), Begin::Replay(_)));
+        // 1 was evicted: its duplicate now runs again.
+        assert_eq!(c.begin(key(1, b"a"), t), Begin::Run);
+        assert!(c.len() <= 3);
     }
 
     #[test]
-    fn calls_in_progress_are_never_evicted() {
-        let c = DuplicateCache::new(DrcConfig {
-            max_entries: 2,
-            max_bytes: 1 << 20,
-        });
-        let (a, b) = (key(1, b"a"), key(2, b"a"));
-        assert!(matches!(c.begin(a), Lookup::Run));
-        assert!(matches!(c.begin(b), Lookup::Run));
-        assert!(matches!(c.begin(key(3, b"a")), Lookup::RunUncached));
-        assert!(matches!(c.begin(a), Lookup::InProgress));
-        c.complete(a, &reply(1));
-        assert!(matches!(c.begin(key(3, b"a")), Lookup::Run));
+    fn in_progress_entries_are_never_evicted() {
+        let mut c = ReplyCache::new(cfg(2, 1 << 20));
+        let t = Instant::now();
+        assert_eq!(c.begin(key(1, b"a"), t), Begin::Run);
+        assert_eq!(c.begin(key(2, b"a"), t), Begin::Run);
+        assert_eq!(c.begin(key(3, b"a"), t), Begin::Uncached);
+        assert_eq!(c.begin(key(1, b"a"), t), Begin::InProgress);
+        assert_eq!(c.stats().uncached, 1);
+        assert_eq!(c.len(), 2);
+        c.abandon(&key(2, b"a"));
+        assert_eq!(c.begin(key(3, b"a"), t), Begin::Run);
     }
 
     #[test]
-    fn only_non_idempotent_procedures_are_cached() {
-        for p in [
-            proc_::SETATTR,
-            proc_::CREATE,
-            proc_::MKDIR,
-            proc_::SYMLINK,
-            proc_::MKNOD,
-            proc_::REMOVE,
-            proc_::RMDIR,
-            proc_::RENAME,
-            proc_::LINK,
-        ] {
-            assert!(is_cached_nfs3_proc(p));
+    fn byte_bound_holds() {
+        let max = 4 * ENTRY_OVERHEAD + 300;
+        let mut c = ReplyCache::new(cfg(1000, max));
+        let t = Instant::now();
+        for x in 0..50 {
+            let k = key(x, b"a");
+            assert_eq!(c.begin(k, t), Begin::Run);
+            c.complete(&k, Bytes::from(vec![0u8; 100]), t);
+            assert!(c.bytes() <= max, "{} > {max}", c.bytes());
         }
-        for p in [
-            proc_::NULL,
-            proc_::GETATTR,
-            proc_::LOOKUP,
-            proc_::READ,
-            proc_::WRITE,
-            proc_::READDIR,
-            proc_::COMMIT,
-        ] {
-            assert!(!is_cached_nfs3_proc(p));
-        }
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.stats().evictions, 47);
+        // A reply larger than the whole budget is not kept.
+        let k = key(100, b"a");
+        assert_eq!(c.begin(k, t), Begin::Run);
+        c.complete(&k, Bytes::from(vec![0u8; max]), t);
+        assert_eq!(c.begin(k, t), Begin::Run);
+        assert!(c.bytes() <= max);
+    }
+
+    #[test]
+    fn abandoned_calls_run_again_and_old_entries_expire() {
+        let mut c = ReplyCache::new(cfg(10, 1 << 20));
+        let t = Instant::now();
+        let k = key(1, b"a");
+        assert_eq!(c.begin(k, t), Begin::Run);
+        c.abandon(&k);
+        assert!(c.is_empty());
+        assert_eq!(c.bytes(), 0);
+        assert_eq!(c.begin(k, t), Begin::Run);
+        c.complete(&k, Bytes::from_static(b"r"), t);
+        let later = t + Duration::from_secs(121);
+        assert_eq!(c.begin(k, later), Begin::Run);
+        assert_eq!(c.stats().expired, 1);
+    }
+
+    #[test]
+    fn ticket_dropped_without_reply_frees_the_entry() {
+        let c = SharedCache::new(DrcConfig::default());
+        let k = key(4, b"a");
+        let Admit::Run(Some(t)) = c.admit(k) else {
+            panic!("new call")
+        };
+        assert!(matches!(c.admit(k), Admit::Drop));
+        drop(t);
+        assert_eq!(c.stats().entries, 0);
+        let Admit::Run(Some(t)) = c.admit(k) else {
+            panic!("runs again")
+        };
+        t.complete(Bytes::from_static(b"done"));
+        assert!(matches!(c.admit(k), Admit::Replay(r) if &r[..] == b"done"));
     }
 }

@@ -114,7 +114,12 @@ impl ExportTable {
     /// who can reach the listeners, read-write (or `ro`), without squashing and from any port,
     /// as this server always did; MNT also accepts `/` and `name`. Use an exports file to
     /// restrict clients.
-    pub fn single(dir: &Path, name: Option<String>, read_only: bool) -> std::io::Result<Self> {
+    pub fn single(
+        dir: &Path,
+        name: Option<String>,
+        read_only: bool,
+        drc: Option<DrcConfig>,
+    ) -> std::io::Result<Self> {
         let path = dir.canonicalize()?;
         let exports = Exports {
             entries: vec![ExportEntry {
@@ -130,7 +135,7 @@ impl ExportTable {
                 }],
             }],
         };
-        let mut t = Self::open(&exports, Some(DrcConfig::default()))?;
+        let mut t = Self::open(&exports, drc)?;
         t.aliases = std::iter::once("/".to_string()).chain(name).collect();
         Ok(t)
     }

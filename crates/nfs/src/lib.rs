@@ -13,10 +13,9 @@
 //!   `oncrpc::Program`s (NFS 100003 v3, MOUNT 100005 v3). Stateless file handles that survive
 //!   a restart, paths confined to the export (no `..` or symlink escape), AUTH_SYS permission
 //!   checks, real `fsync` for COMMIT and stable WRITEs.
-//! - [`drc`]: the NFSv3 duplicate request cache (non-idempotent replies kept for
-//!   retransmissions, keyed by client address, XID, procedure and an argument checksum; bounded
-//!   in entries and bytes), so a call retransmitted after a reconnect, over either transport,
-//!   gets the reply of its first execution.
+//! - [`drc`]: the duplicate request cache: a non-idempotent call retransmitted after a
+//!   reconnect (to a new connection, or over the other transport) gets the reply of its first
+//!   execution instead of running twice.
 //! - [`exports`]: exports(5) files (several exports, client addresses, networks and `*`, and the
 //!   `ro`/`rw`, squash, `anonuid`/`anongid`, `sec=sys`, `fsid=`, `secure`/`insecure` options).
 //! - [`gate`]: several exports behind one NFS and one MOUNT program, with the client list

@@ -53,6 +53,10 @@ pub struct ServeConfig {
     /// (see [`crate::gate`]); when not, `export` is served to everybody who can reach the
     /// listeners ([`ExportTable::single`]).
     pub exports: Option<Exports>,
+    /// Bounds of the duplicate request cache shared by NFS over every transport
+    /// ([`crate::drc`]); `None` runs without one (a retransmitted non-idempotent call then
+    /// executes again).
+    pub drc: Option<DrcConfig>,
 }
 
 impl ServeConfig {
@@ -71,6 +75,7 @@ impl ServeConfig {
             rdma: None,
             rdma_config: None,
             exports: None,
+            drc: Some(DrcConfig::default()),
         }
     }
 }
@@ -154,10 +159,11 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
     let name = config.export_name.clone();
     let read_only = config.read_only;
     let exports = config.exports.clone();
+    let drc = config.drc;
     let table = Arc::new(
         tokio::task::spawn_blocking(move || match exports {
-            Some(e) => ExportTable::open(&e, Some(DrcConfig::default())),
-            None => ExportTable::single(&export, name, read_only),
+            Some(e) => ExportTable::open(&e, drc),
+            None => ExportTable::single(&export, name, read_only, drc),
         })
         .await
         .map_err(io::Error::other)??,

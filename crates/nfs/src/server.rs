@@ -18,7 +18,7 @@ use oncrpc::{AuthStat, Call, Credential, Outcome, Program};
 use rustix::fs::{AtFlags, Mode, OFlags, Statx, Timestamps};
 use xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
 
-use crate::drc::{DrcConfig, DrcKey, DuplicateCache, Lookup, is_cached_nfs3_proc};
+use crate::drc::{Admit, DrcConfig, DrcStats, Key, SharedCache, is_cached_proc};
 use crate::mount::{
     self, DirPath, ExportNode, Fhandle3, List, MountBody, MountOk, MountRes, Mountstat3, Name,
 };
@@ -51,8 +51,7 @@ pub struct NfsServer {
     write_verf: Verf,
     mounts: Mutex<Vec<(String, String)>>,
     read_bufs: Arc<oncrpc::BufPool>,
-    /// Replies of non-idempotent calls, for retransmissions (`None`: no cache).
-    drc: Option<DuplicateCache>,
+    drc: Option<Arc<SharedCache>>,
 }
 
 /// READs of at least this many bytes use a pooled buffer ([`oncrpc::BufPool`]) of `MAX_IO`
@@ -62,13 +61,15 @@ const POOLED_READ_MIN: usize = (MAX_IO / 4) as usize;
 const POOLED_READ_KEEP: usize = 32;
 
 impl NfsServer {
-    /// Serve the directory `root`. The write verifier is new for every server instance
+    /// Serve the directory `root`, with a duplicate request cache of the default size
+    /// ([`DrcConfig::default`]). The write verifier is new for every server instance
     /// (RFC 1813 §3.3.7: it changes when the server restarts, so clients re-send UNSTABLE data).
     pub fn new(root: &Path, opts: ExportOptions) -> std::io::Result<Arc<Self>> {
         Self::with_drc(root, opts, Some(DrcConfig::default()))
     }
 
-    /// [`NfsServer::new`] with the duplicate request cache sized by `drc`, or without one.
+    /// [`NfsServer::new`] with these duplicate request cache bounds, or none (`None`: every
+    /// retransmission executes again).
     pub fn with_drc(
         root: &Path,
         opts: ExportOptions,
@@ -92,18 +93,18 @@ impl NfsServer {
             write_verf,
             mounts: Mutex::new(Vec::new()),
             read_bufs: oncrpc::BufPool::new(POOLED_READ_KEEP),
-            drc: drc.map(DuplicateCache::new),
+            drc: drc.map(SharedCache::new),
         })
+    }
+
+    /// Counters of the duplicate request cache (`None` without one).
+    pub fn drc_stats(&self) -> Option<DrcStats> {
+        self.drc.as_ref().map(|c| c.stats())
     }
 
     /// The export.
     pub fn export(&self) -> &Export {
         &self.export
-    }
-
-    /// The duplicate request cache, when the server has one.
-    pub fn duplicate_cache(&self) -> Option<&DuplicateCache> {
-        self.drc.as_ref()
     }
 
     /// The write verifier of this server instance.
@@ -1447,44 +1448,47 @@ impl Program for NfsProgram {
             if matches!(args, Args::Null) {
                 return Outcome::Success(call.reply_encoder().finish());
             }
+            // The duplicate request cache (crate::drc): calls from the network of the
+            // procedures it covers.
+            let ticket = match (&server.drc, call.context.peer) {
+                (Some(cache), Some(peer)) if is_cached_proc(call.header.proc_) => {
+                    let h = &call.header;
+                    let key = Key::new(peer.ip(), h.xid, h.prog, h.vers, h.proc_, &call.args);
+                    match cache.admit(key) {
+                        Admit::Run(t) => t,
+                        Admit::Drop => return Outcome::NoReply,
+                        Admit::Replay(results) => {
+                            let mut enc = call.reply_encoder();
+                            enc.put_raw_bytes(results);
+                            return Outcome::Success(enc.finish());
+                        }
+                    }
+                }
+                _ => None,
+            };
             let mut enc = call.reply_encoder();
             if runs_inline(&args) {
                 server.execute(&cred, args, &mut enc);
                 return Outcome::Success(enc.finish());
             }
-            // A retransmitted non-idempotent call gets the first execution's reply, or nothing
-            // while that still runs (nfsd's reply cache; see `crate::drc`).
-            let drc_key = match (&server.drc, call.context.peer) {
-                (Some(drc), Some(peer)) if is_cached_nfs3_proc(call.header.proc_) => {
-                    let h = &call.header;
-                    let key = DrcKey::new(peer.ip(), h.xid, h.prog, h.vers, h.proc_, &call.args);
-                    match drc.begin(key) {
-                        Lookup::Run => Some(key),
-                        Lookup::RunUncached => None,
-                        Lookup::InProgress => return Outcome::NoReply,
-                        Lookup::Replay(reply) => return Outcome::Success(reply),
-                    }
-                }
-                _ => None,
-            };
             let s = server.clone();
             let r = tokio::task::spawn_blocking(move || {
                 s.execute(&cred, args, &mut enc);
                 enc.finish()
             })
             .await;
-            match (r, drc_key, &server.drc) {
-                (Ok(e), Some(key), Some(drc)) => {
-                    drc.complete(key, &e);
+            match r {
+                Ok(e) => {
+                    if let Some(t) = ticket {
+                        // Kept with every item inline: a replay may go over another
+                        // transport, whose policy its own encoder applies (none of these
+                        // procedures has a DDP-eligible result, RFC 8267 §4.1).
+                        t.complete(e.unreduced());
+                    }
                     Outcome::Success(e)
                 }
-                (Ok(e), _, _) => Outcome::Success(e),
-                (Err(_), key, drc) => {
-                    if let (Some(key), Some(drc)) = (key, drc) {
-                        drc.abandon(key);
-                    }
-                    Outcome::SystemErr
-                }
+                // Dropping the ticket forgets the call: a retransmission runs it.
+                Err(_) => Outcome::SystemErr,
             }
         })
     }

@@ -26,6 +26,7 @@ async fn start_on(dir: &std::path::Path) -> Served {
         rdma: None,
         rdma_config: None,
         exports: None,
+        drc: Some(nfs::drc::DrcConfig::default()),
     })
     .await
     .unwrap()

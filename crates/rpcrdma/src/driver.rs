@@ -248,6 +248,8 @@ struct Router {
     waiters: Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>,
     /// Told the XID of a reply whose unsignaled Send failed (it completes only then).
     on_reply_failed: Mutex<Option<ReplyFailed>>,
+    /// A completion failed with an RDMA operational error (not a flush).
+    op_error: std::sync::atomic::AtomicBool,
 }
 
 type ReplyFailed = Box<dyn Fn(u32) + Send + Sync>;
@@ -266,12 +268,32 @@ impl Router {
         rx
     }
 
+    /// Record a send-queue completion's status: anything but success or a flush is an RDMA
+    /// operational error.
+    fn note_status(&self, status: WcStatus) {
+        if !matches!(status, WcStatus::Success | WcStatus::WrFlushError) {
+            self.op_error.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a reply whose Send completed with `status` is lost in the sense of 5666bis
+    /// §5.5.3 (its retransmission answered with RDMA_ERR_CHUNK). That section is about RDMA
+    /// operational errors, which a retransmission would run into again. A Send flushed because
+    /// the connection broke with no such error (a peer or a network that went away) is not:
+    /// its retransmission is executed again or, for a non-idempotent call, answered from the
+    /// Upper Layer's duplicate request cache.
+    fn reply_lost(&self, status: WcStatus) -> bool {
+        status != WcStatus::Success
+            && (status != WcStatus::WrFlushError || self.op_error.load(Ordering::Relaxed))
+    }
+
     /// Route completions until the queue pair fails.
     async fn run(self: Arc<Self>, cq: CompletionQueue) {
         loop {
             let c = cq.next().await;
+            self.note_status(c.status);
             if c.wr_id & REPLY_WR != 0 {
-                if c.status != WcStatus::Success
+                if self.reply_lost(c.status)
                     && let Some(f) = &*lock(&self.on_reply_failed)
                 {
                     f(c.wr_id as u32);
@@ -766,8 +788,9 @@ async fn serve_connection(
     // Replies flushed by the disconnect that the router did not get to (it may be cancelled
     // mid-way; what it did report is already recorded).
     while let Some(c) = scq.try_next() {
+        link.router.note_status(c.status);
         if c.wr_id & REPLY_WR != 0
-            && c.status != WcStatus::Success
+            && link.router.reply_lost(c.status)
             && let Some(f) = &*lock(&link.router.on_reply_failed)
         {
             f(c.wr_id as u32);
@@ -921,6 +944,7 @@ async fn run_server_actions(
     xid: Option<u32>,
 ) {
     for a in actions {
+        let closing = matches!(a, responder::Action::Close);
         let r = match a {
             responder::Action::Write { segment, data } => link.write(segment, data),
             // A reply posted to a QP already in error would only be flushed, after the
@@ -936,8 +960,12 @@ async fn run_server_actions(
         };
         if let Err(e) = r {
             tracing::info!(error = %e, xid = ?xid, "reply could not be sent; closing the connection");
-            // 5666bis §5.5.4: a reply that cannot be sent closes the connection.
-            if let Some(x) = xid {
+            // 5666bis §5.5.4: a reply that cannot be sent closes the connection. §5.5.3: the
+            // XID is answered with RDMA_ERR_CHUNK after a reconnect only when an RDMA
+            // operational error broke the connection (see `Router::reply_lost`).
+            if let Some(x) = xid
+                && (closing || link.router.op_error.load(Ordering::Relaxed))
+            {
                 let _ = lock(resp).reply_failed(x);
             }
             link.conn.disconnect().await;
