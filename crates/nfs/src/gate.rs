@@ -19,7 +19,7 @@
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
 use oncrpc::service::BoxFuture;
@@ -57,26 +57,66 @@ const REFUSALS_LOGGED: usize = 1024;
 /// The exports a server serves, and who may use them.
 #[derive(Debug)]
 pub struct ExportTable {
-    exports: Vec<Exported>,
+    /// Replaced whole by [`ExportTable::reload`]; calls take a snapshot.
+    exports: RwLock<Arc<Vec<Arc<Exported>>>>,
+    drc: Option<DrcConfig>,
     /// Extra names MNT accepts for the only export of the single-directory shorthand ("/",
     /// which the interop lab and older setups mount, and `--export NAME`).
     aliases: Vec<String>,
     mounts: Mutex<Vec<(String, String)>>,
-    logged: Mutex<HashSet<(IpAddr, usize)>>,
+    logged: Mutex<HashSet<(IpAddr, PathBuf)>>,
 }
 
 impl ExportTable {
     /// Open every export of `exports` (blocking: directories are opened and stat'ed).
     pub fn open(exports: &Exports, drc: Option<DrcConfig>) -> std::io::Result<Self> {
-        let mut out = Vec::new();
+        let list = Self::build(exports, drc, &[])?;
+        Ok(ExportTable {
+            exports: RwLock::new(Arc::new(list)),
+            drc,
+            aliases: Vec::new(),
+            mounts: Mutex::new(Vec::new()),
+            logged: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// The served list for `exports`; an export whose path is in `keep` keeps its server (its
+    /// file handles, handle index and duplicate request cache).
+    fn build(
+        exports: &Exports,
+        drc: Option<DrcConfig>,
+        keep: &[Arc<Exported>],
+    ) -> std::io::Result<Vec<Arc<Exported>>> {
+        let mut out: Vec<Arc<Exported>> = Vec::new();
         for entry in &exports.entries {
             let fsid = entry.clients.iter().find_map(|r| r.options.fsid);
-            let export = Export::open_with_fsid(&entry.path, fsid).map_err(|e| {
-                std::io::Error::new(e.kind(), format!("export {}: {e}", entry.path.display()))
-            })?;
+            let reuse = keep.iter().find(|x| {
+                x.entry.path == entry.path && fsid.is_none_or(|f| f == x.server.export().fsid())
+            });
+            let (server, program) = match reuse {
+                Some(x) => (x.server.clone(), x.program.clone()),
+                None => {
+                    let export = Export::open_with_fsid(&entry.path, fsid).map_err(|e| {
+                        std::io::Error::new(
+                            e.kind(),
+                            format!("export {}: {e}", entry.path.display()),
+                        )
+                    })?;
+                    let server = NfsServer::from_export(
+                        export,
+                        ExportOptions {
+                            read_only: false,
+                            name: entry.path.to_string_lossy().into_owned(),
+                        },
+                        drc,
+                    );
+                    let program = server.nfs_program();
+                    (server, program)
+                }
+            };
             if let Some(other) = out
                 .iter()
-                .find(|x: &&Exported| x.server.export().fsid() == export.fsid())
+                .find(|x| x.server.export().fsid() == server.export().fsid())
             {
                 return Err(std::io::Error::other(format!(
                     "exports {} and {} have the same fsid; give one of them fsid=N",
@@ -84,30 +124,37 @@ impl ExportTable {
                     entry.path.display()
                 )));
             }
-            let server = NfsServer::from_export(
-                export,
-                ExportOptions {
-                    read_only: false,
-                    name: entry.path.to_string_lossy().into_owned(),
-                },
-                drc,
-            );
-            let program = server.nfs_program();
-            out.push(Exported {
+            out.push(Arc::new(Exported {
                 entry: entry.clone(),
                 server,
                 program,
-            });
+            }));
         }
         if out.is_empty() {
             return Err(std::io::Error::other("no exports"));
         }
-        Ok(ExportTable {
-            exports: out,
-            aliases: Vec::new(),
-            mounts: Mutex::new(Vec::new()),
-            logged: Mutex::new(HashSet::new()),
-        })
+        Ok(out)
+    }
+
+    /// Serve `exports` from now on (SIGHUP): connections stay up, calls already running finish
+    /// with the table they started with, exports still listed keep their file handles, and a
+    /// client no longer listed is refused from its next call. On error the table is unchanged.
+    pub fn reload(&self, exports: &Exports) -> std::io::Result<()> {
+        let current = self.snapshot();
+        let list = Self::build(exports, self.drc, &current)?;
+        *self.exports.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(list);
+        self.logged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Arc<Vec<Arc<Exported>>> {
+        self.exports
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The single-directory shorthand (`oxrdma nfs serve DIR`): `DIR` exported to everybody
@@ -140,9 +187,9 @@ impl ExportTable {
         Ok(t)
     }
 
-    /// The exports.
-    pub fn exports(&self) -> &[Exported] {
-        &self.exports
+    /// The exports served now.
+    pub fn exports(&self) -> Arc<Vec<Arc<Exported>>> {
+        self.snapshot()
     }
 
     /// The NFS (100003 v3) program over every export.
@@ -155,21 +202,18 @@ impl ExportTable {
         Arc::new(GatedMount(self.clone()))
     }
 
-    fn by_fsid(&self, fsid: u64) -> Option<usize> {
-        self.exports
-            .iter()
-            .position(|x| x.server.export().fsid() == fsid)
+    fn by_fsid(xs: &[Arc<Exported>], fsid: u64) -> Option<&Arc<Exported>> {
+        xs.iter().find(|x| x.server.export().fsid() == fsid)
     }
 
-    /// The rule that admits `peer` to export `i`, or NFS3ERR_ACCES's reason, logged.
-    fn admit(&self, i: usize, peer: SocketAddr) -> Option<&ClientRule> {
-        let x = &self.exports[i];
+    /// The rule that admits `peer` to `x`, or `None` (NFS3ERR_ACCES) with the reason logged.
+    fn admit<'x>(&self, x: &'x Exported, peer: SocketAddr) -> Option<&'x ClientRule> {
         match x.entry.admit(peer) {
             Ok(rule) => Some(rule),
             Err(why) => {
                 let first = {
                     let mut g = self.logged.lock().unwrap_or_else(|e| e.into_inner());
-                    g.len() < REFUSALS_LOGGED && g.insert((peer.ip(), i))
+                    g.len() < REFUSALS_LOGGED && g.insert((peer.ip(), x.entry.path.clone()))
                 };
                 if first {
                     tracing::warn!(client = %peer, export = %x.entry.path.display(), reason = %why, "client refused");
@@ -182,26 +226,24 @@ impl ExportTable {
     }
 
     /// The export a mount path belongs to, and the path below it.
-    fn find_mount(&self, dir: &str) -> Option<(usize, PathBuf)> {
+    fn find_mount(&self, xs: &[Arc<Exported>], dir: &str) -> Option<(Arc<Exported>, PathBuf)> {
         let trimmed = match dir.trim_end_matches('/') {
             "" => "/",
             t => t,
         };
-        if self.exports.len() == 1
+        if xs.len() == 1
             && self
                 .aliases
                 .iter()
                 .any(|a| a.trim_end_matches('/') == trimmed.trim_end_matches('/'))
         {
-            return Some((0, PathBuf::new()));
+            return Some((xs[0].clone(), PathBuf::new()));
         }
         let dir = Path::new(trimmed);
-        self.exports
-            .iter()
-            .enumerate()
-            .filter_map(|(i, x)| dir.strip_prefix(&x.entry.path).ok().map(|rest| (i, rest)))
-            .max_by_key(|(i, _)| self.exports[*i].entry.path.components().count())
-            .map(|(i, rest)| (i, rest.to_path_buf()))
+        xs.iter()
+            .filter_map(|x| dir.strip_prefix(&x.entry.path).ok().map(|rest| (x, rest)))
+            .max_by_key(|(x, _)| x.entry.path.components().count())
+            .map(|(x, rest)| (x.clone(), rest.to_path_buf()))
     }
 
     /// MNT (RFC 1813 Appendix I).
@@ -209,15 +251,16 @@ impl ExportTable {
         let Ok(p) = std::str::from_utf8(path) else {
             return MountRes::Err(Mountstat3::NoEnt);
         };
-        let Some((i, rest)) = self.find_mount(p) else {
+        let xs = self.snapshot();
+        let Some((x, rest)) = self.find_mount(&xs, p) else {
             return MountRes::Err(Mountstat3::NoEnt);
         };
         if let Some(peer) = peer
-            && self.admit(i, peer).is_none()
+            && self.admit(&x, peer).is_none()
         {
             return MountRes::Err(Mountstat3::Acces);
         }
-        match self.exports[i].server.export().dir_handle(&rest) {
+        match x.server.export().dir_handle(&rest) {
             Ok(fh) => {
                 let host = peer.map_or_else(|| "local".to_string(), |p| p.ip().to_string());
                 let mut m = self.mounts.lock().unwrap_or_else(|e| e.into_inner());
@@ -238,7 +281,7 @@ impl ExportTable {
 
     fn export_list(&self) -> List<ExportNode> {
         List(
-            self.exports
+            self.snapshot()
                 .iter()
                 .map(|x| ExportNode {
                     dir: DirPath(Bytes::from(x.entry.path.to_string_lossy().into_owned())),
@@ -344,14 +387,14 @@ impl Program for GatedNfs {
     fn call(&self, mut call: Call) -> BoxFuture<'_, Outcome> {
         let t = &self.0;
         let p = call.header.proc_;
+        let xs = t.snapshot();
         // An unknown or foreign file system id goes to the first export, whose server answers
         // it with NFS3ERR_STALE or NFS3ERR_BADHANDLE as it always did.
-        let i = if p == proc_::NULL {
-            0
-        } else {
-            first_fsid(&call.args)
-                .and_then(|f| t.by_fsid(f))
-                .unwrap_or(0)
+        let x = match p {
+            proc_::NULL => &xs[0],
+            _ => first_fsid(&call.args)
+                .and_then(|f| ExportTable::by_fsid(&xs, f))
+                .unwrap_or(&xs[0]),
         };
         if p != proc_::NULL
             && let Some(peer) = call.context.peer
@@ -361,7 +404,7 @@ impl Program for GatedNfs {
                 encode_failure(p, status, &mut enc);
                 Outcome::Success(enc.finish())
             };
-            let Some(rule) = t.admit(i, peer) else {
+            let Some(rule) = t.admit(x, peer) else {
                 return Box::pin(std::future::ready(refuse(Nfsstat3::Acces)));
             };
             if rule.options.read_only && modifies(p) {
@@ -373,7 +416,8 @@ impl Program for GatedNfs {
             }
             call.credential = squash(call.credential, &rule.options);
         }
-        t.exports[i].program.call(call)
+        let program = x.program.clone();
+        Box::pin(async move { program.call(call).await })
     }
 }
 

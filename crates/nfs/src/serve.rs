@@ -101,8 +101,14 @@ pub struct Served {
 
 impl Served {
     /// Every export served, with its client list.
-    pub fn exports(&self) -> &[crate::gate::Exported] {
+    pub fn exports(&self) -> Arc<Vec<Arc<crate::gate::Exported>>> {
         self.table.exports()
+    }
+
+    /// Serve these exports from now on, without dropping connections
+    /// ([`ExportTable::reload`]; the CLI calls it on SIGHUP).
+    pub fn reload(&self, exports: &Exports) -> io::Result<()> {
+        self.table.reload(exports)
     }
 
     /// The NFS server state (export, write verifier).

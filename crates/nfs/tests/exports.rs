@@ -281,3 +281,37 @@ async fn secure_exports_want_a_privileged_source_port() {
             .is_ok()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloading_exports_keeps_connections_and_handles() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = tree(tmp.path());
+    let parse = |text: String| Exports::parse(&text, "reload", &|_: &str| None).unwrap();
+    let s = start_with(&format!("{a} 127.0.0.1(rw,insecure)\n")).await;
+    let addr = s.nfs_addr.unwrap();
+    let t = from("127.0.0.1:0", addr).await;
+    let h = MountClient::new(t.clone()).mnt(&a).await.unwrap();
+    let c = Nfs3Client::new(t.clone());
+    assert!(c.getattr(&h).await.unwrap().into_result().is_ok());
+    // The client is no longer listed: its next call on the same connection is refused.
+    s.reload(&parse(format!(
+        "{a} 127.0.0.9(rw,insecure)\n{b} 127.0.0.1(rw,insecure)\n"
+    )))
+    .unwrap();
+    assert_eq!(
+        status(c.getattr(&h).await.unwrap().into_result()),
+        Nfsstat3::Acces
+    );
+    assert_eq!(s.exports().len(), 2);
+    // Listed again: the handle from before still works, on the same connection.
+    s.reload(&parse(format!("{a} 127.0.0.1(rw,insecure)\n")))
+        .unwrap();
+    assert!(c.getattr(&h).await.unwrap().into_result().is_ok());
+    // A file naming a directory that does not exist changes nothing.
+    assert!(
+        s.reload(&parse(format!("{a}/missing 127.0.0.1(rw)\n")))
+            .is_err()
+    );
+    assert_eq!(s.exports().len(), 1);
+    assert!(c.getattr(&h).await.unwrap().into_result().is_ok());
+}

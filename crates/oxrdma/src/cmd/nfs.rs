@@ -176,16 +176,54 @@ async fn serve(a: ServeArgs) -> CmdResult {
         );
     }
     print_served(&served, &a);
-    wait_for_signal().await;
+    match &a.exports {
+        Some(file) => serve_until_signal(&served, file).await,
+        None => wait_for_signal().await,
+    }
     eprintln!("oxrdma: shutting down");
     // Open TCP connections (a kernel client keeps one) are given a moment to finish.
     let _ = tokio::time::timeout(Duration::from_secs(5), served.shutdown()).await;
     Ok(())
 }
 
+/// Serve until Ctrl-C or SIGTERM; on SIGHUP re-read the exports file and serve what it says
+/// from then on, keeping every connection (a file that does not parse changes nothing).
+async fn serve_until_signal(served: &Served, file: &std::path::Path) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut hup) = signal(SignalKind::hangup()) {
+            let stop = wait_for_signal();
+            tokio::pin!(stop);
+            loop {
+                tokio::select! {
+                    _ = &mut stop => return,
+                    _ = hup.recv() => {
+                        let result = nfs::exports::Exports::load(file)
+                            .map_err(|e| e.to_string())
+                            .and_then(|e| served.reload(&e).map_err(|e| e.to_string()));
+                        match result {
+                            Ok(()) => {
+                                eprintln!("oxrdma: SIGHUP: re-read {}", file.display());
+                                for x in served.exports().iter() {
+                                    eprintln!("oxrdma:   exporting {}", x.entry.path.display());
+                                }
+                            }
+                            Err(e) => eprintln!(
+                                "oxrdma: SIGHUP: {e}; still serving the previous exports"
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    wait_for_signal().await;
+}
+
 fn print_served(s: &Served, a: &ServeArgs) {
     if a.exports.is_some() {
-        for x in s.exports() {
+        for x in s.exports().iter() {
             let clients: Vec<String> = x
                 .entry
                 .clients
