@@ -47,6 +47,8 @@ pub struct MemoryBudget {
     peak: AtomicUsize,
     refusals: AtomicU64,
     connections: AtomicUsize,
+    /// Woken whenever a reservation is given back, for [`ConnBudget::reserve`].
+    freed: tokio::sync::Notify,
 }
 
 impl fmt::Debug for MemoryBudget {
@@ -75,6 +77,7 @@ impl MemoryBudget {
             peak: AtomicUsize::new(0),
             refusals: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
+            freed: tokio::sync::Notify::new(),
         })
     }
 
@@ -162,6 +165,7 @@ impl MemoryBudget {
 
     fn give(&self, n: usize) {
         self.used.fetch_sub(n, Ordering::AcqRel);
+        self.freed.notify_waiters();
     }
 }
 
@@ -216,6 +220,33 @@ impl ConnBudget {
             conn: self.clone(),
             bytes,
         })
+    }
+
+    /// Reserve `bytes`, waiting up to `wait` for other reservations to be given back (the
+    /// queueing form of backpressure). A request larger than the connection's whole limit
+    /// fails at once: no amount of waiting would satisfy it.
+    pub async fn reserve(
+        self: &Arc<Self>,
+        bytes: usize,
+        wait: std::time::Duration,
+    ) -> Result<Reservation, BudgetError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Register for the wake-up before trying, so a release between the failed try and
+            // the wait is not missed.
+            let freed = self.server.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            match self.try_reserve(bytes) {
+                Ok(r) => return Ok(r),
+                Err(e) if bytes > self.limit() || bytes > self.server.limit => return Err(e),
+                Err(e) => {
+                    if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                        return Err(e);
+                    }
+                }
+            }
+        }
     }
 
     /// Bytes this connection holds now.
@@ -371,6 +402,37 @@ mod tests {
         let c = b.connection();
         let _r = c.try_reserve(usize::MAX - 1).unwrap();
         assert!(c.try_reserve(2).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_queued_reservation_goes_through_when_memory_is_given_back() {
+        let b = MemoryBudget::new(100, 100);
+        let c = b.connection();
+        let held = c.try_reserve(80).unwrap();
+        let c2 = c.clone();
+        let waiter =
+            tokio::spawn(async move { c2.reserve(50, std::time::Duration::from_secs(30)).await });
+        tokio::task::yield_now().await;
+        drop(held);
+        let r = waiter
+            .await
+            .unwrap()
+            .expect("given room once the 80 bytes came back");
+        assert_eq!(r.bytes(), 50);
+        // Never satisfiable: at once, not after the wait.
+        let t0 = tokio::time::Instant::now();
+        assert!(
+            c.reserve(101, std::time::Duration::from_secs(30))
+                .await
+                .is_err()
+        );
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+        // Satisfiable but not within the wait: the error after the wait.
+        assert!(
+            c.reserve(60, std::time::Duration::from_millis(20))
+                .await
+                .is_err()
+        );
     }
 
     #[test]

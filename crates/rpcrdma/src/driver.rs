@@ -57,6 +57,16 @@ pub struct TransportConfig {
     pub capture_dir: Option<std::path::PathBuf>,
     /// Client: how many times to try to reconnect after losing the connection.
     pub reconnect_attempts: u32,
+    /// Server: the memory every connection's receive buffers and Read-chunk sinks are drawn
+    /// from ([`oncrpc::MemoryBudget`]); `None`: a budget of a quarter of the machine's memory
+    /// ([`oncrpc::MemoryBudget::machine_default`]). A connection whose receive buffers do not
+    /// fit is refused; a call whose Read chunks do not fit waits (up to `rdma_timeout`) for
+    /// memory to come back, then closes its connection.
+    pub budget: Option<Arc<oncrpc::MemoryBudget>>,
+    /// Server: how long the peer may take to answer an RDMA Read of its Read chunks before the
+    /// connection is closed and its memory given back (default 30 s, the client's default call
+    /// timeout: a requester that has not delivered a call's data by then has given up on it).
+    pub rdma_timeout: Duration,
 }
 
 impl Default for TransportConfig {
@@ -67,6 +77,8 @@ impl Default for TransportConfig {
             call_timeout: Duration::from_secs(30),
             capture_dir: None,
             reconnect_attempts: 5,
+            budget: None,
+            rdma_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -421,6 +433,7 @@ impl Link {
         segs: &[Segment],
         pre: &[u8],
         post: &[u8],
+        timeout: Duration,
     ) -> Result<(Bytes, usize), verbs::VerbsError> {
         let total: usize = segs.iter().map(|s| s.length as usize).sum();
         let pad = xdr::pad_len(total);
@@ -445,8 +458,17 @@ impl Link {
             at += u64::from(s.length);
             waits.push(rx);
         }
+        // Every wait on the peer has a bound: a peer that never answers its Read Requests loses
+        // the connection after `timeout`, and the sink with it.
+        let deadline = tokio::time::Instant::now() + timeout;
         for rx in waits {
-            let st = rx.await.unwrap_or(WcStatus::WrFlushError);
+            let st = match tokio::time::timeout_at(deadline, rx).await {
+                Ok(r) => r.unwrap_or(WcStatus::WrFlushError),
+                Err(_) => {
+                    tracing::info!(?timeout, "the peer did not answer an RDMA Read in time");
+                    return Err(verbs::VerbsError::Timeout);
+                }
+            };
             if st != WcStatus::Success {
                 tracing::debug!(status = ?st, "RDMA Read completed in error");
                 return Err(verbs::VerbsError::Disconnected);
@@ -466,8 +488,12 @@ impl Link {
     }
 
     /// RDMA Read one chunk into local memory: all its segments into one buffer, in order.
-    async fn read_chunk(&self, segs: &[Segment]) -> Result<Bytes, verbs::VerbsError> {
-        let (b, n) = self.read_chunk_framed(segs, &[], &[]).await?;
+    async fn read_chunk(
+        &self,
+        segs: &[Segment],
+        timeout: Duration,
+    ) -> Result<Bytes, verbs::VerbsError> {
+        let (b, n) = self.read_chunk_framed(segs, &[], &[], timeout).await?;
         // Without anything around it the buffer is the chunk and its round-up.
         Ok(b.slice(..n))
     }
@@ -507,6 +533,7 @@ struct ServerShared {
     counters: ServerCounters,
     conns: Mutex<HashMap<u64, Arc<ServerConn>>>,
     next_conn: AtomicU64,
+    budget: Arc<oncrpc::MemoryBudget>,
 }
 
 /// Per-connection state shared by the receive handler, the call tasks and [`ServerConnection`].
@@ -514,6 +541,10 @@ struct ServerConn {
     link: Arc<Link>,
     resp: Arc<Mutex<Responder>>,
     peer: SocketAddr,
+    /// This connection's share of the server's memory budget; `_recv` holds its receive
+    /// buffers' part for as long as the connection lives.
+    budget: Arc<oncrpc::ConnBudget>,
+    _recv: oncrpc::Reservation,
     back_waiters: Mutex<HashMap<u32, oneshot::Sender<Bytes>>>,
     next_xid: AtomicU32,
 }
@@ -647,11 +678,15 @@ impl RdmaServer {
         let shared = Arc::new(ServerShared {
             dispatcher,
             ulbs: Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect()),
-            cfg: config,
             lost: Mutex::new(HashMap::new()),
             counters: ServerCounters::default(),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(0),
+            budget: config
+                .budget
+                .clone()
+                .unwrap_or_else(oncrpc::MemoryBudget::machine_default),
+            cfg: config,
         });
         let sh = shared.clone();
         let task = tokio::spawn(async move {
@@ -682,6 +717,11 @@ impl RdmaServer {
         &self.shared.counters
     }
 
+    /// The memory budget the connections draw from.
+    pub fn budget(&self) -> &Arc<oncrpc::MemoryBudget> {
+        &self.shared.budget
+    }
+
     /// The connections currently established.
     pub fn connections(&self) -> Vec<ServerConnection> {
         lock(&self.shared.conns)
@@ -707,6 +747,17 @@ async fn serve_connection(
     let lost = lock(&sh.lost).remove(&peer.ip()).unwrap_or_default();
     let resp = Responder::new(cfg.clone(), params, sh.ulbs.clone(), lost);
     let nrecv = resp.receives_needed();
+    // The receive buffers are the first thing a connection costs: refuse it when they do not
+    // fit in the budget (backpressure on new connections; the ones already served go on).
+    let budget = sh.budget.connection();
+    let recv_reservation = match budget.try_reserve(nrecv * params.inline_recv) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "RPC-over-RDMA connection refused: memory budget");
+            let _ = req.reject(&[]).await;
+            return Ok(());
+        }
+    };
     let recv_bufs = recv_pool(&pd, nrecv, params.inline_recv)?;
     // Receives go up before the connection is accepted: the grant is backed by posted buffers.
     for (i, mr) in recv_bufs.iter().enumerate() {
@@ -743,6 +794,8 @@ async fn serve_connection(
         link: link.clone(),
         resp: resp.clone(),
         peer,
+        budget,
+        _recv: recv_reservation,
         back_waiters: Mutex::new(HashMap::new()),
         next_xid: AtomicU32::new(rand::random::<u32>()),
     });
@@ -785,6 +838,9 @@ async fn serve_connection(
     }
     link.conn.disconnect().await;
     link.router_task.abort();
+    // Calls still waiting for an RDMA Read (a peer that never answered) end now, so their
+    // sinks and memory go back at once rather than whenever the tasks are next polled.
+    lock(&link.router.waiters).clear();
     // Replies flushed by the disconnect that the router did not get to (it may be cancelled
     // mid-way; what it did report is already recorded).
     while let Some(c) = scq.try_next() {
@@ -854,6 +910,9 @@ async fn handle_incoming(
     ctx: Arc<CallContext>,
 ) {
     let (link, resp) = (&*sc.link, &*sc.resp);
+    let timeout = sh.cfg.rdma_timeout;
+    // Memory this call holds (its Read-chunk sinks), given back when the call is done.
+    let mut held = Vec::new();
     loop {
         match inc {
             Incoming::Nothing => return,
@@ -871,11 +930,30 @@ async fn handle_incoming(
                 return;
             }
             Incoming::NeedReads(p) => {
+                // The sinks are what a client's header makes the server allocate: take them
+                // from the connection's budget first, waiting for memory other calls give back
+                // (calls queue), and close the connection if none comes in time.
+                let want: usize = p
+                    .reads
+                    .iter()
+                    .map(|c| c.segments.iter().map(|s| s.length as usize).sum::<usize>())
+                    .sum::<usize>()
+                    + p.frame()
+                        .map_or(0, |(_, pre, post)| pre.len() + post.len() + 3);
+                match sc.budget.reserve(want, timeout).await {
+                    Ok(r) => held.push(r),
+                    Err(e) => {
+                        tracing::warn!(peer = %sc.peer, error = %e,
+                            "no memory for a call's Read chunks; closing the connection");
+                        link.conn.disconnect().await;
+                        return;
+                    }
+                }
                 if let Some((_, pre, post)) = p.frame() {
                     // One chunk in the middle of the call (an NFS WRITE's data): pull it into
                     // a buffer that gets the rest of the call around it.
                     match link
-                        .read_chunk_framed(&p.reads[0].segments, pre, post)
+                        .read_chunk_framed(&p.reads[0].segments, pre, post, timeout)
                         .await
                     {
                         Ok((message, n)) => {
@@ -894,7 +972,7 @@ async fn handle_incoming(
                 }
                 let mut data = Vec::with_capacity(p.reads.len());
                 for c in &p.reads {
-                    match link.read_chunk(&c.segments).await {
+                    match link.read_chunk(&c.segments, timeout).await {
                         Ok(d) => data.push(d),
                         Err(e) => {
                             // 5666bis §5.5.3: RDMA operational errors are fatal to the

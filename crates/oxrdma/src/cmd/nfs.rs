@@ -88,6 +88,29 @@ pub struct ServeArgs {
     /// The path clients mount [default: /].
     #[arg(long, value_name = "PATH", default_value = "/")]
     export: String,
+    /// The most memory RPC-over-RDMA clients can make the server hold, for receive buffers
+    /// and the Read chunks it pulls (bytes, or with a K, M or G suffix) [default: a quarter of
+    /// this machine's memory]. Each connection may use an eighth of it (at least 4 MiB); a
+    /// connection that does not fit is refused, calls that do not fit wait for memory.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    max_memory: Option<usize>,
+}
+
+/// `1048576`, `512K`, `64M`, `2G` (powers of 1024).
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, shift) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 10),
+        Some((i, 'm' | 'M')) => (&s[..i], 20),
+        Some((i, 'g' | 'G')) => (&s[..i], 30),
+        _ => (s, 0),
+    };
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("{s:?}: a size is a number with an optional K, M or G"))?;
+    n.checked_shl(shift)
+        .filter(|v| v >> shift == n)
+        .ok_or_else(|| format!("{s:?}: too large"))
 }
 
 fn localhost(port: u16) -> SocketAddr {
@@ -140,6 +163,12 @@ async fn serve(a: ServeArgs) -> CmdResult {
         Some(a.rdma.unwrap_or(localhost(nfs::ulb::NFS_RDMA_PORT)))
     };
     cfg.mount = a.mount_port.map(|p| SocketAddr::new(tcp.ip(), p));
+    if let Some(n) = a.max_memory {
+        cfg.rdma_config = Some(rpcrdma::TransportConfig {
+            budget: Some(oncrpc::MemoryBudget::with_limit(n)),
+            ..rpcrdma::TransportConfig::default()
+        });
+    }
     let mut pm_warning = None;
     cfg.portmap = if a.no_portmap {
         None
@@ -933,4 +962,20 @@ fn bench_json(rows: &[Row], a: &BenchArgs, raw: Option<f64>, nfs: Option<f64>) -
         num(raw),
         num(nfs)
     )
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_take_binary_suffixes_and_refuse_the_rest() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512K"), Ok(512 << 10));
+        assert_eq!(parse_size("64m"), Ok(64 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("1T").is_err());
+        assert!(parse_size(&format!("{}G", usize::MAX)).is_err());
+    }
 }

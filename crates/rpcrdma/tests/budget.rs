@@ -1,0 +1,156 @@
+//! The server's memory budget against clients that ask for more than it allows (issue 20):
+//! calls whose Read chunks would take the server past its budget wait for memory instead of
+//! allocating it, a connection whose receive buffers do not fit is refused, a well-behaved
+//! client on another connection keeps being served, and a closed connection gives its memory
+//! back at once. Over soft-iWARP on 127.0.0.1; assertions read the budget's own counters.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use oncrpc::{CallRequest, MemoryBudget, ReplyExpectation, RpcTransport};
+use rpcrdma::engine::Config;
+use rpcrdma::ulb::UpperLayerBinding;
+use rpcrdma::{RdmaClient, RdmaServer, TransportConfig};
+use verbs::Device;
+
+fn echo_req(tag: u32, data: Bytes) -> CallRequest {
+    let reply = ReplyExpectation {
+        max_len: Some(64 + data.len()),
+        ddp_items: vec![data.len()],
+    };
+    CallRequest::new(PROG, VERS, ECHO, move |e| {
+        e.put_u32(tag);
+        e.put_ddp_opaque(data.clone());
+        e.put_opaque_bytes(Bytes::new());
+    })
+    .with_reply(reply)
+    .with_timeout(Duration::from_secs(60))
+}
+
+fn ulb_list() -> Vec<Arc<dyn UpperLayerBinding>> {
+    vec![Arc::new(EchoUlb)]
+}
+
+async fn server(budget: Arc<MemoryBudget>) -> RdmaServer {
+    let cfg = TransportConfig {
+        rpc: Config {
+            credits: 32,
+            ..Config::default()
+        },
+        device: Some(Device::soft_iwarp()),
+        budget: Some(budget),
+        ..TransportConfig::default()
+    };
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    RdmaServer::bind(addr, dispatcher(), ulb_list(), cfg)
+        .await
+        .unwrap()
+}
+
+async fn client(srv: &RdmaServer) -> Result<RdmaClient, rpcrdma::driver::DriverError> {
+    let cfg = TransportConfig {
+        rpc: Config {
+            credits: 32,
+            ..Config::default()
+        },
+        device: Some(Device::soft_iwarp()),
+        reconnect_attempts: 0,
+        ..TransportConfig::default()
+    };
+    RdmaClient::connect_with(srv.local_addr(), cfg, ulb_list(), None).await
+}
+
+/// Wait (bounded) until `cond` holds.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what}: not reached within 5 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_chunks_beyond_the_budget_wait_and_the_budget_holds() {
+    // 6 MiB for the server, 5 MiB per connection: 32 calls of 1 MiB in flight would need
+    // 32 MiB of sinks.
+    let budget = MemoryBudget::new(6 << 20, 5 << 20);
+    let srv = server(budget.clone()).await;
+    let greedy = Arc::new(client(&srv).await.unwrap());
+    let baseline = budget.used();
+    assert!(baseline > 0, "the connection's receive buffers are counted");
+    let data = Bytes::from(vec![0x5a; 1 << 20]);
+    let mut set = tokio::task::JoinSet::new();
+    for tag in 0..32 {
+        let (c, d) = (greedy.clone(), data.clone());
+        set.spawn(async move { c.call(echo_req(tag, d)).await });
+    }
+    // Meanwhile a well-behaved client on another connection is served.
+    let polite = client(&srv).await.unwrap();
+    let small = Bytes::from(vec![7u8; 100]);
+    for tag in 0..5 {
+        let got = polite.call(echo_req(tag, small.clone())).await.unwrap();
+        assert_eq!(got, echo_results_bytes(tag, &small, &[]));
+    }
+    let mut ok = 0;
+    while let Some(r) = set.join_next().await {
+        r.unwrap()
+            .expect("every greedy call completes, queued behind the budget");
+        ok += 1;
+    }
+    assert_eq!(ok, 32);
+    assert!(
+        budget.peak() <= budget.limit(),
+        "peak {} over limit {}",
+        budget.peak(),
+        budget.limit()
+    );
+    assert!(
+        budget.refusals() > 0,
+        "some calls had to wait for memory (the test would not show the bound otherwise)"
+    );
+    // Both connections close: everything comes back, at once.
+    drop(polite);
+    drop(set);
+    drop(Arc::try_unwrap(greedy).ok());
+    eventually("memory returned after the connections closed", || {
+        budget.used() == 0
+    })
+    .await;
+    assert_eq!(budget.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_whose_receive_buffers_do_not_fit_is_refused() {
+    // Room for one connection's receive buffers (32 credits of 4 KiB, and a few more), not two.
+    let budget = MemoryBudget::new(200 << 10, 200 << 10);
+    let srv = server(budget.clone()).await;
+    let first = client(&srv).await.expect("the first connection fits");
+    let second = client(&srv).await;
+    assert!(
+        second.is_err(),
+        "the second connection is refused, not accepted beyond the budget"
+    );
+    assert!(budget.refusals() >= 1);
+    assert!(budget.peak() <= budget.limit());
+    // The first one is still served.
+    let d = Bytes::from_static(b"still here");
+    assert_eq!(
+        first.call(echo_req(1, d.clone())).await.unwrap(),
+        echo_results_bytes(1, &d, &[])
+    );
+    drop(first);
+    eventually("memory returned", || budget.used() == 0).await;
+    // With the room back, a new connection is accepted.
+    let third = client(&srv).await.expect("accepted once memory came back");
+    assert_eq!(
+        third.call(echo_req(2, d.clone())).await.unwrap(),
+        echo_results_bytes(2, &d, &[])
+    );
+}
