@@ -6,3 +6,6 @@
 //!
 //! What it does not do: implement any protocol (those stay in `xdr`, `oncrpc`, `verbs`,
 //! `rpcrdma`, `rds` and `nfs`), parse command lines or print (the CLI does).
+
+pub mod soak;
+pub mod torture;
