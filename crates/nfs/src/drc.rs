@@ -24,8 +24,13 @@
 //!   a WRITE's handle, offset, count and the start of its data. A call that reuses an XID with
 //!   different arguments is a new call ([`DrcStats::mismatches`] counts them).
 //! - **States**: a new call enters *in progress*; its reply makes it *done*. A duplicate of a
-//!   call in progress is answered with nothing (the client retransmits again later); a
-//!   duplicate of a done call is answered with the cached reply. A call whose execution did not
+//!   done call is answered with the cached reply. A duplicate of a call in progress waits up
+//!   to [`DrcConfig::in_progress_wait`] for the original to finish and gets its reply; if the
+//!   original is still running then, the duplicate is answered with nothing. nfsd answers
+//!   with nothing at once (a wait of zero here) and relies on the client retransmitting
+//!   again after its timeout; the clients here (`oncrpc::TcpClient`, `rpcrdma::RdmaClient`)
+//!   retransmit only after a reconnect, and a TCP client reconnects within a millisecond,
+//!   often while the original is still executing. A call whose execution did not
 //!   produce a reply to cache (its future dropped, an RPC-level error) leaves the cache.
 //! - **Bounds**: at most [`DrcConfig::max_entries`] entries and [`DrcConfig::max_bytes`] bytes
 //!   (each entry is charged [`ENTRY_OVERHEAD`] plus its reply), evicting the least recently
@@ -57,10 +62,12 @@ pub struct DrcConfig {
     pub max_bytes: usize,
     /// A done entry unused for this long is dropped.
     pub max_age: Duration,
+    /// How long a duplicate of a call in progress waits for it before being dropped.
+    pub in_progress_wait: Duration,
 }
 
 impl Default for DrcConfig {
-    /// 4096 entries, 8 MiB, 120 s.
+    /// 4096 entries, 8 MiB, 120 s, a 1 s wait for an original in progress.
     ///
     /// The entry bound is what matters: the cache has to hold a reply from its execution until
     /// the client's retransmission after a reconnect (well under a second for both transports
@@ -69,12 +76,15 @@ impl Default for DrcConfig {
     /// the cached procedures are small (the largest, CREATE/MKDIR/SYMLINK/MKNOD with a handle,
     /// attributes and directory wcc data, is under 300 bytes), so 4096 full entries take about
     /// 1.7 MB; the 8 MiB byte bound is a backstop that never binds with these replies. The age
-    /// is nfsd's (`RC_EXPIRE`).
+    /// is nfsd's (`RC_EXPIRE`). One second covers any namespace operation of a working
+    /// server; a duplicate waiting holds one of its connection's call slots (TCP
+    /// `max_in_flight`, an RPC-over-RDMA credit), which bounds how many can wait.
     fn default() -> Self {
         DrcConfig {
             max_entries: 4096,
             max_bytes: 8 << 20,
             max_age: Duration::from_secs(120),
+            in_progress_wait: Duration::from_secs(1),
         }
     }
 }
@@ -86,7 +96,8 @@ pub struct DrcStats {
     pub hits: u64,
     /// New calls (entries created).
     pub misses: u64,
-    /// Duplicates of a call still in progress, answered with nothing.
+    /// Duplicates of a call still in progress, answered with nothing
+    /// ([`ReplyCache::note_in_progress_drop`]).
     pub in_progress_drops: u64,
     /// Done entries evicted to stay within the bounds.
     pub evictions: u64,
@@ -156,7 +167,7 @@ pub fn is_cached_proc(proc_: u32) -> bool {
 pub enum Begin {
     /// A new call: execute it, then [`ReplyCache::complete`] or [`ReplyCache::abandon`].
     Run,
-    /// A duplicate of a call still executing: send nothing.
+    /// A duplicate of a call still executing: wait for it, or send nothing.
     InProgress,
     /// A duplicate of a finished call: send this reply (the results, after the RPC header).
     Replay(Bytes),
@@ -231,14 +242,18 @@ impl ReplyCache {
         self.bytes
     }
 
+    /// A duplicate of a call in progress was answered with nothing (counted here, not by
+    /// [`ReplyCache::begin`], since a duplicate may look the call up more than once while it
+    /// waits).
+    pub fn note_in_progress_drop(&mut self) {
+        self.stats.in_progress_drops += 1;
+    }
+
     /// Look a call up; a new call gets an in-progress entry (when there is room).
     pub fn begin(&mut self, key: Key, now: Instant) -> Begin {
         self.expire(now);
         match self.entries.get_mut(&key) {
-            Some(State::InProgress) => {
-                self.stats.in_progress_drops += 1;
-                return Begin::InProgress;
-            }
+            Some(State::InProgress) => return Begin::InProgress,
             Some(State::Done { reply, seq, used }) => {
                 self.stats.hits += 1;
                 let r = reply.clone();
@@ -354,7 +369,11 @@ impl ReplyCache {
 
 /// A [`ReplyCache`] shared by the NFS program's calls on every connection and transport.
 #[derive(Debug)]
-pub struct SharedCache(Mutex<ReplyCache>);
+pub struct SharedCache {
+    cache: Mutex<ReplyCache>,
+    /// Woken whenever an in-progress entry completes or goes.
+    settled: tokio::sync::Notify,
+}
 
 /// What the NFS program does with a call ([`SharedCache::admit`]).
 #[derive(Debug)]
@@ -370,11 +389,14 @@ pub enum Admit {
 impl SharedCache {
     /// An empty shared cache.
     pub fn new(cfg: DrcConfig) -> Arc<Self> {
-        Arc::new(SharedCache(Mutex::new(ReplyCache::new(cfg))))
+        Arc::new(SharedCache {
+            cache: Mutex::new(ReplyCache::new(cfg)),
+            settled: tokio::sync::Notify::new(),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ReplyCache> {
-        self.0
+        self.cache
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -384,17 +406,36 @@ impl SharedCache {
         self.lock().stats()
     }
 
-    /// Look up a call from `client` (see [`ReplyCache::begin`]).
-    pub fn admit(self: &Arc<Self>, key: Key) -> Admit {
-        match self.lock().begin(key, Instant::now()) {
-            Begin::Run => Admit::Run(Some(Ticket {
-                cache: self.clone(),
-                key,
-                done: false,
-            })),
-            Begin::Uncached => Admit::Run(None),
-            Begin::InProgress => Admit::Drop,
-            Begin::Replay(r) => Admit::Replay(r),
+    /// Look a call up (see [`ReplyCache::begin`]); a duplicate of a call in progress waits
+    /// for it up to [`DrcConfig::in_progress_wait`].
+    pub async fn admit(self: &Arc<Self>, key: Key) -> Admit {
+        let deadline = {
+            let c = self.lock();
+            tokio::time::Instant::now() + c.config().in_progress_wait
+        };
+        loop {
+            // Registered before looking, so a completion between the look-up and the wait
+            // is not missed.
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            let begun = self.lock().begin(key, Instant::now());
+            match begun {
+                Begin::Run => {
+                    return Admit::Run(Some(Ticket {
+                        cache: self.clone(),
+                        key,
+                        done: false,
+                    }));
+                }
+                Begin::Uncached => return Admit::Run(None),
+                Begin::Replay(r) => return Admit::Replay(r),
+                Begin::InProgress => {}
+            }
+            if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                self.lock().note_in_progress_drop();
+                return Admit::Drop;
+            }
         }
     }
 }
@@ -413,6 +454,7 @@ impl Ticket {
     pub fn complete(mut self, reply: Bytes) {
         self.done = true;
         self.cache.lock().complete(&self.key, reply, Instant::now());
+        self.cache.settled.notify_waiters();
     }
 }
 
@@ -420,6 +462,7 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.done {
             self.cache.lock().abandon(&self.key);
+            self.cache.settled.notify_waiters();
         }
     }
 }
@@ -444,6 +487,7 @@ mod tests {
             max_entries: entries,
             max_bytes: bytes,
             max_age: Duration::from_secs(120),
+            in_progress_wait: Duration::ZERO,
         }
     }
 
@@ -454,6 +498,7 @@ mod tests {
         let k = key(1, b"args");
         assert_eq!(c.begin(k, t), Begin::Run);
         assert_eq!(c.begin(k, t), Begin::InProgress);
+        c.note_in_progress_drop();
         c.complete(&k, Bytes::from_static(b"reply"), t);
         assert_eq!(c.begin(k, t), Begin::Replay(Bytes::from_static(b"reply")));
         let s = c.stats();
@@ -575,20 +620,44 @@ mod tests {
         assert_eq!(c.stats().expired, 1);
     }
 
-    #[test]
-    fn ticket_dropped_without_reply_frees_the_entry() {
-        let c = SharedCache::new(DrcConfig::default());
+    #[tokio::test]
+    async fn in_progress_duplicate_is_dropped_and_abandoned_ticket_frees_the_entry() {
+        // A wait of zero: nfsd's behaviour.
+        let c = SharedCache::new(cfg(16, 1 << 20));
         let k = key(4, b"a");
-        let Admit::Run(Some(t)) = c.admit(k) else {
+        let Admit::Run(Some(t)) = c.admit(k).await else {
             panic!("new call")
         };
-        assert!(matches!(c.admit(k), Admit::Drop));
+        assert!(matches!(c.admit(k).await, Admit::Drop));
+        assert_eq!(c.stats().in_progress_drops, 1);
         drop(t);
         assert_eq!(c.stats().entries, 0);
-        let Admit::Run(Some(t)) = c.admit(k) else {
+        let Admit::Run(Some(t)) = c.admit(k).await else {
             panic!("runs again")
         };
         t.complete(Bytes::from_static(b"done"));
-        assert!(matches!(c.admit(k), Admit::Replay(r) if &r[..] == b"done"));
+        assert!(matches!(c.admit(k).await, Admit::Replay(r) if &r[..] == b"done"));
+    }
+
+    #[tokio::test]
+    async fn in_progress_duplicate_waits_for_the_original() {
+        let c = SharedCache::new(DrcConfig {
+            in_progress_wait: Duration::from_secs(30),
+            ..DrcConfig::default()
+        });
+        let k = key(5, b"a");
+        let Admit::Run(Some(t)) = c.admit(k).await else {
+            panic!("new call")
+        };
+        let c2 = c.clone();
+        let dup = tokio::spawn(async move { c2.admit(k).await });
+        // Whenever the duplicate looks, the original is in progress or done: it can only
+        // end with the original's reply.
+        tokio::task::yield_now().await;
+        t.complete(Bytes::from_static(b"first"));
+        let got = dup.await.unwrap();
+        assert!(matches!(got, Admit::Replay(r) if &r[..] == b"first"));
+        assert_eq!(c.stats().in_progress_drops, 0);
+        assert_eq!(c.stats().hits, 1);
     }
 }

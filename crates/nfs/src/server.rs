@@ -1454,7 +1454,7 @@ impl Program for NfsProgram {
                 (Some(cache), Some(peer)) if is_cached_proc(call.header.proc_) => {
                     let h = &call.header;
                     let key = Key::new(peer.ip(), h.xid, h.prog, h.vers, h.proc_, &call.args);
-                    match cache.admit(key) {
+                    match cache.admit(key).await {
                         Admit::Run(t) => t,
                         Admit::Drop => return Outcome::NoReply,
                         Admit::Replay(results) => {

@@ -1225,6 +1225,14 @@ impl RdmaClient {
         self.inner.reconnects.load(Ordering::Relaxed)
     }
 
+    /// Drop the connection, as a client that loses it would: every registration is fenced,
+    /// the client reconnects and retransmits its outstanding calls with their XIDs. For
+    /// fault injection.
+    pub async fn disconnect(&self) {
+        let link = self.inner.link();
+        link.conn.disconnect().await;
+    }
+
     /// Registrations still alive (all fenced once calls complete).
     pub fn live_registrations(&self) -> usize {
         with_state(&self.inner, |st| st.reg.regions.len())

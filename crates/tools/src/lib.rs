@@ -4,5 +4,13 @@
 //! themselves — bandwidth and latency measurement, stress and torture runs, benchmarks, and test
 //! peers. The `oxrdma` CLI parses arguments, calls into this crate and prints what it returns.
 //!
+//! - [`torture`]: `nfs torture`, a fault-injection campaign of mixed NFSv3 operations with
+//!   connection drops from either side, checked against a model of the file tree.
+//! - [`soak`]: `nfs torture --soak`, many RPC-over-RDMA connections at full credits, sampled
+//!   (ops/s, server RSS, open registrations, credits in use).
+//!
 //! What it does not do: implement any protocol (those stay in `xdr`, `oncrpc`, `verbs`,
 //! `rpcrdma`, `rds` and `nfs`), parse command lines or print (the CLI does).
+
+pub mod soak;
+pub mod torture;

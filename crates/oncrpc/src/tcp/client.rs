@@ -108,6 +108,8 @@ struct Pending {
 #[derive(Default)]
 struct Shared {
     pending: Mutex<HashMap<u32, Pending>>,
+    /// Wakes the connection to drop it ([`TcpClient::disconnect`]).
+    cut: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -192,6 +194,12 @@ impl TcpClient {
     /// The server's address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// Drop the current connection, as a client that loses it would: the driver reconnects
+    /// and retransmits every outstanding call under its XID. For fault injection.
+    pub fn disconnect(&self) {
+        self.shared.cut.notify_waiters();
     }
 
     /// Calls sent (or waiting to be sent) and not yet answered.
@@ -447,6 +455,7 @@ async fn run_connection(
             Ok(()) => Exit::Lost(io::ErrorKind::UnexpectedEof.into()),
             Err(e) => Exit::Lost(e),
         },
+        () = shared.cut.notified() => Exit::Lost(io::ErrorKind::ConnectionAborted.into()),
     }
 }
 

@@ -59,6 +59,8 @@ impl ServerConfig {
 pub struct TcpServer {
     local_addr: SocketAddr,
     shutdown: watch::Sender<bool>,
+    /// Bumped by [`TcpServer::disconnect_all`].
+    cut: watch::Sender<u64>,
     task: JoinHandle<()>,
 }
 
@@ -81,12 +83,21 @@ impl TcpServer {
     ) -> io::Result<Self> {
         let local_addr = listener.local_addr()?;
         let (shutdown, rx) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(listener, dispatcher, config, rx));
+        let (cut, cut_rx) = watch::channel(0);
+        let task = tokio::spawn(accept_loop(listener, dispatcher, config, rx, cut_rx));
         Ok(TcpServer {
             local_addr,
             shutdown,
+            cut,
             task,
         })
+    }
+
+    /// Close every open connection at once, as a server that loses them would: replies not
+    /// yet written are lost and calls still executing finish unanswered. Clients reconnect
+    /// and retransmit; the listener keeps accepting. For fault injection.
+    pub fn disconnect_all(&self) {
+        self.cut.send_modify(|n| *n += 1);
     }
 
     /// The address the server listens on.
@@ -106,7 +117,8 @@ impl TcpServer {
 /// For a server that can be stopped, use [`TcpServer`].
 pub async fn serve_tcp(listener: TcpListener, dispatcher: Arc<Dispatcher>) -> io::Result<()> {
     let (_keep, rx) = watch::channel(false);
-    accept_loop(listener, dispatcher, ServerConfig::default(), rx).await;
+    let (_cut, cut_rx) = watch::channel(0);
+    accept_loop(listener, dispatcher, ServerConfig::default(), rx, cut_rx).await;
     Ok(())
 }
 
@@ -115,6 +127,7 @@ async fn accept_loop(
     dispatcher: Arc<Dispatcher>,
     config: ServerConfig,
     mut shutdown: watch::Receiver<bool>,
+    cut: watch::Receiver<u64>,
 ) {
     let mut conns = JoinSet::new();
     loop {
@@ -127,8 +140,10 @@ async fn accept_loop(
                     let d = dispatcher.clone();
                     let c = config.clone();
                     let s = shutdown.clone();
+                    let mut k = cut.clone();
+                    k.mark_unchanged();
                     conns.spawn(async move {
-                        if let Err(e) = serve_connection(stream, d, &c, s).await {
+                        if let Err(e) = serve_conn(stream, d, &c, s, Some(k)).await {
                             tracing::debug!(%peer, error = %e, "RPC/TCP connection ended");
                         }
                     });
@@ -153,7 +168,27 @@ pub async fn serve_connection(
     stream: TcpStream,
     dispatcher: Arc<Dispatcher>,
     config: &ServerConfig,
+    shutdown: watch::Receiver<bool>,
+) -> io::Result<()> {
+    serve_conn(stream, dispatcher, config, shutdown, None).await
+}
+
+/// Resolves when `cut` changes ([`TcpServer::disconnect_all`]); never without one.
+async fn cut_fired(cut: &mut Option<watch::Receiver<u64>>) {
+    if let Some(c) = cut
+        && c.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
+async fn serve_conn(
+    stream: TcpStream,
+    dispatcher: Arc<Dispatcher>,
+    config: &ServerConfig,
     mut shutdown: watch::Receiver<bool>,
+    mut cut: Option<watch::Receiver<u64>>,
 ) -> io::Result<()> {
     let _ = stream.set_nodelay(true);
     let context = Arc::new(CallContext {
@@ -186,6 +221,10 @@ pub async fn serve_connection(
                     Err(_) => break 'conn,
                 },
                 _ = shutdown.changed() => break 'conn,
+                _ = cut_fired(&mut cut) => {
+                    writer.abort();
+                    return Ok(());
+                }
             };
             spawn_call(record, &dispatcher, &context, &tx, permit);
         }
@@ -200,6 +239,11 @@ pub async fn serve_connection(
                 }
             },
             _ = shutdown.changed() => break,
+            // Cut: the writer goes with its half of the socket, unwritten replies with it.
+            _ = cut_fired(&mut cut) => {
+                writer.abort();
+                return Ok(());
+            }
         }
     }
     // Calls already read still run; the writer ends once each has sent its reply (or none).

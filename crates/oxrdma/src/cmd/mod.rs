@@ -6,6 +6,7 @@ pub mod perf;
 pub mod rds;
 pub mod rds_peer;
 pub mod rpc;
+pub mod torture;
 
 /// What every command returns: errors are printed by `main` and give exit status 1.
 pub type CmdResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;

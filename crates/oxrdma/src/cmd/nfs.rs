@@ -43,6 +43,11 @@ pub enum NfsCommand {
     /// Rows are `TRANSPORT OP IO MB/s OPS/s P50_US P99_US`; the ratio lines compare READ at
     /// 1 MiB over RDMA with the raw TCP stream and with NFS over TCP.
     Bench(BenchArgs),
+    /// Fault-injection campaign: mixed NFS operations against an in-process server over
+    /// RPC-over-RDMA and over TCP, with connection drops from either side, every outcome
+    /// checked against a model of the file tree (exit status 1 on any problem). With --soak,
+    /// many RPC-over-RDMA connections at full credits instead, sampled every --interval.
+    Torture(super::torture::TortureArgs),
 }
 
 #[derive(Debug, Args)]
@@ -434,6 +439,7 @@ pub async fn run(cmd: NfsCommand) -> CmdResult {
         NfsCommand::Serve(a) => serve(a).await,
         NfsCommand::Client(a) => client(a).await,
         NfsCommand::Bench(a) => bench(a).await,
+        NfsCommand::Torture(a) => super::torture::torture(a).await,
     }
 }
 
