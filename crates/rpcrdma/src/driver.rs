@@ -903,6 +903,56 @@ fn on_server_receive(
     true
 }
 
+/// Reserve the bytes of a reply's Sends and RDMA Writes in `budget` and tie the reservation to
+/// those buffers, so it is given back when the transport has sent (and dropped) the last one.
+async fn hold_in_budget(
+    actions: Vec<responder::Action>,
+    budget: &Arc<oncrpc::ConnBudget>,
+    wait: Duration,
+) -> Result<Vec<responder::Action>, oncrpc::BudgetError> {
+    use responder::Action;
+    let total: usize = actions
+        .iter()
+        .map(|a| match a {
+            Action::Write { data, .. } | Action::Send { data, .. } => data.len(),
+            Action::Close => 0,
+        })
+        .sum();
+    if total == 0 {
+        return Ok(actions);
+    }
+    let held = Arc::new(budget.reserve(total, wait).await?);
+    struct Held {
+        data: Bytes,
+        _reservation: Arc<oncrpc::Reservation>,
+    }
+    impl AsRef<[u8]> for Held {
+        fn as_ref(&self) -> &[u8] {
+            &self.data
+        }
+    }
+    let hold = |data: Bytes| {
+        Bytes::from_owner(Held {
+            data,
+            _reservation: held.clone(),
+        })
+    };
+    Ok(actions
+        .into_iter()
+        .map(|a| match a {
+            Action::Write { segment, data } => Action::Write {
+                segment,
+                data: hold(data),
+            },
+            Action::Send { data, invalidate } => Action::Send {
+                data: hold(data),
+                invalidate,
+            },
+            other => other,
+        })
+        .collect())
+}
+
 async fn handle_incoming(
     mut inc: Incoming,
     sc: &ServerConn,
@@ -1004,6 +1054,22 @@ async fn handle_incoming(
                     .await;
                 let xid = call.token.xid;
                 let actions = lock(resp).reply(call.token, reply);
+                // The call's sinks are done with (what the reply still uses of them is counted
+                // with the reply): give their share back first, so that calls waiting for reply
+                // memory never wait on each other's sinks.
+                held.clear();
+                // A reply's buffers stay in the send queue until the peer takes them (one that
+                // never reads keeps them there): they come out of the connection's budget, and
+                // are given back when the transport drops the last of them.
+                let actions = match hold_in_budget(actions, &sc.budget, timeout).await {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(peer = %sc.peer, error = %e,
+                            "no memory for a reply; closing the connection");
+                        link.conn.disconnect().await;
+                        return;
+                    }
+                };
                 run_server_actions(actions, link, resp, Some(xid)).await;
                 let lost = lock(resp).take_lost();
                 if !lost.is_empty() {
