@@ -398,3 +398,20 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn non_zero_xdr_padding_is_tolerated_and_re_encoded_as_zeros() {
+    // Found by the rpcrdma_header_v2 fuzz target: an UPDPROP whose 2-byte property value is
+    // followed by padding bytes 00 01. Decoders here, like Linux's, accept it (RFC 4506 §3 says
+    // the sender zeroes padding; nothing says the receiver must check); the encoder writes zeros.
+    let wire = [
+        0, 0, 0, 11, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 9, 0, 0, 0, 1, 255, 255, 255, 16, 0, 0, 0, 2,
+        0, 0, 0, 1,
+    ];
+    let (h, n) = Header2::decode(&wire).unwrap();
+    assert_eq!(n, wire.len());
+    let again = h.to_bytes();
+    assert_eq!(&again[..28], &wire[..28]);
+    assert_eq!(&again[28..], &[0, 0, 0, 0]);
+    assert_eq!(Header2::decode(&again).unwrap().0, h);
+}
