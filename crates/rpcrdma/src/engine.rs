@@ -34,6 +34,10 @@ pub struct Config {
     pub default_reply_chunk: usize,
     /// Largest reassembled call a Responder accepts (sum of inline and Read chunk bytes).
     pub max_call_size: usize,
+    /// The highest RPC-over-RDMA version a Responder serves (it serves 1 up to this; cel-05
+    /// §8.3 answers each client in the version of its calls). Version 1 only: exactly the
+    /// behaviour of a version 1 server, ERR_VERS [1, 1] to a version 2 probe.
+    pub max_version: crate::version::Version,
 }
 
 impl Default for Config {
@@ -49,6 +53,7 @@ impl Default for Config {
             max_write_chunks: 1,
             default_reply_chunk: 1 << 20,
             max_call_size: 4 << 20,
+            max_version: crate::version::Version::V2,
         }
     }
 }

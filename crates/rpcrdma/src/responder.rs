@@ -28,7 +28,13 @@ use crate::header::{
     Body, Chunks, ErrorResponse, Header, HeaderError, RDMA_MSG, ReadChunk, Segment, WriteChunk,
     chunk_len,
 };
+use crate::header_v2::{
+    Body2, ChunkLists, Decode2Limits, Direction, ErrorBody2, ErrorResponse2, Header2,
+    error_vers_bytes, peek_version,
+};
+use crate::props::BackwardSupport;
 use crate::ulb::UpperLayerBinding;
+use crate::version::{CallVersion, ResponderVersion, V2Properties, Version};
 
 /// Something the driver does for the Responder.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +73,9 @@ pub struct PendingCall {
     pub reads: Vec<ReadChunk>,
     header: Header,
     inline: Bytes,
+    /// Version 2: the handle the requester lets us invalidate with Send With Invalidate
+    /// (`rdma_inv_handle` naming one of the call's segments, cel-05 §7.2.3).
+    inv_handle: Option<u32>,
 }
 
 impl PendingCall {
@@ -153,6 +162,10 @@ pub struct Responder {
     back_granted: u32,
     back_outstanding: HashSet<u32>,
     back_queue: VecDeque<(u32, Bytes)>,
+    /// Which version the connection speaks, locked at its first valid call (cel-05 §8.3).
+    version: ResponderVersion,
+    /// Version 2 transport properties (ours and the peer's, cel-05 §6).
+    props: V2Properties,
 }
 
 impl std::fmt::Debug for Responder {
@@ -194,7 +207,6 @@ impl Responder {
         lost: HashSet<u32>,
     ) -> Self {
         Responder {
-            cfg,
             params,
             ulbs,
             lost,
@@ -204,7 +216,81 @@ impl Responder {
             back_granted: 1,
             back_outstanding: HashSet::new(),
             back_queue: VecDeque::new(),
+            version: ResponderVersion::new(Version::V1, cfg.max_version),
+            props: V2Properties::new(cfg.inline_recv, BackwardSupport::Inline),
+            cfg,
         }
+    }
+
+    /// The version the connection is locked to, once a valid call came.
+    pub fn version(&self) -> Option<Version> {
+        self.version.locked()
+    }
+
+    /// Our version 2 transport properties, for the RDMA2_CONNPROP a driver may send once the
+    /// connection speaks version 2, and the peer's as announced.
+    pub fn v2_properties(&self) -> &V2Properties {
+        &self.props
+    }
+
+    fn v2(&self) -> bool {
+        self.version.locked() == Some(Version::V2)
+    }
+
+    /// A transport header in the connection's version, followed by `extra` bytes of room.
+    /// Version 2 headers carry `direction` and no invalidation handle (replies and backward
+    /// calls offer none).
+    fn header_bytes(
+        &self,
+        xid: u32,
+        credits: u32,
+        body: Body,
+        direction: Direction,
+        extra: usize,
+    ) -> BytesMut {
+        if self.v2() {
+            let b2 = match body {
+                Body::NoMsg(c) => Body2::NoMsg(ChunkLists::new(direction, c)),
+                Body::Msg(c) => Body2::Msg(ChunkLists::new(direction, c)),
+                // Only MSG and NOMSG are built here.
+                _ => Body2::Msg(ChunkLists::new(direction, Chunks::default())),
+            };
+            let h = Header2::new(xid, credits, b2);
+            let mut data = BytesMut::with_capacity(h.encoded_len() + extra);
+            h.encode(&mut data);
+            data
+        } else {
+            let h = Header::new(xid, credits, body);
+            let mut data = BytesMut::with_capacity(h.encoded_len() + extra);
+            h.encode(&mut data);
+            data
+        }
+    }
+
+    /// Answer with a version 2 RDMA2_ERROR. cel-05 §7.2.4: "the rdma_credit field is set to
+    /// the credit grant value for this connection"; never with Send With Invalidate.
+    fn error2(&mut self, resp: ErrorResponse2) -> Incoming {
+        let data = match resp {
+            ErrorResponse2::Discard => {
+                self.stats.dropped += 1;
+                return Incoming::Nothing;
+            }
+            ErrorResponse2::ErrVers { xid, vers } => {
+                self.stats.err_vers += 1;
+                error_vers_bytes(xid, vers, self.grant(), 1, self.cfg.max_version.number())
+            }
+            ErrorResponse2::Error { .. } => {
+                self.stats.err_chunk += 1;
+                match Header2::error_reply(resp, self.grant()) {
+                    Some(h) => h.to_bytes(),
+                    None => return Incoming::Nothing,
+                }
+            }
+        };
+        Incoming::Respond(vec![Action::Send {
+            data,
+            invalidate: None,
+        }])
     }
 
     /// Counters.
@@ -224,6 +310,17 @@ impl Responder {
     }
 
     fn error(&mut self, resp: ErrorResponse) -> Incoming {
+        if self.v2() {
+            // cel-05 §7.2.4: RDMA2_ERR_BAD_XDR has version 1's ERR_CHUNK code and meaning.
+            return self.error2(match resp {
+                ErrorResponse::ErrVers { xid, vers } => ErrorResponse2::ErrVers { xid, vers },
+                ErrorResponse::ErrChunk { xid } => ErrorResponse2::Error {
+                    xid,
+                    body: ErrorBody2::BadXdr,
+                },
+                ErrorResponse::Discard => ErrorResponse2::Discard,
+            });
+        }
         match resp {
             ErrorResponse::ErrVers { .. } => self.stats.err_vers += 1,
             ErrorResponse::ErrChunk { .. } => self.stats.err_chunk += 1,
@@ -244,9 +341,15 @@ impl Responder {
         self.stats.garbage_args += 1;
         // 5666bis §5.5.2: GARBAGE_ARGS travels in an RDMA_MSG.
         let r = oncrpc::service::accepted(xid, AcceptStat::GarbageArgs, None);
-        let mut data = BytesMut::new();
-        Header::new(xid, self.grant(), Body::Msg(Chunks::default())).encode(&mut data);
-        data.extend_from_slice(&r.message.to_bytes());
+        let body = r.message.to_bytes();
+        let mut data = self.header_bytes(
+            xid,
+            self.grant(),
+            Body::Msg(Chunks::default()),
+            Direction::Reply,
+            body.len(),
+        );
+        data.extend_from_slice(&body);
         Incoming::Respond(vec![Action::Send {
             data: data.freeze(),
             invalidate: None,
@@ -255,6 +358,22 @@ impl Responder {
 
     /// Handle one received message (a full receive buffer as filled by the Send).
     pub fn on_receive(&mut self, buf: Bytes) -> Incoming {
+        // RFC 8166 §4.2 / cel-05 §8: the version decides how the rest is read; one the
+        // connection does not (or no longer) accept gets ERR_VERS with the range it does.
+        let Some((xid, vers)) = peek_version(&buf) else {
+            return self.error(ErrorResponse::Discard);
+        };
+        match self.version.check(vers) {
+            CallVersion::ErrVers { low, high } => {
+                self.stats.err_vers += 1;
+                return Incoming::Respond(vec![Action::Send {
+                    data: error_vers_bytes(xid, vers, self.grant(), low, high),
+                    invalidate: None,
+                }]);
+            }
+            CallVersion::Serve(Version::V2) => return self.on_receive_v2(buf),
+            CallVersion::Serve(Version::V1) => {}
+        }
         let (header, hlen) = match Header::decode(&buf) {
             Ok(x) => x,
             Err(e) => {
@@ -263,8 +382,8 @@ impl Responder {
             }
         };
         let xid = header.xid;
-        let chunks = match &header.body {
-            Body::Msg(c) | Body::NoMsg(c) => c,
+        match &header.body {
+            Body::Msg(_) | Body::NoMsg(_) => {}
             // 5666bis §5.6.1 / §5.6.2: RDMA_MSGP and RDMA_DONE get RDMA_ERR_CHUNK.
             Body::MsgP { .. } | Body::Done => {
                 return self.error(HeaderError::BadProc { xid, proc_: 0 }.response());
@@ -275,12 +394,163 @@ impl Responder {
                 self.stats.dropped += 1;
                 return Incoming::Nothing;
             }
-        };
+        }
         let inline = buf.slice(hlen..);
         // A backward-direction reply (RFC 8167 §5): RDMA_MSG with a REPLY inside.
         if header.body.proc_() == RDMA_MSG && msg_type(&inline) == Some(oncrpc::message::REPLY) {
             return self.on_back_reply(&header, inline);
         }
+        if self.version.lock(Version::V1) {
+            tracing::info!(
+                xid,
+                "RPC-over-RDMA connection speaks version 1: the client's first call"
+            );
+        }
+        self.on_call(header, inline, None)
+    }
+
+    /// A version 2 message (cel-05 §7.2).
+    fn on_receive_v2(&mut self, buf: Bytes) -> Incoming {
+        let lim = Decode2Limits::default();
+        let (h, hlen) = match Header2::decode_with(&buf, &lim) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::debug!(error = %e, "bad version 2 transport header");
+                // A header of a version this connection may speak but that does not parse
+                // locks nothing; the error still goes out in version 2.
+                return self.error2(e.response());
+            }
+        };
+        let xid = h.xid;
+        let inline = buf.slice(hlen..);
+        match h.body {
+            Body2::Msg(l) | Body2::NoMsg(l) if l.direction == Direction::Reply => {
+                // A backward-direction reply: only inline ones are expected (we offer no
+                // chunks in backward calls).
+                if msg_type(&inline) != Some(oncrpc::message::REPLY) {
+                    return self.error2(ErrorResponse2::Error {
+                        xid,
+                        body: ErrorBody2::BadXdr,
+                    });
+                }
+                let v1 = Header::new(xid, h.credits, Body::Msg(Chunks::default()));
+                self.on_back_reply(&v1, inline)
+            }
+            body @ (Body2::Msg(_) | Body2::NoMsg(_)) => {
+                let nomsg = matches!(body, Body2::NoMsg(_));
+                let (Body2::Msg(l) | Body2::NoMsg(l)) = body else {
+                    return Incoming::Nothing;
+                };
+                // §7.2.2: "the value of the rdma_direction field MUST be the same as the value
+                // of the associated RPC message's msg_type field".
+                if !nomsg && msg_type(&inline) != Some(oncrpc::message::CALL) {
+                    return self.error2(ErrorResponse2::Error {
+                        xid,
+                        body: ErrorBody2::BadXdr,
+                    });
+                }
+                if self.version.lock(Version::V2) {
+                    tracing::info!(
+                        xid,
+                        "RPC-over-RDMA connection speaks version 2: the client's first call"
+                    );
+                }
+                let inv = l.invalidate();
+                let mut v1 = Header::new(
+                    xid,
+                    h.credits,
+                    if nomsg {
+                        Body::NoMsg(l.chunks)
+                    } else {
+                        Body::Msg(l.chunks)
+                    },
+                );
+                v1.vers = 2;
+                self.on_call(v1, inline, inv)
+            }
+            // §7.2.4: "error messages never flow from requester to responder".
+            Body2::Error(_) => {
+                self.stats.dropped += 1;
+                Incoming::Nothing
+            }
+            Body2::Optional(o) => {
+                // Gap 2: only CALL-direction OPTIONAL messages are answered.
+                if o.direction == Direction::Reply {
+                    self.stats.dropped += 1;
+                    return Incoming::Nothing;
+                }
+                match o.property_message(&lim.props) {
+                    Some(Ok(m)) => self.on_property(xid, m),
+                    Some(Err(_)) => self.error2(ErrorResponse2::Error {
+                        xid,
+                        body: ErrorBody2::BadXdr,
+                    }),
+                    // §5.1 / §7.2.4: an rdma_opttype the responder does not recognise.
+                    None => self.error2(ErrorResponse2::Error {
+                        xid,
+                        body: ErrorBody2::InvalOption,
+                    }),
+                }
+            }
+            Body2::ConnProp(c) => {
+                self.on_property(xid, crate::header_v2::PropertyMessage::ConnProp(c))
+            }
+            Body2::ReqProp(r) => {
+                self.on_property(xid, crate::header_v2::PropertyMessage::ReqProp(r))
+            }
+            Body2::ResProp(r) => {
+                self.on_property(xid, crate::header_v2::PropertyMessage::ResProp(r))
+            }
+            Body2::UpdProp(u) => {
+                self.on_property(xid, crate::header_v2::PropertyMessage::UpdProp(u))
+            }
+        }
+    }
+
+    /// A transport property message from the peer (cel-05 §6.3).
+    fn on_property(&mut self, xid: u32, m: crate::header_v2::PropertyMessage) -> Incoming {
+        use crate::header_v2::PropertyMessage as P;
+        match m {
+            // §6.3.1, §6.3.4: the peer's values; unknown properties are ignored. Its RBSIZ is
+            // the largest message we may send it (§3.3: 4096 until it says).
+            P::ConnProp(c) => self.apply_peer(&c.start),
+            P::UpdProp(u) => self.apply_peer(&u.now),
+            // §6.3.2-§6.3.3: answered with RDMA2_RESPROP under the request's XID. Our values
+            // are fixed for the connection, so changes are refused (§6.2: "peers MAY reject a
+            // request to change a property for any reason").
+            P::ReqProp(r) => {
+                let res = self.props.answer_reqprop(&r);
+                Incoming::Respond(vec![Action::Send {
+                    data: Header2::new(xid, self.grant(), Body2::ResProp(res)).to_bytes(),
+                    invalidate: None,
+                }])
+            }
+            // We never send RDMA2_REQPROP, so no response is awaited.
+            P::ResProp(_) => {
+                self.stats.dropped += 1;
+                Incoming::Nothing
+            }
+        }
+    }
+
+    fn apply_peer(&mut self, set: &crate::props::PropSet) -> Incoming {
+        match self.props.apply_peer(set) {
+            Ok(()) => {
+                self.params.inline_send = self.props.send_limit() as usize;
+                Incoming::Nothing
+            }
+            // Decoding already checked known values; nothing is left to refuse here.
+            Err(_) => Incoming::Nothing,
+        }
+    }
+
+    /// A call (either version, its header in version 1's shape): the checks common to both,
+    /// then its Read chunks or the dispatcher.
+    fn on_call(&mut self, header: Header, inline: Bytes, inv_handle: Option<u32>) -> Incoming {
+        let xid = header.xid;
+        let Some(chunks) = header.body.chunks() else {
+            return Incoming::Nothing;
+        };
         let read_chunks = chunks.read_chunks();
         // Structural checks that need no Upper-Layer Binding (5666bis §5.5.2: RDMA_ERR_CHUNK).
         let pz = read_chunks.iter().filter(|c| c.position == 0).count();
@@ -310,6 +580,7 @@ impl Responder {
             reads: read_chunks,
             header,
             inline,
+            inv_handle,
         };
         if pending.reads.is_empty() {
             self.complete_reads(pending, Vec::new())
@@ -392,7 +663,7 @@ impl Responder {
         }
         let Some((call, args_at)) = call_header(&message) else {
             // Not a decodable CALL: let the dispatcher apply RFC 5531 (RPC_MISMATCH or drop).
-            return self.ready(xid, message, &chunks, DdpPolicy::Inline);
+            return self.ready(xid, message, &chunks, DdpPolicy::Inline, p.inv_handle);
         };
         let gss = Credential::parse(&call.cred).is_ok_and(|c| c.forbids_reduction());
         let ulb = self.ulbs.get(&call.prog).cloned();
@@ -451,10 +722,17 @@ impl Responder {
                 max_items: chunks.writes.len(),
             }
         };
-        self.ready(xid, message, &chunks, policy)
+        self.ready(xid, message, &chunks, policy, p.inv_handle)
     }
 
-    fn ready(&mut self, xid: u32, message: Bytes, chunks: &Chunks, policy: DdpPolicy) -> Incoming {
+    fn ready(
+        &mut self,
+        xid: u32,
+        message: Bytes,
+        chunks: &Chunks,
+        policy: DdpPolicy,
+        inv_handle: Option<u32>,
+    ) -> Incoming {
         self.stats.calls += 1;
         if self.in_progress.len() >= self.grant() as usize {
             self.stats.over_credit += 1;
@@ -470,9 +748,15 @@ impl Responder {
             .map(|r| r.target.handle)
             .chain(chunks.writes.iter().flatten().map(|s| s.handle))
             .chain(chunks.reply.iter().flatten().map(|s| s.handle));
-        let swi_handle = match handles.next() {
-            Some(h) if self.params.peer_remote_invalidate && handles.all(|x| x == h) => Some(h),
-            _ => None,
+        let swi_handle = if self.v2() {
+            // cel-05 §7.2.3: the requester names the handle (gap 5: on version 2 this
+            // supersedes RFC 8797's flag and Linux's one-handle rule).
+            inv_handle
+        } else {
+            match handles.next() {
+                Some(h) if self.params.peer_remote_invalidate && handles.all(|x| x == h) => Some(h),
+                _ => None,
+            }
         };
         Incoming::Call(ReadyCall {
             message,
@@ -511,7 +795,17 @@ impl Responder {
                         );
                         writes.push(updated);
                     }
-                    // The Write chunk is too small (5666bis §5.5.3).
+                    // The Write chunk is too small (5666bis §5.5.3; cel-05 §7.2.4
+                    // RDMA2_ERR_WRITE_RESOURCE names the chunk, from 1, and what it needs).
+                    None if self.v2() => {
+                        return self.error2_actions(
+                            xid,
+                            ErrorBody2::WriteResource {
+                                chunk_index: u32::try_from(i + 1).unwrap_or(u32::MAX),
+                                length_needed: u32::try_from(item.data.len()).unwrap_or(u32::MAX),
+                            },
+                        );
+                    }
                     None => return self.error_actions(ErrorResponse::ErrChunk { xid }),
                 },
                 None => writes.push(chunk.iter().map(|s| Segment { length: 0, ..*s }).collect()),
@@ -527,13 +821,37 @@ impl Responder {
             writes,
             reply: None,
         };
-        let inline_len =
-            Header::new(xid, 0, Body::Msg(chunks.clone())).encoded_len() + payload.len();
+        let hdr_len = if self.v2() {
+            Header2::new(
+                xid,
+                0,
+                Body2::Msg(ChunkLists::new(Direction::Reply, chunks.clone())),
+            )
+            .encoded_len()
+        } else {
+            Header::new(xid, 0, Body::Msg(chunks.clone())).encoded_len()
+        };
+        let inline_len = hdr_len + payload.len();
         let (body, inline) = if inline_len <= self.params.inline_send {
             (Body::Msg(chunks), payload)
         } else {
             // Long Reply: the Payload stream goes through the Reply chunk
             // (5666bis §5.3.3: "the responder MUST use the provided Reply chunk").
+            let fits = token
+                .reply_chunk
+                .as_ref()
+                .is_some_and(|rc| chunk_len(rc) >= payload.len() as u64);
+            if !fits && self.v2() {
+                // cel-05 §7.2.4: "the responder MUST set the rdma_err field to
+                // RDMA2_ERR_REPLY_RESOURCE ... rdma_length_needed to the number of Reply chunk
+                // bytes needed to convey the reply".
+                return self.error2_actions(
+                    xid,
+                    ErrorBody2::ReplyResource {
+                        length_needed: u32::try_from(payload.len()).unwrap_or(u32::MAX),
+                    },
+                );
+            }
             let Some(rc) = &token.reply_chunk else {
                 return self.error_actions(ErrorResponse::ErrChunk { xid });
             };
@@ -550,15 +868,20 @@ impl Responder {
             chunks.reply = Some(updated);
             (Body::NoMsg(chunks), Bytes::new())
         };
-        let h = Header::new(xid, self.grant(), body);
-        let mut data = BytesMut::with_capacity(h.encoded_len() + inline.len());
-        h.encode(&mut data);
+        let mut data = self.header_bytes(xid, self.grant(), body, Direction::Reply, inline.len());
         data.extend_from_slice(&inline);
         actions.push(Action::Send {
             data: data.freeze(),
             invalidate: token.swi_handle,
         });
         actions
+    }
+
+    fn error2_actions(&mut self, xid: u32, body: ErrorBody2) -> Vec<Action> {
+        match self.error2(ErrorResponse2::Error { xid, body }) {
+            Incoming::Respond(a) => a,
+            _ => Vec::new(),
+        }
     }
 
     fn error_actions(&mut self, resp: ErrorResponse) -> Vec<Action> {
@@ -631,13 +954,14 @@ impl Responder {
             let Some((xid, message)) = self.back_queue.pop_front() else {
                 break;
             };
-            let h = Header::new(
+            // cel-05 §7.2.2: a backward call carries our own XID: direction CALL.
+            let mut data = self.header_bytes(
                 xid,
                 self.cfg.back_credits.max(1),
                 Body::Msg(Chunks::default()),
+                Direction::Call,
+                message.len(),
             );
-            let mut data = BytesMut::with_capacity(h.encoded_len() + message.len());
-            h.encode(&mut data);
             data.extend_from_slice(&message);
             self.back_outstanding.insert(xid);
             self.stats.back_calls += 1;

@@ -540,10 +540,24 @@ fn only_send(inc: Incoming) -> Bytes {
 
 #[test]
 fn responder_error_paths() {
-    let mut h = Harness::new(cfg(8), cfg(16));
-    // 5666bis §5.5.1: version 2 -> ERR_VERS low = high = 1, XID and version copied.
-    let b = only_send(h.resp.on_receive(raw(&[77, 2, 1, 0, 0, 0, 0])));
+    // A version 1 server (max_version 1), as Linux: version 2 -> ERR_VERS low = high = 1,
+    // XID and version copied (5666bis §5.5.1).
+    let mut v1 = Harness::new(
+        cfg(8),
+        Config {
+            max_version: rpcrdma::version::Version::V1,
+            ..cfg(16)
+        },
+    );
+    let b = only_send(v1.resp.on_receive(raw(&[77, 2, 1, 0, 0, 0, 0])));
     assert_eq!(b, raw(&[77, 2, 16, 4, 1, 1, 1]));
+    let mut h = Harness::new(cfg(8), cfg(16));
+    // A version 2 server reads the same bytes as a truncated version 2 RDMA2_MSG: BAD_XDR
+    // (cel-05 §7.2.4), and a version it does not speak gets ERR_VERS [1, 2].
+    let b = only_send(h.resp.on_receive(raw(&[77, 2, 1, 0, 0, 0, 0])));
+    assert_eq!(b, raw(&[77, 2, 16, 4, 2]));
+    let b = only_send(h.resp.on_receive(raw(&[77, 3, 1, 0, 0, 0, 0])));
+    assert_eq!(b, raw(&[77, 3, 16, 4, 1, 1, 2]));
     // 5666bis §5.5.2: unknown proc, RDMA_NOMSG without chunks -> ERR_CHUNK.
     for m in [
         raw(&[78, 1, 1, 9]),
