@@ -12,6 +12,7 @@ use nfs::nfs3::{CreateHow3, Sattr3};
 use nfs::serve::{ServeConfig, start};
 use nfs::ulb::NfsBinding;
 use oncrpc::{RpcTransport, TcpClient};
+use rpcrdma::version::{Version, VersionPolicy};
 use rpcrdma::{RdmaClient, TransportConfig};
 
 fn local() -> SocketAddr {
@@ -27,12 +28,20 @@ fn pattern(len: usize, seed: u8) -> Bytes {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nfs3_over_rpc_over_rdma() {
-    tokio::time::timeout(Duration::from_secs(50), run())
+    tokio::time::timeout(Duration::from_secs(50), run(VersionPolicy::V1))
         .await
         .expect("NFS over RDMA timed out");
 }
 
-async fn run() {
+/// The same file matrix over RPC-over-RDMA version 2 (cel-05), negotiated by the probe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nfs3_over_rpc_over_rdma_version_2() {
+    tokio::time::timeout(Duration::from_secs(50), run(VersionPolicy::Auto))
+        .await
+        .expect("NFS over RDMA version 2 timed out");
+}
+
+async fn run(policy: VersionPolicy) {
     let tmp = tempfile::tempdir().unwrap();
     let mut cfg = ServeConfig::new(tmp.path());
     cfg.tcp = Some(local());
@@ -55,11 +64,20 @@ async fn run() {
     let root = MountClient::new(tcp).mnt("/").await.unwrap();
 
     let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
-    let rdma = RdmaClient::connect_with(rdma_addr, TransportConfig::default(), vec![ulb], None)
-        .await
-        .unwrap();
-    let c = Nfs3Client::new(Arc::new(rdma)).with_auth_sys(0, 0, vec![]);
+    let mut tc = TransportConfig::default();
+    tc.rpc.version_policy = policy;
+    let rdma = Arc::new(
+        RdmaClient::connect_with(rdma_addr, tc, vec![ulb], None)
+            .await
+            .unwrap(),
+    );
+    let c = Nfs3Client::new(rdma.clone()).with_auth_sys(0, 0, vec![]);
     c.null().await.unwrap();
+    let want = match policy {
+        VersionPolicy::V1 => Version::V1,
+        _ => Version::V2,
+    };
+    assert_eq!(rdma.rpcrdma_version(), want);
     for (i, n) in [0usize, 1, 4095, 4096, (1 << 20) + 3, 8 << 20]
         .into_iter()
         .enumerate()
@@ -96,5 +114,6 @@ async fn run() {
         b"r4096"
     );
     assert_eq!(c.readdirplus_all(&root).await.unwrap().len(), 2 + 7);
+    assert_eq!(rdma.rpcrdma_version(), want, "no fallback on the way");
     served.shutdown().await;
 }

@@ -36,6 +36,13 @@ struct Cli {
     #[arg(long, global = true, env = "OXRDMA_PROVIDER", value_name = "SPEC")]
     provider: Option<String>,
 
+    /// RPC-over-RDMA version every client of the command offers: 1, 2 (draft-cel-nfsv4-
+    /// rpcrdma-version-two-05), or auto (probe with version 2, fall back to version 1 on the
+    /// same connection and remember the server) [default: 1]. Servers always accept both.
+    #[arg(long, global = true, env = "OXRDMA_RPCRDMA_VERSION", value_name = "1|2|auto",
+          value_parser = |s: &str| s.parse::<rpcrdma::version::VersionPolicy>())]
+    rpcrdma_version: Option<rpcrdma::version::VersionPolicy>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -90,6 +97,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(p) = cli.rpcrdma_version {
+        let _ = rpcrdma::version::set_default_policy(p);
+    }
     if let Some(spec) = cli.provider.as_deref() {
         match verbs::Device::from_spec(spec) {
             Ok(dev) => {

@@ -97,6 +97,25 @@ impl TransportConfig {
     }
 }
 
+/// Say which version a new connection uses when it is settled at once (configured, or the
+/// server was remembered as version 1 only); a probe's outcome is logged by the Requester.
+fn log_version(addr: SocketAddr, req: &Requester) {
+    match req.version_reason() {
+        Some(reason) => {
+            tracing::info!(%addr, "RPC-over-RDMA version {} ({reason})", req.version().number())
+        }
+        None => tracing::info!(%addr, "RPC-over-RDMA: probing with version 2"),
+    }
+}
+
+/// Servers found to speak RPC-over-RDMA version 1 only, for every client of this process
+/// (cel-05 §8.2; bounded, oldest first out).
+fn version_memory() -> &'static Mutex<crate::version::VersionMemory> {
+    static MEMORY: std::sync::OnceLock<Mutex<crate::version::VersionMemory>> =
+        std::sync::OnceLock::new();
+    MEMORY.get_or_init(Default::default)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -1125,6 +1144,8 @@ async fn run_server_actions(
 struct ClientState {
     req: Requester,
     reg: VerbsRegistrar,
+    /// The server's address, for the memory of version-1-only servers.
+    peer: SocketAddr,
     waiters: crate::engine::XidMap<oneshot::Sender<Result<Bytes, RpcError>>>,
     closed: bool,
 }
@@ -1249,11 +1270,14 @@ impl RdmaClient {
             .collect();
         let ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>> =
             Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect());
-        let req = Requester::new(cfg.clone(), ulbs.clone());
+        let mut req = Requester::new(cfg.clone(), ulbs.clone());
+        // cel-05 §8.2: a server that refused version 2 before is not probed again.
+        req.set_peer_v1_only(lock(version_memory()).is_v1_only(addr.ip(), addr.port()));
         let (link, rcq, params, pd) =
             open_client_link(addr, &config, req.receives_needed()).await?;
         let mut state = ClientState {
             req,
+            peer: addr,
             reg: VerbsRegistrar::new(pd),
             waiters: Default::default(),
             closed: false,
@@ -1262,6 +1286,7 @@ impl RdmaClient {
             let ClientState { req, reg, .. } = &mut state;
             req.on_connect(params, reg)
         };
+        log_version(addr, &state.req);
         debug_assert!(first.is_empty());
         let inner = Arc::new(ClientInner {
             addr,
@@ -1284,6 +1309,12 @@ impl RdmaClient {
     /// Requester counters (credits, message forms).
     pub fn stats(&self) -> requester::RequesterStats {
         with_state(&self.inner, |st| st.req.stats().clone())
+    }
+
+    /// The RPC-over-RDMA version the connection speaks now (cel-05 §8: version 2 once the
+    /// server answered the probe in version 2, version 1 after a fallback).
+    pub fn rpcrdma_version(&self) -> crate::version::Version {
+        with_state(&self.inner, |st| st.req.version())
     }
 
     /// Reconnections so far.
@@ -1351,6 +1382,9 @@ fn work_locked(st: &mut ClientState, w: Work, posts: &mut Vec<Post>) {
         Work::Receive(msg, invalidated) => {
             let ClientState { req, reg, .. } = st;
             let actions = req.on_receive(msg, invalidated, reg);
+            if req.learned_v1_only() {
+                lock(version_memory()).remember_v1_only(st.peer.ip(), st.peer.port());
+            }
             absorb(st, actions, posts);
         }
     }
@@ -1523,8 +1557,11 @@ async fn client_recv_loop(inner: Arc<ClientInner>, mut rcq: CompletionQueue) {
         rcq = cq;
         let mut st = lock(&inner.state);
         st.reg = VerbsRegistrar::new(pd);
+        let v1_only = lock(version_memory()).is_v1_only(inner.addr.ip(), inner.addr.port());
         let ClientState { req, reg, .. } = &mut *st;
+        req.set_peer_v1_only(v1_only);
         let actions = req.on_connect(params, reg);
+        log_version(inner.addr, req);
         apply_locked(&inner, st, actions);
     }
 }

@@ -38,6 +38,10 @@ pub struct Config {
     /// §8.3 answers each client in the version of its calls). Version 1 only: exactly the
     /// behaviour of a version 1 server, ERR_VERS [1, 1] to a version 2 probe.
     pub max_version: crate::version::Version,
+    /// What a Requester offers: version 1 only, version 2 only, or a version 2 probe that
+    /// falls back to version 1 (cel-05 §8). Default: [`crate::version::default_policy`]
+    /// (version 1 unless the process set another).
+    pub version_policy: crate::version::VersionPolicy,
 }
 
 impl Default for Config {
@@ -54,6 +58,7 @@ impl Default for Config {
             default_reply_chunk: 1 << 20,
             max_call_size: 4 << 20,
             max_version: crate::version::Version::V2,
+            version_policy: crate::version::default_policy(),
         }
     }
 }

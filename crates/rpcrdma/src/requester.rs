@@ -25,8 +25,86 @@ use crate::engine::{
 use crate::header::{
     Body, Chunks, ErrorBody, Header, ReadChunk, ReadSegment, WriteChunk, chunk_len,
 };
+use crate::header_v2::{
+    Body2, ChunkLists, Direction, ErrorBody2, Header2, RPCRDMA_VERSION_2, peek_version,
+};
 use crate::responder::msg_type;
 use crate::ulb::UpperLayerBinding;
+use crate::version::{ErrVersOutcome, Reason, RequesterVersion, Version};
+
+/// A call's transport header in the connection's version.
+enum CallHeader {
+    V1(Header),
+    V2(Header2),
+}
+
+impl CallHeader {
+    /// A call's header (`direction` CALL), or a backward call's reply's (REPLY).
+    fn new(
+        v2: bool,
+        xid: u32,
+        credits: u32,
+        nomsg: bool,
+        chunks: Chunks,
+        inv: u32,
+        direction: Direction,
+    ) -> Self {
+        if v2 {
+            let l = ChunkLists {
+                direction,
+                inv_handle: inv,
+                chunks,
+            };
+            CallHeader::V2(Header2::new(
+                xid,
+                credits,
+                if nomsg {
+                    Body2::NoMsg(l)
+                } else {
+                    Body2::Msg(l)
+                },
+            ))
+        } else {
+            CallHeader::V1(Header::new(
+                xid,
+                credits,
+                if nomsg {
+                    Body::NoMsg(chunks)
+                } else {
+                    Body::Msg(chunks)
+                },
+            ))
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        match self {
+            CallHeader::V1(h) => h.encoded_len(),
+            CallHeader::V2(h) => h.encoded_len(),
+        }
+    }
+
+    fn encode(&self, out: &mut BytesMut) {
+        match self {
+            CallHeader::V1(h) => h.encode(out),
+            CallHeader::V2(h) => h.encode(out),
+        }
+    }
+}
+
+/// cel-05 §7.2.3: the handle a requester offers for Send With Invalidate must be one of the
+/// header's; the first Write chunk's, else the Reply chunk's, else the first Read segment's
+/// (every one of them is registered for this call only and fenced when it completes).
+fn offered_handle(c: &Chunks) -> u32 {
+    c.writes
+        .iter()
+        .flatten()
+        .chain(c.reply.iter().flatten())
+        .map(|s| s.handle)
+        .chain(c.reads.iter().map(|r| r.target.handle))
+        .find(|&h| h != 0)
+        .unwrap_or(0)
+}
 
 /// One call to send.
 #[derive(Debug, Clone)]
@@ -111,6 +189,8 @@ pub struct RequesterStats {
     pub cancelled: u64,
     /// Replies that arrived for cancelled calls: their credit is taken back, the rest is
     /// discarded.
+    /// Calls resent in another version after RDMA2_ERR_VERS (cel-05 §8.2).
+    pub version_fallbacks: u64,
     pub late_replies: u64,
     /// Calls refused without being sent: their program or version has no Upper-Layer
     /// Binding (5666bis §8).
@@ -131,6 +211,10 @@ pub struct Requester {
     abandoned: HashSet<u32>,
     in_flight: usize,
     stats: RequesterStats,
+    /// The version of this connection (cel-05 §8).
+    version: RequesterVersion,
+    /// The server refused version 2 on an earlier connection (set by the driver).
+    peer_v1_only: bool,
 }
 
 impl std::fmt::Debug for Requester {
@@ -151,7 +235,6 @@ impl Requester {
     /// A Requester; connect it with [`Requester::on_connect`].
     pub fn new(cfg: Config, ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>) -> Self {
         Requester {
-            cfg,
             params: Params::default(),
             ulbs,
             granted: 1,
@@ -161,6 +244,45 @@ impl Requester {
             abandoned: HashSet::new(),
             in_flight: 0,
             stats: RequesterStats::default(),
+            version: RequesterVersion::new(cfg.version_policy, false),
+            peer_v1_only: false,
+            cfg,
+        }
+    }
+
+    /// The driver remembers servers that refused version 2 (cel-05 §8.2); tell the Requester
+    /// before [`Requester::on_connect`] so the next connection does not probe again.
+    pub fn set_peer_v1_only(&mut self, v1_only: bool) {
+        self.peer_v1_only = v1_only;
+    }
+
+    /// The version calls are sent in now.
+    pub fn version(&self) -> Version {
+        self.version.current()
+    }
+
+    /// Why, once settled (`None` while a version 2 probe is outstanding).
+    pub fn version_reason(&self) -> Option<Reason> {
+        self.version.settled()
+    }
+
+    /// True when this connection found the server to speak version 1 only.
+    pub fn learned_v1_only(&self) -> bool {
+        self.version.learned_v1_only()
+    }
+
+    /// The inline threshold for calls: version 1's negotiated one; version 2's never below
+    /// 4096 (cel-05 §3.3: receivers "MUST support" it); 1024 at most for the probe (§8).
+    fn send_limit(&self) -> usize {
+        if let Some(probe) = self.version.probe_limit() {
+            return self.params.inline_send.min(probe);
+        }
+        match self.version.current() {
+            Version::V1 => self.params.inline_send,
+            Version::V2 => self
+                .params
+                .inline_send
+                .max(crate::props::DEFAULT_RBSIZ as usize),
         }
     }
 
@@ -196,6 +318,7 @@ impl Requester {
         self.params = params;
         self.granted = 1;
         self.connected = true;
+        self.version = RequesterVersion::new(self.cfg.version_policy, self.peer_v1_only);
         self.in_flight = 0;
         self.abandoned.clear();
         let mut resend: Vec<u32> = self
@@ -307,6 +430,8 @@ impl Requester {
     fn build(&mut self, xid: u32, reg: &mut dyn Registrar) -> Result<Bytes, RpcError> {
         let params = self.params;
         let cfg = self.cfg.clone();
+        let version = self.version.current();
+        let send_limit = self.send_limit();
         let o = self
             .calls
             .get_mut(&xid)
@@ -374,8 +499,24 @@ impl Requester {
             reply,
         };
         chunks.set_read_chunks(&read_chunks);
-        let short = Header::new(xid, cfg.credits, Body::Msg(chunks.clone()));
-        let (h, inline) = if short.encoded_len() + payload.len() <= params.inline_send {
+        let v2 = version == Version::V2;
+        let inv = |c: &Chunks| {
+            if v2 && cfg.accept_remote_invalidate {
+                offered_handle(c)
+            } else {
+                0
+            }
+        };
+        let short = CallHeader::new(
+            v2,
+            xid,
+            cfg.credits,
+            false,
+            chunks.clone(),
+            inv(&chunks),
+            Direction::Call,
+        );
+        let (h, inline) = if short.encoded_len() + payload.len() <= send_limit {
             if read_chunks.is_empty() {
                 self.stats.short += 1;
             } else {
@@ -402,8 +543,9 @@ impl Requester {
                     })
                 })
                 .collect();
-            let h = Header::new(xid, cfg.credits, Body::NoMsg(chunks));
-            if h.encoded_len() > params.inline_send {
+            let handle = inv(&chunks);
+            let h = CallHeader::new(v2, xid, cfg.credits, true, chunks, handle, Direction::Call);
+            if h.encoded_len() > send_limit {
                 return Err(RpcError::Transport(
                     "transport header exceeds inline threshold".into(),
                 ));
@@ -492,6 +634,9 @@ impl Requester {
         remote_invalidated: Option<u32>,
         reg: &mut dyn Registrar,
     ) -> Vec<Action> {
+        if peek_version(&buf).map(|(_, v)| v) == Some(RPCRDMA_VERSION_2) {
+            return self.on_receive_v2(buf, remote_invalidated, reg);
+        }
         let (h, hlen) = match Header::decode(&buf) {
             Ok(x) => x,
             Err(e) => {
@@ -502,8 +647,156 @@ impl Requester {
                 return Vec::new();
             }
         };
+        let inline = buf.slice(hlen..);
+        self.on_message(h, inline, remote_invalidated, reg)
+    }
+
+    /// A version 2 message (cel-05 §7.2): replies and backward calls take the version 1 path
+    /// in version 1's shape; errors are handled here.
+    fn on_receive_v2(
+        &mut self,
+        buf: Bytes,
+        remote_invalidated: Option<u32>,
+        reg: &mut dyn Registrar,
+    ) -> Vec<Action> {
+        let (h, hlen) = match Header2::decode(&buf) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::debug!(error = %e, "bad version 2 reply header");
+                self.stats.dropped += 1;
+                return Vec::new();
+            }
+        };
         let xid = h.xid;
         let inline = buf.slice(hlen..);
+        match h.body {
+            Body2::Msg(l) | Body2::NoMsg(l) if l.direction == Direction::Call => {
+                // A backward-direction call (inline only).
+                if msg_type(&inline) != Some(oncrpc::message::CALL) {
+                    self.stats.dropped += 1;
+                    return Vec::new();
+                }
+                let v1 = Header::new(xid, h.credits, Body::Msg(l.chunks));
+                self.on_message(v1, inline, remote_invalidated, reg)
+            }
+            body @ (Body2::Msg(_) | Body2::NoMsg(_)) => {
+                let nomsg = matches!(body, Body2::NoMsg(_));
+                let (Body2::Msg(l) | Body2::NoMsg(l)) = body else {
+                    return Vec::new();
+                };
+                if self.calls.get(&xid).is_some_and(|o| o.sent) {
+                    let settled_before = self.version.settled();
+                    self.version.on_reply(Version::V2);
+                    if settled_before.is_none() {
+                        tracing::info!(
+                            xid,
+                            "RPC-over-RDMA version 2 negotiated: {}",
+                            Reason::ServerAnsweredV2
+                        );
+                    }
+                }
+                let mut v1 = Header::new(
+                    xid,
+                    h.credits,
+                    if nomsg {
+                        Body::NoMsg(l.chunks)
+                    } else {
+                        Body::Msg(l.chunks)
+                    },
+                );
+                v1.vers = RPCRDMA_VERSION_2;
+                self.on_message(v1, inline, remote_invalidated, reg)
+            }
+            Body2::Error(e) => self.on_error_v2(xid, h.credits, e, reg),
+            // Property messages and OPTIONAL ones: nothing a requester acts on yet. They carry
+            // no credit of a call.
+            _ => {
+                self.stats.dropped += 1;
+                Vec::new()
+            }
+        }
+    }
+
+    /// RDMA2_ERROR for one of our calls (cel-05 §7.2.4).
+    fn on_error_v2(
+        &mut self,
+        xid: u32,
+        credits: u32,
+        e: ErrorBody2,
+        reg: &mut dyn Registrar,
+    ) -> Vec<Action> {
+        let known = self.calls.get(&xid).is_some_and(|o| o.sent);
+        let was_abandoned = self.abandoned.remove(&xid);
+        if !known && !was_abandoned {
+            self.stats.dropped += 1;
+            return Vec::new();
+        }
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.granted = credits.clamp(1, self.cfg.credits.max(1));
+        self.stats.rdma_errors += 1;
+        let mut out = Vec::new();
+        if !known {
+            self.stats.late_replies += 1;
+            out.extend(self.pump(reg));
+            return out;
+        }
+        if let ErrorBody2::Vers { low, high } = e {
+            // §8.2: choose a version in the server's range and go on, on this connection.
+            match self.version.on_err_vers(low, high) {
+                ErrVersOutcome::Retry(v) => {
+                    tracing::info!(
+                        xid,
+                        "RPC-over-RDMA version {} negotiated: {}",
+                        v.number(),
+                        Reason::ErrVers { low, high }
+                    );
+                    self.stats.version_fallbacks += 1;
+                    // The same XID again, with fresh registrations, in the new version.
+                    if let Some(o) = self.calls.get_mut(&xid) {
+                        for r in o.regions.drain(..) {
+                            if reg.invalidate(r.id, false).is_err() {
+                                out.push(Action::Close);
+                            }
+                        }
+                        o.writes.clear();
+                        o.reply_chunk = None;
+                        o.sent = false;
+                    }
+                    self.queue.push_front(xid);
+                    out.extend(self.pump(reg));
+                    return out;
+                }
+                ErrVersOutcome::Fail => {
+                    let err = RpcError::Transport(format!(
+                        "RDMA2_ERR_VERS: the server supports versions {low}..={high}, none of ours"
+                    ));
+                    out.extend(self.finish(xid, Err(err), None, reg));
+                    out.extend(self.pump(reg));
+                    return out;
+                }
+            }
+        }
+        // §7.2.4: BAD_XDR is version 1's ERR_CHUNK; the others end the transaction with what
+        // the server said (SYSTEM: "MUST terminate"; the retries the draft allows for
+        // READ_CHUNKS, WRITE_CHUNKS and the RESOURCE errors are not made: see CONFORMANCE).
+        let err = match e {
+            ErrorBody2::BadXdr => RpcError::RdmaErrChunk,
+            other => RpcError::Transport(format!("RDMA2_ERROR {other:?}")),
+        };
+        out.extend(self.finish(xid, Err(err), None, reg));
+        out.extend(self.pump(reg));
+        out
+    }
+
+    /// A reply or backward call in version 1's shape (either version on the wire).
+    fn on_message(
+        &mut self,
+        h: Header,
+        inline: Bytes,
+        remote_invalidated: Option<u32>,
+        reg: &mut dyn Registrar,
+    ) -> Vec<Action> {
+        let xid = h.xid;
         // A backward-direction call (RFC 8167): RDMA_MSG carrying an RPC CALL.
         if matches!(h.body, Body::Msg(_)) && msg_type(&inline) == Some(oncrpc::message::CALL) {
             self.stats.back_calls += 1;
@@ -653,11 +946,20 @@ impl Requester {
     /// Answer a backward-direction call: RDMA_MSG with empty chunk lists, granting the
     /// backward credits (5666bis §7.3.5). `message` is the whole RPC reply.
     pub fn back_reply(&mut self, xid: u32, message: Bytes) -> Option<Action> {
-        let h = Header::new(
+        // cel-05 §7.2.2: the reply to a backward call carries REPLY in version 2.
+        let h = CallHeader::new(
+            self.version.current() == Version::V2,
             xid,
             self.cfg.back_credits.max(1),
-            Body::Msg(Chunks::default()),
+            false,
+            Chunks::default(),
+            0,
+            Direction::Reply,
         );
+        self.send_back_reply(xid, h, message)
+    }
+
+    fn send_back_reply(&mut self, xid: u32, h: CallHeader, message: Bytes) -> Option<Action> {
         if h.encoded_len() + message.len() > self.params.inline_send {
             // Backward messages are inline only (5666bis §7.3.3); drop and let the caller
             // time out rather than send what the peer cannot receive.

@@ -74,6 +74,20 @@ impl std::str::FromStr for VersionPolicy {
     }
 }
 
+static DEFAULT_POLICY: std::sync::OnceLock<VersionPolicy> = std::sync::OnceLock::new();
+
+/// Set the version policy [`crate::engine::Config::default`] gives Requesters in this process
+/// (the CLI's `--rpcrdma-version`); the first call wins, later ones return `Err` with theirs.
+pub fn set_default_policy(p: VersionPolicy) -> Result<(), VersionPolicy> {
+    DEFAULT_POLICY.set(p)
+}
+
+/// The process's default version policy: version 1 unless [`set_default_policy`] said
+/// otherwise.
+pub fn default_policy() -> VersionPolicy {
+    DEFAULT_POLICY.get().copied().unwrap_or(VersionPolicy::V1)
+}
+
 /// §8: the probe "can be no larger than the version 1 default inline threshold of 1024
 /// bytes".
 pub const PROBE_MAX: usize = 1024;

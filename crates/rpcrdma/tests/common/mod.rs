@@ -265,6 +265,8 @@ pub struct Harness {
     pub back_replies: Vec<(u32, Bytes)>,
     /// Sends the Responder made (raw), for byte-level assertions.
     pub server_sends: Vec<Bytes>,
+    /// Handles the Responder invalidated with Send With Invalidate, in order.
+    pub invalidated: Vec<u32>,
     pub params: Params,
     /// When set, the Responder holds this many calls before replying (to observe credits).
     pub batch: usize,
@@ -293,6 +295,7 @@ impl Harness {
             back_calls: Vec::new(),
             back_replies: Vec::new(),
             server_sends: Vec::new(),
+            invalidated: Vec::new(),
             params,
             batch: 1,
             framed: false,
@@ -328,6 +331,7 @@ impl Harness {
                     if let Some(h) = invalidate {
                         // Send With Invalidate: the client's region dies on arrival.
                         assert!(self.creg.region_of(h).is_some());
+                        self.invalidated.push(h);
                     }
                     self.server_sends.push(data.clone());
                     self.to_client.push_back((data, invalidate));

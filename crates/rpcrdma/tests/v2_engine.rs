@@ -1,0 +1,264 @@
+//! The Requester and the Responder back to back in RPC-over-RDMA version 2 (cel-05): every
+//! message form, the version probe and its fallback against a version-1-only Responder
+//! (cel-05 §8.2), remote invalidation offered through rdma_inv_handle and used, and a
+//! version 1 Requester against the version 2 Responder.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use oncrpc::{OpaqueAuth, ReplyExpectation, RpcError};
+use rpcrdma::engine::Config;
+use rpcrdma::header_v2::{Body2, Direction, Header2, peek_version};
+use rpcrdma::version::{Reason, Version, VersionPolicy};
+use xdr::DdpPolicy;
+
+fn pattern(n: usize, seed: u8) -> Bytes {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(37).wrapping_add(seed))
+        .collect::<Vec<_>>()
+        .into()
+}
+
+fn client(policy: VersionPolicy) -> Config {
+    Config {
+        version_policy: policy,
+        credits: 8,
+        ..Config::default()
+    }
+}
+
+fn server(max: Version) -> Config {
+    Config {
+        max_version: max,
+        credits: 8,
+        ..Config::default()
+    }
+}
+
+fn expect(data: usize, extra: usize, ddp: bool) -> ReplyExpectation {
+    ReplyExpectation {
+        max_len: Some(64 + data + extra),
+        ddp_items: if ddp { vec![data] } else { vec![] },
+    }
+}
+
+fn call(
+    h: &mut Harness,
+    xid: u32,
+    data: usize,
+    extra: usize,
+    policy: DdpPolicy,
+    reply: ReplyExpectation,
+) -> Result<Bytes, RpcError> {
+    let d = pattern(data, xid as u8);
+    let x = pattern(extra, 3);
+    let m = echo_message(xid, OpaqueAuth::none(), policy, xid, &d, &x);
+    let a = h.req.submit(out_call(xid, ECHO, m, reply), &mut h.creg);
+    h.client_actions(a);
+    h.run();
+    let got = h.done.remove(&xid).expect("call completed")?;
+    assert_eq!(got, echo_results_bytes(xid, &d, &x), "xid {xid}");
+    Ok(got)
+}
+
+fn versions_sent(h: &Harness) -> Vec<u32> {
+    h.server_sends
+        .iter()
+        .filter_map(|b| peek_version(b).map(|(_, v)| v))
+        .collect()
+}
+
+#[test]
+fn every_message_form_in_version_2() {
+    let mut h = Harness::new(client(VersionPolicy::V2), server(Version::V2));
+    // Short; Chunked with a Read chunk and a Write chunk; Long Call; Long Reply; both.
+    call(
+        &mut h,
+        1,
+        100,
+        10,
+        DdpPolicy::Inline,
+        expect(100, 10, false),
+    )
+    .unwrap();
+    call(&mut h, 2, 9000, 10, reduce(1), expect(9000, 10, true)).unwrap();
+    call(&mut h, 3, 10, 6000, reduce(1), expect(10, 6000, false)).unwrap();
+    call(
+        &mut h,
+        4,
+        10,
+        3000,
+        DdpPolicy::Inline,
+        expect(10, 3000, false),
+    )
+    .unwrap();
+    call(&mut h, 5, 9001, 5003, reduce(1), expect(9001, 5003, true)).unwrap();
+    assert_eq!(h.req.version(), Version::V2);
+    assert_eq!(h.resp.version(), Some(Version::V2));
+    // Every Send of the Responder is a version 2 reply.
+    for b in &h.server_sends {
+        let (hdr, _) = Header2::decode(b).expect("a version 2 reply");
+        match hdr.body {
+            Body2::Msg(l) | Body2::NoMsg(l) => assert_eq!(l.direction, Direction::Reply),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let s = h.req.stats();
+    assert!(s.long_call >= 2 && s.long_reply >= 2 && s.write_chunk_calls >= 2);
+    assert_eq!(h.creg.live(), 0, "every registration fenced");
+}
+
+#[test]
+fn remote_invalidation_is_offered_and_used() {
+    let mut h = Harness::new(client(VersionPolicy::V2), server(Version::V2));
+    // A Write chunk: the Requester offers its handle; the Responder invalidates it with the
+    // reply's Send.
+    call(&mut h, 1, 9000, 10, reduce(1), expect(9000, 10, true)).unwrap();
+    let (hdr, _) = Header2::decode(h.server_sends.last().unwrap()).unwrap();
+    let Body2::Msg(l) = hdr.body else {
+        panic!("expected RDMA2_MSG")
+    };
+    let write_handle = l.chunks.writes[0][0].handle;
+    assert_eq!(
+        h.invalidated,
+        vec![write_handle],
+        "the reply invalidated the Write chunk"
+    );
+    assert_eq!(h.creg.live(), 0);
+    // Declined: a Requester that does not accept Send With Invalidate offers zero, and the
+    // reply is a plain Send.
+    let mut h = Harness::new(
+        Config {
+            accept_remote_invalidate: false,
+            ..client(VersionPolicy::V2)
+        },
+        server(Version::V2),
+    );
+    call(&mut h, 2, 9000, 10, reduce(1), expect(9000, 10, true)).unwrap();
+    assert!(h.invalidated.is_empty(), "no handle offered, plain Send");
+    assert_eq!(h.creg.live(), 0);
+}
+
+#[test]
+fn the_probe_falls_back_to_version_1_on_the_same_connection() {
+    let mut h = Harness::new(client(VersionPolicy::Auto), server(Version::V1));
+    // The first call goes in version 2, gets ERR_VERS [1, 1] and is sent again in version 1
+    // with the same XID; the caller sees one successful call.
+    call(
+        &mut h,
+        7,
+        100,
+        10,
+        DdpPolicy::Inline,
+        expect(100, 10, false),
+    )
+    .unwrap();
+    assert_eq!(h.req.version(), Version::V1);
+    assert_eq!(
+        h.req.version_reason(),
+        Some(Reason::ErrVers { low: 1, high: 1 })
+    );
+    assert!(h.req.learned_v1_only());
+    assert_eq!(h.req.stats().version_fallbacks, 1);
+    assert_eq!(
+        versions_sent(&h),
+        vec![2, 1],
+        "ERR_VERS echoes 2, then a version 1 reply"
+    );
+    // Later calls are version 1 from the start.
+    call(&mut h, 8, 9000, 10, reduce(1), expect(9000, 10, true)).unwrap();
+    assert_eq!(h.req.stats().version_fallbacks, 1);
+    assert_eq!(h.creg.live(), 0);
+}
+
+#[test]
+fn a_remembered_version_1_server_is_not_probed_again() {
+    let mut h = Harness::new(client(VersionPolicy::Auto), server(Version::V1));
+    let a = h.req.on_disconnect(&mut h.creg);
+    h.client_actions(a);
+    h.req.set_peer_v1_only(true);
+    let params = h.params;
+    let a = h.req.on_connect(params, &mut h.creg);
+    h.client_actions(a);
+    call(
+        &mut h,
+        1,
+        100,
+        10,
+        DdpPolicy::Inline,
+        expect(100, 10, false),
+    )
+    .unwrap();
+    assert_eq!(h.req.version_reason(), Some(Reason::Remembered));
+    assert_eq!(h.req.stats().version_fallbacks, 0);
+    assert_eq!(versions_sent(&h), vec![1]);
+}
+
+#[test]
+fn version_2_only_fails_against_a_version_1_server_and_auto_settles_on_2() {
+    let mut h = Harness::new(client(VersionPolicy::V2), server(Version::V1));
+    let r = call(
+        &mut h,
+        1,
+        100,
+        10,
+        DdpPolicy::Inline,
+        expect(100, 10, false),
+    );
+    assert!(
+        matches!(r, Err(RpcError::Transport(ref m)) if m.contains("RDMA2_ERR_VERS")),
+        "{r:?}"
+    );
+    assert_eq!(h.creg.live(), 0);
+    let mut h = Harness::new(client(VersionPolicy::Auto), server(Version::V2));
+    call(
+        &mut h,
+        2,
+        100,
+        10,
+        DdpPolicy::Inline,
+        expect(100, 10, false),
+    )
+    .unwrap();
+    assert_eq!(h.req.version_reason(), Some(Reason::ServerAnsweredV2));
+}
+
+#[test]
+fn a_version_1_requester_is_served_in_version_1_by_the_version_2_responder() {
+    let mut h = Harness::new(client(VersionPolicy::V1), server(Version::V2));
+    call(&mut h, 1, 9000, 10, reduce(1), expect(9000, 10, true)).unwrap();
+    call(&mut h, 2, 10, 6000, reduce(1), expect(10, 6000, false)).unwrap();
+    assert_eq!(h.resp.version(), Some(Version::V1));
+    assert!(versions_sent(&h).iter().all(|&v| v == 1));
+}
+
+#[test]
+fn the_probe_is_one_message_of_at_most_1_kb() {
+    // A call that would fit a 4 KiB threshold goes as a Long Call while probing (§8: "this
+    // initial message can be no larger than ... 1024 bytes"), and nothing else is sent until
+    // the answer.
+    let mut h = Harness::new(client(VersionPolicy::Auto), server(Version::V2));
+    let d = pattern(2000, 1);
+    for xid in 1..=3 {
+        let m = echo_message(
+            xid,
+            OpaqueAuth::none(),
+            DdpPolicy::Inline,
+            xid,
+            &d,
+            &Bytes::new(),
+        );
+        let a = h
+            .req
+            .submit(out_call(xid, ECHO, m, expect(2000, 0, false)), &mut h.creg);
+        h.client_actions(a);
+    }
+    assert_eq!(h.to_server.len(), 1, "one message until the first reply");
+    assert!(h.to_server[0].len() <= 1024);
+    h.run();
+    for xid in 1..=3 {
+        assert!(h.done.remove(&xid).unwrap().is_ok());
+    }
+    assert_eq!(h.req.stats().long_call, 1, "only the probe was a Long Call");
+}
