@@ -1,4 +1,4 @@
-//! # rpcrdma — RPC-over-RDMA Version One (RFC 8166 / 5666bis, RFC 8167, RFC 8797)
+//! # rpcrdma — RPC-over-RDMA versions 1 (RFC 8166, RFC 8167, RFC 8797) and 2 (draft-cel-05)
 //!
 //! What it does:
 //! - [`header`]: the transport header codec (RDMA_MSG, RDMA_NOMSG, RDMA_ERROR; RDMA_MSGP and
@@ -35,8 +35,17 @@
 //! - [`ulb`]: the Upper-Layer Binding contract (DDP-eligibility, maximum reply size, chunk
 //!   limits, reply item positions).
 //!
-//! What it does not do: RPC-over-RDMA version 2, the Read-Read transfer model, RDMA_MSGP
-//! padding, Write chunks in the backward direction, or reduction of any item its Upper-Layer
+//! - Version 2 in both engines: the Responder checks the version first, locks a connection to
+//!   the version of its first valid call and answers every client in its own version; the
+//!   Requester probes (one message of at most 1 KB), falls back to version 1 on the same
+//!   connection and remembers version-1-only servers; remote invalidation through
+//!   `rdma_inv_handle`; the version 2 errors where their conditions occur; property messages
+//!   (a peer's RBSIZ raises the send limit, REQPROP gets RESPROP). `CONFORMANCE.md` has the
+//!   table.
+//!
+//! What it does not do: the Read-Read transfer model (responder-provided Read chunks),
+//! RDMA_MSGP padding, Write chunks in the backward direction, the optional retries cel-05 §7.2.4
+//! suggests to a Requester, sending RDMA2_CONNPROP, or reduction of any item its Upper-Layer
 //! Binding did not mark DDP-eligible. Requesters refuse calls of programs without a binding
 //! (`RpcError::NoBinding`, 5666bis §8); Responders still answer inline calls of such
 //! programs (see `CONFORMANCE.md`).
