@@ -5,6 +5,7 @@
 //! ([`HeaderError::response`]); [`Header::encode`] writes exactly [`Header::encoded_len`] bytes.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use xdr::{Decoder, XdrError};
 
 /// The only RPC-over-RDMA version this crate speaks (5666bis §5.2.2).
 pub const RPCRDMA_VERSION: u32 = 1;
@@ -313,104 +314,95 @@ impl HeaderError {
     }
 }
 
-struct Reader<'a> {
-    buf: &'a [u8],
-    at: usize,
-    xid: u32,
+/// Why the three chunk lists did not decode. The lists have the same layout in versions 1 and
+/// 2; each version maps this to its own error (and so to its own response).
+#[derive(Debug)]
+pub(crate) enum ChunkListError {
+    /// Truncated, or an optional-data flag that is neither 0 nor 1.
+    Xdr(XdrError),
+    /// The Read list has more segments than the limit.
+    ReadList(usize),
+    /// The Write list has more chunks than the limit.
+    WriteList(usize),
+    /// A Write chunk or the Reply chunk has more segments than the limit.
+    Chunk(usize),
 }
 
-impl Reader<'_> {
-    fn u32(&mut self) -> Result<u32, HeaderError> {
-        let end = self.at + 4;
-        let b = self
-            .buf
-            .get(self.at..end)
-            .ok_or(HeaderError::Truncated { xid: self.xid })?;
-        self.at = end;
-        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    }
+/// One `HLOO` segment.
+pub(crate) fn decode_segment(d: &mut Decoder<'_>) -> Result<Segment, XdrError> {
+    Ok(Segment {
+        handle: d.u32()?,
+        length: d.u32()?,
+        offset: d.u64()?,
+    })
+}
 
-    fn u64(&mut self) -> Result<u64, HeaderError> {
-        let hi = u64::from(self.u32()?);
-        let lo = u64::from(self.u32()?);
-        Ok(hi << 32 | lo)
+/// A counted array of segments (a Write chunk or the Reply chunk), at most `limit` long.
+fn decode_write_chunk(d: &mut Decoder<'_>, limit: usize) -> Result<WriteChunk, ChunkListError> {
+    let n = d.u32().map_err(ChunkListError::Xdr)? as usize;
+    if n > limit {
+        return Err(ChunkListError::Chunk(limit));
     }
+    // `array_fixed` never allocates more than the remaining bytes can hold.
+    d.array_fixed(n, decode_segment)
+        .map_err(ChunkListError::Xdr)
+}
 
-    fn flag(&mut self) -> Result<bool, HeaderError> {
-        match self.u32()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            value => Err(HeaderError::BadFlag {
-                xid: self.xid,
-                value,
-            }),
+/// The Read list, the Write list and the Reply chunk, each bounded by `lim`.
+pub(crate) fn decode_chunk_lists(
+    d: &mut Decoder<'_>,
+    lim: &DecodeLimits,
+) -> Result<Chunks, ChunkListError> {
+    let present = |d: &mut Decoder<'_>| {
+        d.optional(|_| Ok(()))
+            .map(|o| o.is_some())
+            .map_err(ChunkListError::Xdr)
+    };
+    let mut reads = Vec::new();
+    while present(d)? {
+        if reads.len() >= lim.max_read_segments {
+            return Err(ChunkListError::ReadList(lim.max_read_segments));
+        }
+        let position = d.u32().map_err(ChunkListError::Xdr)?;
+        let target = decode_segment(d).map_err(ChunkListError::Xdr)?;
+        reads.push(ReadSegment { position, target });
+    }
+    let mut writes = Vec::new();
+    while present(d)? {
+        if writes.len() >= lim.max_write_chunks {
+            return Err(ChunkListError::WriteList(lim.max_write_chunks));
+        }
+        writes.push(decode_write_chunk(d, lim.max_segments)?);
+    }
+    let reply = if present(d)? {
+        Some(decode_write_chunk(d, lim.max_segments)?)
+    } else {
+        None
+    };
+    Ok(Chunks {
+        reads,
+        writes,
+        reply,
+    })
+}
+
+impl HeaderError {
+    /// The version 1 error for an XDR failure: a bad optional-data flag keeps its value, every
+    /// other failure (the decoder reads only words, hypers and flags) is a truncation.
+    fn from_xdr(xid: u32, e: XdrError) -> Self {
+        match e {
+            XdrError::InvalidOptional { value, .. } => HeaderError::BadFlag { xid, value },
+            _ => HeaderError::Truncated { xid },
         }
     }
 
-    fn remaining(&self) -> usize {
-        self.buf.len().saturating_sub(self.at)
-    }
-
-    fn segment(&mut self) -> Result<Segment, HeaderError> {
-        Ok(Segment {
-            handle: self.u32()?,
-            length: self.u32()?,
-            offset: self.u64()?,
-        })
-    }
-
-    fn chunk(&mut self, limit: usize) -> Result<WriteChunk, HeaderError> {
-        let n = self.u32()? as usize;
-        if n > limit {
-            return Err(HeaderError::TooManySegments {
-                xid: self.xid,
-                limit,
-            });
+    fn from_chunks(xid: u32, e: ChunkListError) -> Self {
+        match e {
+            ChunkListError::Xdr(e) => HeaderError::from_xdr(xid, e),
+            ChunkListError::ReadList(limit)
+            | ChunkListError::WriteList(limit)
+            | ChunkListError::Chunk(limit) => HeaderError::TooManySegments { xid, limit },
         }
-        // Never allocate more than the remaining bytes can hold.
-        if n.saturating_mul(16) > self.remaining() {
-            return Err(HeaderError::Truncated { xid: self.xid });
-        }
-        let mut c = Vec::with_capacity(n);
-        for _ in 0..n {
-            c.push(self.segment()?);
-        }
-        Ok(c)
-    }
-
-    fn chunks(&mut self, lim: &DecodeLimits) -> Result<Chunks, HeaderError> {
-        let mut reads = Vec::new();
-        while self.flag()? {
-            if reads.len() >= lim.max_read_segments {
-                return Err(HeaderError::TooManySegments {
-                    xid: self.xid,
-                    limit: lim.max_read_segments,
-                });
-            }
-            let position = self.u32()?;
-            let target = self.segment()?;
-            reads.push(ReadSegment { position, target });
-        }
-        let mut writes = Vec::new();
-        while self.flag()? {
-            if writes.len() >= lim.max_write_chunks {
-                return Err(HeaderError::TooManySegments {
-                    xid: self.xid,
-                    limit: lim.max_write_chunks,
-                });
-            }
-            writes.push(self.chunk(lim.max_segments)?);
-        }
-        let reply = if self.flag()? {
-            Some(self.chunk(lim.max_segments)?)
-        } else {
-            None
-        };
-        Ok(Chunks {
-            reads,
-            writes,
-            reply,
-        })
     }
 }
 
@@ -436,30 +428,33 @@ impl Header {
         if buf.len() < 8 {
             return Err(HeaderError::TooShort(buf.len()));
         }
-        let mut r = Reader { buf, at: 0, xid: 0 };
-        let xid = r.u32()?;
-        r.xid = xid;
-        let vers = r.u32()?;
+        let mut d = Decoder::new(buf);
+        let xid = d.u32().map_err(|e| HeaderError::from_xdr(0, e))?;
+        let xdr = |e| HeaderError::from_xdr(xid, e);
+        let vers = d.u32().map_err(xdr)?;
         // 5666bis §5.5.1: only the version is checked before anything else is interpreted
         // (the error body layout is the one part that no version may change).
         if vers != RPCRDMA_VERSION {
             return Err(HeaderError::Version { xid, vers });
         }
-        let credits = r.u32()?;
-        let proc_ = r.u32()?;
+        let credits = d.u32().map_err(xdr)?;
+        let proc_ = d.u32().map_err(xdr)?;
+        let chunks = |d: &mut Decoder<'_>| {
+            decode_chunk_lists(d, lim).map_err(|e| HeaderError::from_chunks(xid, e))
+        };
         let body = match proc_ {
-            RDMA_MSG => Body::Msg(r.chunks(lim)?),
+            RDMA_MSG => Body::Msg(chunks(&mut d)?),
             RDMA_NOMSG => {
-                let c = r.chunks(lim)?;
+                let c = chunks(&mut d)?;
                 if c.is_empty() {
                     return Err(HeaderError::NoMsgWithoutChunks { xid });
                 }
                 Body::NoMsg(c)
             }
             RDMA_MSGP => {
-                let align = r.u32()?;
-                let thresh = r.u32()?;
-                let chunks = r.chunks(lim)?;
+                let align = d.u32().map_err(xdr)?;
+                let thresh = d.u32().map_err(xdr)?;
+                let chunks = chunks(&mut d)?;
                 Body::MsgP {
                     align,
                     thresh,
@@ -468,8 +463,8 @@ impl Header {
             }
             RDMA_DONE => Body::Done,
             RDMA_ERROR => {
-                let e = match r.u32() {
-                    Ok(ERR_VERS) => match (r.u32(), r.u32()) {
+                let e = match d.u32() {
+                    Ok(ERR_VERS) => match (d.u32(), d.u32()) {
                         (Ok(low), Ok(high)) => ErrorBody::Vers { low, high },
                         _ => return Err(HeaderError::MalformedError { xid }),
                     },
@@ -487,7 +482,7 @@ impl Header {
                 credits,
                 body,
             },
-            r.at,
+            d.position(),
         ))
     }
 

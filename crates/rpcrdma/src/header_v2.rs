@@ -18,7 +18,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use xdr::{Decoder, XdrError};
 
-use crate::header::{Chunks, DecodeLimits, ReadSegment, Segment, WriteChunk};
+use crate::header::{ChunkListError, Chunks, DecodeLimits, decode_chunk_lists};
 use crate::props::{self, ConnProp, PropError, PropLimits, ReqProp, ResProp, UpdProp};
 
 /// `rdma_vers` of version 2.
@@ -485,63 +485,19 @@ pub fn peek_version(buf: &[u8]) -> Option<(u32, u32)> {
     ))
 }
 
-fn decode_segment(d: &mut Decoder<'_>) -> Result<Segment, XdrError> {
-    Ok(Segment {
-        handle: d.u32()?,
-        length: d.u32()?,
-        offset: d.u64()?,
-    })
-}
-
-/// The three chunk lists (shared layout of both versions), each bounded by `lim`.
+/// The three chunk lists (the layout both versions share, [`crate::header`]), each bounded by
+/// `lim`, with version 2's errors.
 fn decode_chunks(
     d: &mut Decoder<'_>,
     lim: &DecodeLimits,
     xid: u32,
     proc_: u32,
 ) -> Result<Chunks, Header2Error> {
-    let xdr = |source| Header2Error::Xdr { xid, proc_, source };
-    let max_seg = lim.max_segments;
-    let chunk = |d: &mut Decoder<'_>| -> Result<WriteChunk, Header2Error> {
-        let n = d.u32().map_err(xdr)? as usize;
-        if n > max_seg {
-            return Err(Header2Error::ChunkTooLong {
-                xid,
-                limit: max_seg,
-            });
-        }
-        d.array_fixed(n, decode_segment).map_err(xdr)
-    };
-    let mut reads = Vec::new();
-    while d.optional(|_| Ok(())).map_err(xdr)?.is_some() {
-        if reads.len() >= lim.max_read_segments {
-            return Err(Header2Error::ReadListTooLong {
-                xid,
-                limit: lim.max_read_segments,
-            });
-        }
-        let position = d.u32().map_err(xdr)?;
-        let target = decode_segment(d).map_err(xdr)?;
-        reads.push(ReadSegment { position, target });
-    }
-    let mut writes = Vec::new();
-    while d.optional(|_| Ok(())).map_err(xdr)?.is_some() {
-        if writes.len() >= lim.max_write_chunks {
-            return Err(Header2Error::WriteListTooLong {
-                xid,
-                limit: lim.max_write_chunks,
-            });
-        }
-        writes.push(chunk(d)?);
-    }
-    let reply = match d.optional(|_| Ok(())).map_err(xdr)? {
-        Some(()) => Some(chunk(d)?),
-        None => None,
-    };
-    Ok(Chunks {
-        reads,
-        writes,
-        reply,
+    decode_chunk_lists(d, lim).map_err(|e| match e {
+        ChunkListError::Xdr(source) => Header2Error::Xdr { xid, proc_, source },
+        ChunkListError::ReadList(limit) => Header2Error::ReadListTooLong { xid, limit },
+        ChunkListError::WriteList(limit) => Header2Error::WriteListTooLong { xid, limit },
+        ChunkListError::Chunk(limit) => Header2Error::ChunkTooLong { xid, limit },
     })
 }
 
