@@ -40,10 +40,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 
 use crate::nfs3::proc_;
 
@@ -395,22 +396,16 @@ impl SharedCache {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ReplyCache> {
-        self.cache
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Counters.
     pub fn stats(&self) -> DrcStats {
-        self.lock().stats()
+        self.cache.lock().stats()
     }
 
     /// Look a call up (see [`ReplyCache::begin`]); a duplicate of a call in progress waits
     /// for it up to [`DrcConfig::in_progress_wait`].
     pub async fn admit(self: &Arc<Self>, key: Key) -> Admit {
         let deadline = {
-            let c = self.lock();
+            let c = self.cache.lock();
             tokio::time::Instant::now() + c.config().in_progress_wait
         };
         loop {
@@ -419,7 +414,7 @@ impl SharedCache {
             let settled = self.settled.notified();
             tokio::pin!(settled);
             settled.as_mut().enable();
-            let begun = self.lock().begin(key, Instant::now());
+            let begun = self.cache.lock().begin(key, Instant::now());
             match begun {
                 Begin::Run => {
                     return Admit::Run(Some(Ticket {
@@ -433,7 +428,7 @@ impl SharedCache {
                 Begin::InProgress => {}
             }
             if tokio::time::timeout_at(deadline, settled).await.is_err() {
-                self.lock().note_in_progress_drop();
+                self.cache.lock().note_in_progress_drop();
                 return Admit::Drop;
             }
         }
@@ -453,7 +448,10 @@ impl Ticket {
     /// Keep `reply` (the results, all items inline) for duplicates of this call.
     pub fn complete(mut self, reply: Bytes) {
         self.done = true;
-        self.cache.lock().complete(&self.key, reply, Instant::now());
+        self.cache
+            .cache
+            .lock()
+            .complete(&self.key, reply, Instant::now());
         self.cache.settled.notify_waiters();
     }
 }
@@ -461,7 +459,7 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.done {
-            self.cache.lock().abandon(&self.key);
+            self.cache.cache.lock().abandon(&self.key);
             self.cache.settled.notify_waiters();
         }
     }

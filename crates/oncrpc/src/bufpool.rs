@@ -5,7 +5,9 @@
 //! sink regions come from here.
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 
 use bytes::Bytes;
 
@@ -35,7 +37,7 @@ impl BufPool {
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<Vec<u8>>> {
-        self.free.lock().unwrap_or_else(|e| e.into_inner())
+        self.free.lock()
     }
 
     /// A buffer of exactly `len` bytes: an idle one (holding what its last user left there),

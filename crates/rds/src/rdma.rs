@@ -35,7 +35,7 @@ use verbs::{
 
 use crate::engine::{AcceptOutcome, PathId, Token};
 use crate::error::WireError;
-use crate::tcp::{Inner, lock, pump};
+use crate::tcp::{Inner, pump};
 use crate::wire::{FRAG_SIZE, HEADER_LEN, Header, MAX_MSG_LEN};
 
 /// The RDS/IB IPv4 rdma_cm port (facts "RDS over IB/RDMA").
@@ -474,7 +474,7 @@ impl crate::tcp::RdsStack {
             )
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         let mr = Arc::new(mr);
-        lock(&self.inner.rdma_mrs).insert(mr.rkey(), Arc::clone(&mr));
+        self.inner.rdma_mrs.lock().insert(mr.rkey(), Arc::clone(&mr));
         Ok(RdmaBuffer { mr })
     }
 }
@@ -484,7 +484,7 @@ impl crate::tcp::RdsStack {
 pub(crate) fn complete_ops(inner: &Inner, ext: &[crate::wire::Extension]) {
     for e in ext {
         if let crate::wire::Extension::Rdma { rkey } = e
-            && let Some(mr) = lock(&inner.rdma_mrs).remove(rkey)
+            && let Some(mr) = inner.rdma_mrs.lock().remove(rkey)
         {
             mr.invalidate();
         }
@@ -493,7 +493,7 @@ pub(crate) fn complete_ops(inner: &Inner, ext: &[crate::wire::Extension]) {
 
 /// Sender side: remembers the RDMA Write to post before the message naming `rkey`.
 pub(crate) fn queue_write(inner: &Inner, rkey: u32, remote_addr: u64, data: Bytes) {
-    lock(&inner.rdma_ops).insert(rkey, PendingOp::Write(remote_addr, data));
+    inner.rdma_ops.lock().insert(rkey, PendingOp::Write(remote_addr, data));
 }
 
 /// Sender side: remembers the RDMA Read to run before the message naming `rkey` is sent; the
@@ -505,7 +505,7 @@ pub(crate) fn queue_read(
     len: u32,
 ) -> tokio::sync::oneshot::Receiver<Bytes> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    lock(&inner.rdma_ops).insert(rkey, PendingOp::Read(remote_addr, len, tx));
+    inner.rdma_ops.lock().insert(rkey, PendingOp::Read(remote_addr, len, tx));
     rx
 }
 
@@ -546,7 +546,7 @@ fn make_qp(dev: &Device, pd: &verbs::ProtectionDomain, n: u32) -> Result<Qp, ver
 }
 
 fn ack_seq(inner: &Inner, peer: Ipv4Addr) -> u64 {
-    let info = lock(&inner.engine).info();
+    let info = inner.engine.lock().info();
     info.conns
         .iter()
         .find(|c| c.peer == peer)
@@ -592,7 +592,7 @@ pub(crate) async fn accept_loop(inner: Weak<Inner>, mut l: verbs::Listener) {
             let _ = req.reject(&ours).await;
             continue;
         }
-        let outcome = lock(&i.engine).accept(Instant::now(), peer);
+        let outcome = i.engine.lock().accept(Instant::now(), peer);
         match outcome {
             AcceptOutcome::Reject => {
                 let _ = req.reject(&[]).await;
@@ -614,7 +614,7 @@ pub(crate) async fn accept_loop(inner: Weak<Inner>, mut l: verbs::Listener) {
                     Ok((q, c, ours)) => start(&i, q, c, peer, tok, ours, pd.credit),
                     Err(e) => {
                         tracing::debug!(%e, "rds/rdma: accept failed");
-                        lock(&i.engine).transport_down(Instant::now(), tok);
+                        i.engine.lock().transport_down(Instant::now(), tok);
                     }
                 }
             }
@@ -667,7 +667,7 @@ pub(crate) async fn connect_task(inner: Weak<Inner>, path: PathId) {
     match res {
         Ok((q, c, ours)) => {
             let theirs = ConnData::decode(c.peer_private_data()).map_or(0, |d| d.credit);
-            let tok = lock(&i.engine).connected(Instant::now(), path);
+            let tok = i.engine.lock().connected(Instant::now(), path);
             match tok {
                 Some(tok) => start(&i, q, c, path.peer, tok, ours, theirs),
                 None => drop(c),
@@ -675,7 +675,7 @@ pub(crate) async fn connect_task(inner: Weak<Inner>, path: PathId) {
         }
         Err(e) => {
             tracing::debug!(?path, %e, "rds/rdma: connect failed");
-            lock(&i.engine).connect_failed(Instant::now(), path);
+            i.engine.lock().connect_failed(Instant::now(), path);
         }
     }
     pump(&i);
@@ -692,7 +692,7 @@ fn start(
 ) {
     let wake = Arc::new(Notify::new());
     let close = Arc::new(Notify::new());
-    lock(&inner.conns).insert(
+    inner.conns.lock().insert(
         tok,
         crate::tcp::ConnHandle {
             link: crate::tcp::Link::Rdma(RdmaLink {
@@ -713,7 +713,7 @@ fn start(
         close,
         credits,
     ));
-    let mut tasks = lock(&inner.tasks);
+    let mut tasks = inner.tasks.lock();
     tasks.retain(|t| !t.is_finished());
     tasks.push(h);
 }
@@ -745,7 +745,7 @@ async fn conn_task(
         let Some(i) = inner.upgrade() else { return };
         // Pull messages from the engine while the queue is short.
         if outq.len() < SQ_DEPTH {
-            let mut e = lock(&i.engine);
+            let mut e = i.engine.lock();
             while outq.len() < SQ_DEPTH {
                 match e.poll_transmit(tok) {
                     Some(b) => {
@@ -758,7 +758,7 @@ async fn conn_task(
                                     // follows it (same QP, so it is placed first).
                                     for x in &h.ext.items {
                                         if let crate::wire::Extension::Rdma { rkey } = x
-                                            && let Some(op) = lock(&i.rdma_ops).remove(rkey)
+                                            && let Some(op) = i.rdma_ops.lock().remove(rkey)
                                             && let Some(f0) = fr.first_mut()
                                         {
                                             match op {
@@ -907,7 +907,7 @@ async fn conn_task(
                             tracing::trace!(?local, tok, grant = out.credit, "rds/rdma: granted");
                             if let Some(m) = out.message {
                                 let Some(i) = inner.upgrade() else { return };
-                                let r = lock(&i.engine).on_recv(Instant::now(), tok, &m);
+                                let r = i.engine.lock().on_recv(Instant::now(), tok, &m);
                                 if let Err(e) = r {
                                     tracing::warn!(%e, "rds/rdma: protocol error, dropping connection");
                                     break 'outer;
@@ -955,8 +955,8 @@ async fn conn_task(
     tracing::debug!(tok, "rds/rdma: connection task ends");
     conn.disconnect().await;
     let Some(i) = inner.upgrade() else { return };
-    lock(&i.conns).remove(&tok);
-    lock(&i.engine).transport_down(Instant::now(), tok);
+    i.conns.lock().remove(&tok);
+    i.engine.lock().transport_down(Instant::now(), tok);
     pump(&i);
 }
 

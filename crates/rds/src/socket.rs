@@ -5,10 +5,11 @@
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::error::{RdsError, SendError};
@@ -21,21 +22,17 @@ fn registry() -> &'static Mutex<HashMap<Ipv4Addr, Weak<Inner>>> {
 }
 
 pub(crate) fn register(inner: &Arc<Inner>) {
-    let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
+    let mut r = registry().lock();
     r.insert(inner.cfg.local, Arc::downgrade(inner));
 }
 
 pub(crate) fn unregister(inner: &Arc<Inner>) {
-    let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
+    let mut r = registry().lock();
     if r.get(&inner.cfg.local)
         .is_some_and(|w| w.as_ptr() == Arc::as_ptr(inner))
     {
         r.remove(&inner.cfg.local);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What a blocking send waited for (counts of would-block attempts before it was queued).
@@ -61,7 +58,7 @@ impl RdsStack {
     /// Binds an RDS port on this stack (`port` 0 picks a free one).
     pub fn bind(&self, port: u16) -> Result<RdsSocket, RdsError> {
         let port = {
-            let mut e = lock(&self.inner.engine);
+            let mut e = self.inner.engine.lock();
             if port == 0 {
                 e.bind_any().ok_or(RdsError::AddrInUse(0))?
             } else {
@@ -70,7 +67,10 @@ impl RdsStack {
             }
         };
         let readable = Arc::new(Notify::new());
-        lock(&self.inner.readable).insert(port, Arc::clone(&readable));
+        self.inner
+            .readable
+            .lock()
+            .insert(port, Arc::clone(&readable));
         Ok(RdsSocket {
             stack: self.clone(),
             port,
@@ -84,7 +84,7 @@ impl RdsSocket {
     /// or starts one with [`StackConfig::new`] (RDS/TCP port 16385).
     pub async fn bind(addr: SocketAddrV4) -> Result<RdsSocket, RdsError> {
         let existing = {
-            let r = lock(registry());
+            let r = registry().lock();
             r.get(addr.ip()).and_then(Weak::upgrade)
         };
         let stack = match existing {
@@ -106,20 +106,25 @@ impl RdsSocket {
 
     /// Sets the receive buffer (SO_RCVBUF): the port is congested while more is queued.
     pub fn set_rcvbuf(&self, bytes: usize) {
-        lock(&self.stack.inner.engine).set_rcvbuf(self.port, bytes);
+        self.stack.inner.engine.lock().set_rcvbuf(self.port, bytes);
         pump(&self.stack.inner);
     }
 
     /// Sets the send buffer: a new message is queued only while less than this is queued and
     /// unconfirmed (Linux: half of SO_SNDBUF).
     pub fn set_sndbuf(&self, bytes: usize) {
-        lock(&self.stack.inner.engine).set_sndbuf(self.port, bytes);
+        self.stack.inner.engine.lock().set_sndbuf(self.port, bytes);
         pump(&self.stack.inner);
     }
 
     /// Sends without waiting: would-block errors are returned as they are.
     pub fn try_send_to(&self, dest: SocketAddrV4, payload: Bytes) -> Result<(), SendError> {
-        let r = lock(&self.stack.inner.engine).send(Instant::now(), self.port, dest, payload);
+        let r = self
+            .stack
+            .inner
+            .engine
+            .lock()
+            .send(Instant::now(), self.port, dest, payload);
         pump(&self.stack.inner);
         r
     }
@@ -176,7 +181,7 @@ impl RdsSocket {
             let n = self.readable.notified();
             tokio::pin!(n);
             n.as_mut().enable();
-            let d = lock(&self.stack.inner.engine).recv(self.port);
+            let d = self.stack.inner.engine.lock().recv(self.port);
             if let Some(d) = d {
                 crate::rdma::complete_ops(&self.stack.inner, &d.ext);
                 // Reading may clear congestion, which queues a map update.
@@ -197,7 +202,7 @@ impl RdsSocket {
             let ready = self.stack.inner.send_ready.notified();
             tokio::pin!(ready);
             ready.as_mut().enable();
-            let r = lock(&self.stack.inner.engine).send_with_ext(
+            let r = self.stack.inner.engine.lock().send_with_ext(
                 Instant::now(),
                 self.port,
                 dest,
@@ -286,7 +291,7 @@ impl RdsSocket {
             .send_ext(dest, payload, vec![crate::wire::Extension::Rdma { rkey }])
             .await
         {
-            lock(&self.stack.inner.rdma_ops).remove(&rkey);
+            self.stack.inner.rdma_ops.lock().remove(&rkey);
             return Err(e);
         }
         rx.await.map_err(|_| SendError::RdmaFailed)
@@ -306,8 +311,8 @@ impl RdsSocket {
 
 impl Drop for RdsSocket {
     fn drop(&mut self) {
-        lock(&self.stack.inner.engine).unbind(self.port);
-        lock(&self.stack.inner.readable).remove(&self.port);
+        self.stack.inner.engine.lock().unbind(self.port);
+        self.stack.inner.readable.lock().remove(&self.port);
         pump(&self.stack.inner);
     }
 }

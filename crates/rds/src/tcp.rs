@@ -13,11 +13,12 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
+use parking_lot::Mutex;
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::Notify;
@@ -142,10 +143,6 @@ impl ConnHandle {
     }
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// One RDS node: a listener, the connections to peers and the bound ports of a local address.
 /// Cheap to clone.
 #[derive(Debug, Clone)]
@@ -212,7 +209,7 @@ impl RdsStack {
             (None, None) => return Err(io::Error::other("no listener")),
         };
         let t = tokio::spawn(timer_loop(Arc::downgrade(&inner)));
-        lock(&inner.tasks).extend([a, t]);
+        inner.tasks.lock().extend([a, t]);
         crate::socket::register(&inner);
         Ok(RdsStack { inner })
     }
@@ -229,14 +226,14 @@ impl RdsStack {
 
     /// Connections, paths, sequence numbers and congestion state (`oxrdma rds info`).
     pub fn info(&self) -> EngineInfo {
-        lock(&self.inner.engine).info()
+        self.inner.engine.lock().info()
     }
 
     /// Test hook: shuts down the sending side of every TCP connection to `peer`, as an outside
     /// kill would. The connections then close and RDS reconnects and resends. Returns how many
     /// connections were hit.
     pub fn kill_transports(&self, peer: Ipv4Addr) -> usize {
-        let conns = lock(&self.inner.conns);
+        let conns = self.inner.conns.lock();
         let mut n = 0;
         for c in conns.values().filter(|c| c.peer == peer) {
             if c.kill(std::net::Shutdown::Write) {
@@ -248,16 +245,16 @@ impl RdsStack {
 
     /// Whether everything sent to `peer` has been acknowledged by TCP.
     pub fn idle_to(&self, peer: Ipv4Addr) -> bool {
-        lock(&self.inner.engine).idle_to(peer)
+        self.inner.engine.lock().idle_to(peer)
     }
 
     /// Stops the stack's tasks and closes its connections.
     pub fn shutdown(&self) {
         self.inner.shutdown.notify_waiters();
-        for t in lock(&self.inner.tasks).drain(..) {
+        for t in self.inner.tasks.lock().drain(..) {
             t.abort();
         }
-        for (_, c) in lock(&self.inner.conns).drain() {
+        for (_, c) in self.inner.conns.lock().drain() {
             c.kill(std::net::Shutdown::Both);
             c.wake.notify_one();
         }
@@ -269,13 +266,13 @@ impl RdsStack {
 /// Runs the engine's pending actions.
 pub(crate) fn pump(inner: &Arc<Inner>) {
     let (actions, wake_timer): (Vec<Action>, bool) = {
-        let mut e = lock(&inner.engine);
+        let mut e = inner.engine.lock();
         let actions: Vec<Action> = std::iter::from_fn(|| e.poll_action()).collect();
         // Wake the timer task only for a deadline earlier than the one it sleeps until: most
         // actions (every datagram sent) change no deadline, and a task wake-up per datagram
         // is what a sender pays most for on a slow CPU.
         let wake = !actions.is_empty()
-            && match (e.poll_timeout(), *lock(&inner.timer_armed)) {
+            && match (e.poll_timeout(), *inner.timer_armed.lock()) {
                 (Some(d), Some(armed)) => d < armed,
                 (Some(_), None) => true,
                 (None, _) => false,
@@ -293,23 +290,23 @@ pub(crate) fn pump(inner: &Arc<Inner>) {
                 } else {
                     tokio::spawn(connect_task(Arc::downgrade(inner), path))
                 };
-                let mut tasks = lock(&inner.tasks);
+                let mut tasks = inner.tasks.lock();
                 tasks.retain(|t| !t.is_finished());
                 tasks.push(h);
             }
             Action::Close(t) => {
-                if let Some(c) = lock(&inner.conns).remove(&t) {
+                if let Some(c) = inner.conns.lock().remove(&t) {
                     c.kill(std::net::Shutdown::Both);
                     c.wake.notify_one();
                 }
             }
             Action::Transmit(t) => {
-                if let Some(c) = lock(&inner.conns).get(&t) {
+                if let Some(c) = inner.conns.lock().get(&t) {
                     c.wake.notify_one();
                 }
             }
             Action::Readable(port) => {
-                if let Some(n) = lock(&inner.readable).get(&port) {
+                if let Some(n) = inner.readable.lock().get(&port) {
                     n.notify_waiters();
                 }
             }
@@ -339,7 +336,7 @@ async fn accept_loop(inner: std::sync::Weak<Inner>, listener: TcpListener) {
             .iter()
             .find(|(_, a)| a.ip() == addr.ip())
             .map_or(*addr.ip(), |(p, _)| *p);
-        let outcome = lock(&inner.engine).accept(Instant::now(), peer);
+        let outcome = inner.engine.lock().accept(Instant::now(), peer);
         match outcome {
             AcceptOutcome::Reject => {
                 // Reset it (facts: the smaller side resets and connects itself).
@@ -361,16 +358,16 @@ async fn timer_loop(inner: std::sync::Weak<Inner>) {
         tokio::pin!(wake);
         wake.as_mut().enable();
         let deadline = {
-            let e = lock(&i.engine);
+            let e = i.engine.lock();
             let d = e.poll_timeout();
-            *lock(&i.timer_armed) = d;
+            *i.timer_armed.lock() = d;
             d
         };
         match deadline {
             Some(d) => {
                 tokio::select! {
                     _ = tokio::time::sleep_until(d.into()) => {
-                        lock(&i.engine).handle_timeout(Instant::now());
+                        i.engine.lock().handle_timeout(Instant::now());
                         pump(&i);
                     }
                     _ = wake => {}
@@ -418,7 +415,7 @@ async fn connect_task(inner: std::sync::Weak<Inner>, path: PathId) {
     };
     match res {
         Ok(stream) => {
-            let tok = lock(&inner.engine).connected(Instant::now(), path);
+            let tok = inner.engine.lock().connected(Instant::now(), path);
             match tok {
                 Some(tok) => start_conn(&inner, stream, path.peer, tok),
                 None => drop(stream),
@@ -426,7 +423,7 @@ async fn connect_task(inner: std::sync::Weak<Inner>, path: PathId) {
         }
         Err(e) => {
             tracing::debug!(?path, %e, "rds: connect failed");
-            lock(&inner.engine).connect_failed(Instant::now(), path);
+            inner.engine.lock().connect_failed(Instant::now(), path);
         }
     }
     pump(&inner);
@@ -437,7 +434,7 @@ fn start_conn(inner: &Arc<Inner>, stream: TcpStream, peer: Ipv4Addr, tok: Token)
     let stream = Arc::new(stream);
     let wake = Arc::new(Notify::new());
     let awaiting = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    lock(&inner.conns).insert(
+    inner.conns.lock().insert(
         tok,
         ConnHandle {
             link: Link::Tcp(Arc::clone(&stream)),
@@ -454,7 +451,7 @@ fn start_conn(inner: &Arc<Inner>, stream: TcpStream, peer: Ipv4Addr, tok: Token)
         wake,
         awaiting,
     ));
-    let mut tasks = lock(&inner.tasks);
+    let mut tasks = inner.tasks.lock();
     tasks.retain(|t| !t.is_finished());
     tasks.push(h);
 }
@@ -506,7 +503,7 @@ async fn conn_task(
             return;
         };
         if !write_closed && out_len < WRITE_BATCH {
-            let mut e = lock(&i.engine);
+            let mut e = i.engine.lock();
             while out_len < WRITE_BATCH {
                 match e.poll_transmit(tok) {
                     Some(b) => {
@@ -523,7 +520,7 @@ async fn conn_task(
             let a = written.saturating_sub(q);
             if a > acked {
                 acked = a;
-                lock(&i.engine).on_transport_acked(tok, acked);
+                i.engine.lock().on_transport_acked(tok, acked);
             }
         }
         pump(&i);
@@ -541,7 +538,7 @@ async fn conn_task(
                         Ok(n) => {
                             let Some(i) = inner.upgrade() else { return; };
                             let (r, full) = {
-                                let mut e = lock(&i.engine);
+                                let mut e = i.engine.lock();
                                 let r = e.on_recv(Instant::now(), tok, &buf[..n]);
                                 (r, e.send_buffer_full())
                             };
@@ -552,7 +549,7 @@ async fn conn_task(
                             // look at their unacknowledged bytes now rather than at their next
                             // 1 ms poll (8 KiB requests at depth 16: 6,300 -> ~235,000 req/s).
                             if full {
-                                for (t, h) in lock(&i.conns).iter() {
+                                for (t, h) in i.conns.lock().iter() {
                                     if *t != tok
                                         && h.peer == peer
                                         && h.awaiting_acks.load(Ordering::Relaxed)
@@ -616,7 +613,7 @@ async fn conn_task(
     // A clean close (EOF after everything we wrote) means the peer read it all; on Linux the
     // SIOCOUTQ reading above already covers it.
     let _ = SockRef::from(&*stream).shutdown(std::net::Shutdown::Both);
-    lock(&i.conns).remove(&tok);
-    lock(&i.engine).transport_down(Instant::now(), tok);
+    i.conns.lock().remove(&tok);
+    i.engine.lock().transport_down(Instant::now(), tok);
     pump(&i);
 }

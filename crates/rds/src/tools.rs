@@ -4,10 +4,11 @@
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -342,7 +343,7 @@ pub async fn stress_client(
     }
     for h in hs {
         if let Ok(t) = h.await {
-            let mut g = tally.lock().unwrap_or_else(|e| e.into_inner());
+            let mut g = tally.lock();
             g.requests += t.requests;
             g.acks += t.acks;
             g.rtt_sum += t.rtt_sum;
@@ -350,7 +351,7 @@ pub async fn stress_client(
         }
     }
     let elapsed = start.elapsed();
-    let g = tally.lock().unwrap_or_else(|e| e.into_inner());
+    let g = tally.lock();
     Ok(result(&p, &g, elapsed))
 }
 
@@ -421,9 +422,7 @@ pub async fn tcp_baseline_client(
                     break;
                 };
                 permit.forget();
-                sa.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push_back(Instant::now());
+                sa.lock().push_back(Instant::now());
                 if w.write_all(&frame).await.is_err() {
                     break;
                 }
@@ -449,11 +448,7 @@ pub async fn tcp_baseline_client(
                 if r.read_exact(&mut buf).await.is_err() {
                     break;
                 }
-                if let Some(t0) = sent_at
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .pop_front()
-                {
+                if let Some(t0) = sent_at.lock().pop_front() {
                     t.rtt_sum += t0.elapsed();
                 }
                 t.acks += 1;

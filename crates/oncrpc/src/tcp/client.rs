@@ -12,18 +12,18 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use xdr::{Encoded, Encoder};
 
-use super::{lock, reserve_for_read};
+use super::reserve_for_read;
 use crate::client::{CallRequest, RpcError, RpcTransport};
 use crate::message::{AcceptStat, MessageHeader, ReplyHeader};
 use crate::record::{DEFAULT_MAX_RECORD, MAX_FRAGMENT_LEN, RecordDecoder, frame, write_all_parts};
@@ -114,13 +114,13 @@ struct Shared {
 
 impl Shared {
     fn complete(&self, xid: u32, result: Result<Bytes, RpcError>) {
-        if let Some(p) = lock(&self.pending).remove(&xid) {
+        if let Some(p) = self.pending.lock().remove(&xid) {
             let _ = p.done.send(result);
         }
     }
 
     fn fail_all(&self, why: &str) {
-        let drained: Vec<Pending> = lock(&self.pending).drain().map(|(_, p)| p).collect();
+        let drained: Vec<Pending> = self.pending.lock().drain().map(|(_, p)| p).collect();
         for p in drained {
             let _ = p.done.send(Err(RpcError::Transport(why.to_owned())));
         }
@@ -136,7 +136,7 @@ struct PendingGuard<'a> {
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        lock(&self.shared.pending).remove(&self.xid);
+        self.shared.pending.lock().remove(&self.xid);
     }
 }
 
@@ -204,7 +204,7 @@ impl TcpClient {
 
     /// Calls sent (or waiting to be sent) and not yet answered.
     pub fn in_flight(&self) -> usize {
-        lock(&self.shared.pending).len()
+        self.shared.pending.lock().len()
     }
 
     async fn call_inner(&self, req: CallRequest) -> Result<Bytes, RpcError> {
@@ -219,7 +219,7 @@ impl TcpClient {
         // skipped. fetch_add hands each value to one caller, so checking here and inserting
         // after encoding cannot race with another call.
         let xid = {
-            let table = lock(&self.shared.pending);
+            let table = self.shared.pending.lock();
             let mut xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
             while table.contains_key(&xid) {
                 xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
@@ -233,7 +233,7 @@ impl TcpClient {
         header.encode(&mut enc);
         (req.args)(&mut enc);
         pending.message = enc.finish();
-        lock(&self.shared.pending).insert(xid, pending);
+        self.shared.pending.lock().insert(xid, pending);
         let _guard = PendingGuard {
             shared: &self.shared,
             xid,
@@ -324,7 +324,7 @@ async fn drive(
             None => {
                 // Reconnect only when there is something to send. A queued XID needs no
                 // handling here: every pending call is written after reconnecting.
-                if lock(&shared.pending).is_empty() && rx.recv().await.is_none() {
+                if shared.pending.lock().is_empty() && rx.recv().await.is_none() {
                     return;
                 }
                 match reconnect(peer, &config).await {
@@ -372,7 +372,7 @@ fn queue_call(
 fn queue_all(shared: &Shared, generation: u64, config: &ClientConfig, parts: &mut VecDeque<Bytes>) {
     let mut failed = Vec::new();
     {
-        let mut table = lock(&shared.pending);
+        let mut table = shared.pending.lock();
         for (xid, p) in table.iter_mut() {
             if let Some(e) = queue_call(p, generation, config, parts) {
                 failed.push((*xid, e));
@@ -412,7 +412,7 @@ async fn run_connection(
             }
             let mut failed = Vec::new();
             {
-                let mut table = lock(&shared.pending);
+                let mut table = shared.pending.lock();
                 for xid in batch {
                     // Absent: already answered, timed out, or cancelled.
                     if let Some(p) = table.get_mut(&xid)

@@ -22,7 +22,3 @@ fn reserve_for_read(buf: &mut BytesMut, decoder: &crate::record::RecordDecoder) 
     let wanted = decoder.wanted(buf);
     buf.reserve(wanted.clamp(READ_CHUNK, MAX_RESERVE));
 }
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
