@@ -27,8 +27,8 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::error::{SendError, WireError};
 use crate::wire::{
-    self, CONG_MAP_LEN, CongMap, ExtList, Extension, HEADER_LEN, Header, MAX_MSG_LEN, MAX_PATHS,
-    PROBE_PORT, flags,
+    self, CONG_MAP_LEN, CongMap, ExtList, Extension, HEADER_LEN, Header, HeaderView, MAX_MSG_LEN,
+    MAX_PATHS, PROBE_PORT, flags,
 };
 
 /// How the transport under the engine confirms delivery.
@@ -1205,11 +1205,12 @@ impl Engine {
     pub fn on_recv(&mut self, now: Instant, token: Token, data: &[u8]) -> Result<(), WireError> {
         if let Some((peer, buf)) = self.pending.get_mut(&token) {
             buf.extend_from_slice(data);
-            if buf.len() < HEADER_LEN {
+            // Wait for a whole header before binding the transport to a path.
+            let Ok(view) = HeaderView::new_checked(&buf[..]) else {
                 return Ok(());
-            }
+            };
             let peer = *peer;
-            let h = Header::decode(buf)?;
+            let h = Header::from_view(&view)?;
             // Bind the accepted transport to a path: the SPORT_IDX extension when present,
             // otherwise the first path without a transport (Linux 6.1 rds_tcp_accept_one_path).
             let idx = h

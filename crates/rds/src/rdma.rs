@@ -36,7 +36,7 @@ use verbs::{
 use crate::engine::{AcceptOutcome, PathId, Token};
 use crate::error::WireError;
 use crate::tcp::{Inner, pump};
-use crate::wire::{FRAG_SIZE, HEADER_LEN, Header, MAX_MSG_LEN};
+use crate::wire::{FRAG_SIZE, HEADER_LEN, Header, HeaderView, MAX_MSG_LEN};
 
 /// The RDS/IB IPv4 rdma_cm port (facts "RDS over IB/RDMA").
 pub const RDS_IB_PORT: u16 = 18634;
@@ -159,10 +159,10 @@ impl Splitter {
 
     /// Next complete message.
     pub fn next_msg(&mut self) -> Result<Option<(Header, Bytes)>, WireError> {
-        if self.buf.len() < HEADER_LEN {
+        let Ok(view) = HeaderView::new_checked(&self.buf[..]) else {
             return Ok(None);
-        }
-        let h = Header::decode(&self.buf)?;
+        };
+        let h = Header::from_view(&view)?;
         let len = h.len as usize;
         if len > MAX_MSG_LEN {
             return Err(WireError::TooLong(h.len));
@@ -253,9 +253,10 @@ pub struct Reassembler {
 impl Reassembler {
     /// One received Send. Errors mean the connection must be dropped.
     pub fn on_send(&mut self, data: &[u8]) -> Result<RxOutput, WireError> {
-        // Header::decode verifies a nonzero h_csum (facts "Checksum").
-        let h = Header::decode(data)?;
-        let payload = &data[HEADER_LEN..];
+        // Header::from_view verifies a nonzero h_csum (facts "Checksum").
+        let view = HeaderView::new_checked(data)?;
+        let h = Header::from_view(&view)?;
+        let payload = view.payload();
         if payload.len() > FRAG_SIZE {
             return Err(WireError::TooLong(payload.len() as u32));
         }
@@ -474,7 +475,10 @@ impl crate::tcp::RdsStack {
             )
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         let mr = Arc::new(mr);
-        self.inner.rdma_mrs.lock().insert(mr.rkey(), Arc::clone(&mr));
+        self.inner
+            .rdma_mrs
+            .lock()
+            .insert(mr.rkey(), Arc::clone(&mr));
         Ok(RdmaBuffer { mr })
     }
 }
@@ -493,7 +497,10 @@ pub(crate) fn complete_ops(inner: &Inner, ext: &[crate::wire::Extension]) {
 
 /// Sender side: remembers the RDMA Write to post before the message naming `rkey`.
 pub(crate) fn queue_write(inner: &Inner, rkey: u32, remote_addr: u64, data: Bytes) {
-    inner.rdma_ops.lock().insert(rkey, PendingOp::Write(remote_addr, data));
+    inner
+        .rdma_ops
+        .lock()
+        .insert(rkey, PendingOp::Write(remote_addr, data));
 }
 
 /// Sender side: remembers the RDMA Read to run before the message naming `rkey` is sent; the
@@ -505,7 +512,10 @@ pub(crate) fn queue_read(
     len: u32,
 ) -> tokio::sync::oneshot::Receiver<Bytes> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    inner.rdma_ops.lock().insert(rkey, PendingOp::Read(remote_addr, len, tx));
+    inner
+        .rdma_ops
+        .lock()
+        .insert(rkey, PendingOp::Read(remote_addr, len, tx));
     rx
 }
 
@@ -1009,7 +1019,11 @@ mod tests {
         for (n, f) in fr.iter().enumerate() {
             let b = f.encode(if f.first { 7 } else { 0 }).unwrap();
             assert!(b.len() <= HEADER_LEN + FRAG_SIZE);
-            assert_ne!(u16::from_be_bytes([b[30], b[31]]), 0, "checksum on");
+            assert_ne!(
+                HeaderView::new_checked(&b[..]).unwrap().csum(),
+                0,
+                "checksum on"
+            );
             let out = r.on_send(&b).unwrap();
             assert_eq!(out.credit, if n == 0 { 7 } else { 0 });
             got = out.message.or(got);
