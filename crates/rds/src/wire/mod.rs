@@ -3,6 +3,7 @@
 //!   bytes ([`HeaderView`]) that the decoders and the drivers' peeks share;
 //! - [`ext`]: the extension list carried in `h_exthdr`;
 //! - [`cong`]: the congestion map;
+//! - [`rdma`]: RDS over RDMA's connection private data and message fragments;
 //! - here: the constants, the RFC 1071 checksum (the workspace's one implementation, in the
 //!   `inet-checksum` crate), the small control messages (ack-only, ping/pong, multipath probe)
 //!   and whole messages.
@@ -17,6 +18,7 @@ use crate::error::WireError;
 pub mod cong;
 pub mod ext;
 pub mod header;
+pub mod rdma;
 
 pub use cong::CongMap;
 pub use ext::{ExtList, Extension, ext_payload_len, ext_type};
