@@ -4,19 +4,20 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use oncrpc::service::BoxFuture;
 use oncrpc::{CallContext, CallRequest, Credential, Dispatcher, RpcError, RpcTransport};
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::oneshot;
 use verbs::{CompletionQueue, ProtectionDomain, RecvWr, WcStatus};
 use xdr::{DdpPolicy, Encoder};
 
 use super::link::{Link, Router, SinkPool, VerbsRegistrar, recv_pool};
-use super::{DriverError, TransportConfig, lock};
+use super::{DriverError, TransportConfig};
 use crate::engine::Params;
 use crate::privdata::PrivateData;
 use crate::requester::{self, OutCall, Requester};
@@ -75,7 +76,7 @@ struct ClientInner {
 
 impl ClientInner {
     fn link(&self) -> Arc<Link> {
-        lock(&self.link).clone()
+        self.link.lock().clone()
     }
 }
 
@@ -172,7 +173,7 @@ impl RdmaClient {
             Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect());
         let mut req = Requester::new(cfg.clone(), ulbs.clone());
         // cel-05 §8.2: a server that refused version 2 before is not probed again.
-        req.set_peer_v1_only(lock(version_memory()).is_v1_only(addr.ip(), addr.port()));
+        req.set_peer_v1_only(version_memory().lock().is_v1_only(addr.ip(), addr.port()));
         let (link, rcq, params, pd) =
             open_client_link(addr, &config, req.receives_needed()).await?;
         let mut state = ClientState {
@@ -283,7 +284,9 @@ fn work_locked(st: &mut ClientState, w: Work, posts: &mut Vec<Post>) {
             let ClientState { req, reg, .. } = st;
             let actions = req.on_receive(msg, invalidated, reg);
             if req.learned_v1_only() {
-                lock(version_memory()).remember_v1_only(st.peer.ip(), st.peer.port());
+                version_memory()
+                    .lock()
+                    .remember_v1_only(st.peer.ip(), st.peer.port());
             }
             absorb(st, actions, posts);
         }
@@ -308,7 +311,7 @@ fn submit_locked(st: &mut ClientState, sub: Submission, posts: &mut Vec<Post>) {
 /// many calls in flight, the thread handling a batch of replies submits the calls they
 /// release and posts them from its own context.
 fn enqueue(inner: &Arc<ClientInner>, w: Work) {
-    lock(&inner.inbox).push(w);
+    inner.inbox.lock().push(w);
     settle_inbox(inner);
 }
 
@@ -330,7 +333,7 @@ fn release_state<'a>(
     mut posts: Vec<Post>,
 ) {
     loop {
-        let waiting = std::mem::take(&mut *lock(&inner.inbox));
+        let waiting = std::mem::take(&mut *inner.inbox.lock());
         for w in waiting {
             work_locked(&mut st, w, &mut posts);
         }
@@ -339,13 +342,12 @@ fn release_state<'a>(
         // A submission pushed after the drain above, by a caller that found the lock still
         // held: it is this thread's to submit unless someone else holds the lock now (who will
         // then do it when they release it).
-        if lock(&inner.inbox).is_empty() {
+        if inner.inbox.lock().is_empty() {
             return;
         }
         st = match inner.state.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
+            Some(g) => g,
+            None => return,
         };
     }
 }
@@ -354,20 +356,19 @@ fn release_state<'a>(
 /// is done here (or by whoever holds the lock next). Every use of the state lock ends with
 /// `release_state` or goes through this, so nothing is left in the inbox.
 fn with_state<R>(inner: &Arc<ClientInner>, f: impl FnOnce(&mut ClientState) -> R) -> R {
-    let r = f(&mut lock(&inner.state));
+    let r = f(&mut inner.state.lock());
     settle_inbox(inner);
     r
 }
 
 /// Submit what waits in the inbox if the state lock is free.
 fn settle_inbox(inner: &Arc<ClientInner>) {
-    if lock(&inner.inbox).is_empty() {
+    if inner.inbox.lock().is_empty() {
         return;
     }
     let st = match inner.state.try_lock() {
-        Ok(g) => g,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return,
+        Some(g) => g,
+        None => return,
     };
     release_state(inner, st, Vec::new());
 }
@@ -397,7 +398,7 @@ fn perform(inner: &Arc<ClientInner>, posts: Vec<Post>) {
                     });
                     // RFC 8167 §5: nothing is reduced in the backward direction.
                     if let Some(r) = d.dispatch(message, ctx, DdpPolicy::Inline).await {
-                        let mut st = lock(&inner2.state);
+                        let mut st = inner2.state.lock();
                         let a = st.req.back_reply(xid, r.message.to_bytes());
                         apply_locked(&inner2, st, a.into_iter().collect());
                     }
@@ -453,11 +454,13 @@ async fn client_recv_loop(inner: Arc<ClientInner>, mut rcq: CompletionQueue) {
             return;
         };
         inner.reconnects.fetch_add(1, Ordering::Relaxed);
-        *lock(&inner.link) = link;
+        *inner.link.lock() = link;
         rcq = cq;
-        let mut st = lock(&inner.state);
+        let mut st = inner.state.lock();
         st.reg = VerbsRegistrar::new(pd);
-        let v1_only = lock(version_memory()).is_v1_only(inner.addr.ip(), inner.addr.port());
+        let v1_only = version_memory()
+            .lock()
+            .is_v1_only(inner.addr.ip(), inner.addr.port());
         let ClientState { req, reg, .. } = &mut *st;
         req.set_peer_v1_only(v1_only);
         let actions = req.on_connect(params, reg);
@@ -537,14 +540,14 @@ impl CallGuard<'_> {
         }
         // Not submitted yet (still in the inbox): nothing of it is registered.
         {
-            let mut inbox = lock(&self.inner.inbox);
+            let mut inbox = self.inner.inbox.lock();
             let before = inbox.len();
             inbox.retain(|w| !matches!(w, Work::Submit(s) if s.call.xid == self.xid));
             if inbox.len() != before {
                 return;
             }
         }
-        let mut st = lock(&self.inner.state);
+        let mut st = self.inner.state.lock();
         let ClientState { req, reg, .. } = &mut *st;
         let actions = req.cancel(self.xid, err, reg);
         // Only `Complete` (whose waiter, if any, is dropped or about to be) and `Close` (an

@@ -3,18 +3,18 @@
 //! ([`VerbsRegistrar`]) and the reusable sink buffers ([`SinkPool`]).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use verbs::{
     Access, CompletionQueue, Connection, MemoryRegion, Payload, ProtectionDomain, QueuePair,
     RecvWr, SendOp, SendWr, WcStatus,
 };
 
-use super::lock;
 use crate::engine::{RegError, Region, RegionId, Registrar};
 use crate::header::Segment;
 
@@ -193,7 +193,7 @@ impl Router {
 
     pub(super) fn wait(&self, id: u64) -> oneshot::Receiver<WcStatus> {
         let (tx, rx) = oneshot::channel();
-        lock(&self.waiters).insert(id, tx);
+        self.waiters.lock().insert(id, tx);
         rx
     }
 
@@ -223,17 +223,17 @@ impl Router {
             self.note_status(c.status);
             if c.wr_id & REPLY_WR != 0 {
                 if self.reply_lost(c.status)
-                    && let Some(f) = &*lock(&self.on_reply_failed)
+                    && let Some(f) = &*self.on_reply_failed.lock()
                 {
                     f(c.wr_id as u32);
                 }
-            } else if let Some(tx) = lock(&self.waiters).remove(&c.wr_id) {
+            } else if let Some(tx) = self.waiters.lock().remove(&c.wr_id) {
                 let _ = tx.send(c.status);
             }
             if c.status != WcStatus::Success {
                 tracing::debug!(status = ?c.status, opcode = ?c.opcode, "send queue completion in error");
                 // Flushes: fail every waiter.
-                lock(&self.waiters).clear();
+                self.waiters.lock().clear();
             }
         }
     }
@@ -288,7 +288,7 @@ impl Link {
             ..SendWr::new(id, op, Vec::new())
         };
         if let Err(e) = self.qp.post_send(wr) {
-            lock(&self.router.waiters).remove(&id);
+            self.router.waiters.lock().remove(&id);
             return Err(e);
         }
         if rx.await.unwrap_or(WcStatus::WrFlushError) == WcStatus::Success {

@@ -9,7 +9,7 @@ mod client;
 mod link;
 mod server;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -88,10 +88,6 @@ impl TransportConfig {
         }
     }
 }
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Connect to `rdma://host:port` (RPC-over-RDMA over soft-iWARP, or the device in `config`;
 /// `ulbs` as in [`RdmaClient::connect`]) or `tcp://host:port` (ONC RPC over TCP with record
 /// marking, `oncrpc::TcpClient`; `config` and `ulbs` are not used).

@@ -3,18 +3,19 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use oncrpc::{CallContext, CallHeader, Dispatcher, RpcError};
+use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use verbs::{Device, RecvWr, WcStatus};
 use xdr::Encoder;
 
 use super::link::{Link, REPLY_WR, Router, SinkPool, recv_pool};
-use super::{DriverError, TransportConfig, lock};
+use super::{DriverError, TransportConfig};
 use crate::engine::Params;
 use crate::privdata::PrivateData;
 use crate::responder::{self, Incoming, Responder};
@@ -84,7 +85,7 @@ impl ServerConnection {
     /// The Upper Layer learnt that the client handles backward calls (for NFSv4.1, a
     /// CREATE_SESSION or BIND_CONN_TO_SESSION asking for the back channel): 5666bis §7.3.1.
     pub fn enable_backchannel(&self) {
-        lock(&self.conn.resp).enable_backchannel();
+        self.conn.resp.lock().enable_backchannel();
     }
 
     /// Make a backward-direction call and wait for its results. Fails with
@@ -111,12 +112,12 @@ impl ServerConnection {
         .encode(&mut e);
         args(&mut e);
         let (tx, rx) = oneshot::channel();
-        lock(&c.back_waiters).insert(xid, tx);
-        let sent = lock(&c.resp).back_call(xid, e.into_bytes());
+        c.back_waiters.lock().insert(xid, tx);
+        let sent = c.resp.lock().back_call(xid, e.into_bytes());
         let actions = match sent {
             Ok(a) => a,
             Err(err) => {
-                lock(&c.back_waiters).remove(&xid);
+                c.back_waiters.lock().remove(&xid);
                 return Err(RpcError::Transport(err.to_string()));
             }
         };
@@ -125,8 +126,8 @@ impl ServerConnection {
             Ok(Ok(m)) => m,
             Ok(Err(_)) => return Err(RpcError::Closed),
             Err(_) => {
-                lock(&c.back_waiters).remove(&xid);
-                let a = lock(&c.resp).cancel_back(xid);
+                c.back_waiters.lock().remove(&xid);
+                let a = c.resp.lock().cancel_back(xid);
                 run_server_actions(a, &c.link, &c.resp, None).await;
                 return Err(RpcError::Timeout);
             }
@@ -231,7 +232,9 @@ impl RdmaServer {
 
     /// The connections currently established.
     pub fn connections(&self) -> Vec<ServerConnection> {
-        lock(&self.shared.conns)
+        self.shared
+            .conns
+            .lock()
             .values()
             .map(|c| ServerConnection { conn: c.clone() })
             .collect()
@@ -251,7 +254,7 @@ async fn serve_connection(
     let scq = dev.create_cq();
     let rcq = dev.create_cq();
     let qp = dev.create_qp(&pd, &scq, &rcq);
-    let lost = lock(&sh.lost).remove(&peer.ip()).unwrap_or_default();
+    let lost = sh.lost.lock().remove(&peer.ip()).unwrap_or_default();
     let resp = Responder::new(cfg.clone(), params, sh.ulbs.clone(), lost);
     let nrecv = resp.receives_needed();
     // The receive buffers are the first thing a connection costs: refuse it when they do not
@@ -288,12 +291,12 @@ async fn serve_connection(
     let resp = Arc::new(Mutex::new(resp));
     {
         let (resp, sh) = (resp.clone(), sh.clone());
-        *lock(&link.router.on_reply_failed) = Some(Box::new(move |xid| {
+        *link.router.on_reply_failed.lock() = Some(Box::new(move |xid| {
             // 5666bis §5.5.4: the connection is already gone (the Send was flushed); §5.5.3:
             // the retransmission on the next connection is answered with ERR_CHUNK.
-            let _ = lock(&resp).reply_failed(xid);
-            let lost = lock(&resp).take_lost();
-            lock(&sh.lost).entry(peer.ip()).or_default().extend(lost);
+            let _ = resp.lock().reply_failed(xid);
+            let lost = resp.lock().take_lost();
+            sh.lost.lock().entry(peer.ip()).or_default().extend(lost);
         }));
     }
     let conn_id = sh.next_conn.fetch_add(1, Ordering::Relaxed);
@@ -306,7 +309,7 @@ async fn serve_connection(
         back_waiters: Mutex::new(HashMap::new()),
         next_xid: AtomicU32::new(rand::random::<u32>()),
     });
-    lock(&sh.conns).insert(conn_id, sc.clone());
+    sh.conns.lock().insert(conn_id, sc.clone());
     let ctx = Arc::new(CallContext {
         peer: Some(peer),
         local: Some(link.conn.local_addr()),
@@ -337,24 +340,24 @@ async fn serve_connection(
             failed.notified().await;
         }
     }
-    lock(&sh.conns).remove(&conn_id);
-    lock(&sc.back_waiters).clear();
-    let lost = lock(&resp).take_lost();
+    sh.conns.lock().remove(&conn_id);
+    sc.back_waiters.lock().clear();
+    let lost = resp.lock().take_lost();
     if !lost.is_empty() {
-        lock(&sh.lost).entry(peer.ip()).or_default().extend(lost);
+        sh.lost.lock().entry(peer.ip()).or_default().extend(lost);
     }
     link.conn.disconnect().await;
     link.router_task.abort();
     // Calls still waiting for an RDMA Read (a peer that never answered) end now, so their
     // sinks and memory go back at once rather than whenever the tasks are next polled.
-    lock(&link.router.waiters).clear();
+    link.router.waiters.lock().clear();
     // Replies flushed by the disconnect that the router did not get to (it may be cancelled
     // mid-way; what it did report is already recorded).
     while let Some(c) = scq.try_next() {
         link.router.note_status(c.status);
         if c.wr_id & REPLY_WR != 0
             && link.router.reply_lost(c.status)
-            && let Some(f) = &*lock(&link.router.on_reply_failed)
+            && let Some(f) = &*link.router.on_reply_failed.lock()
         {
             f(c.wr_id as u32);
         }
@@ -385,9 +388,9 @@ fn on_server_receive(
         return false;
     }
     // Replies lost on an earlier connection of this peer (5666bis §5.5.3).
-    let lost = lock(&sh.lost).remove(&sc.peer.ip());
+    let lost = sh.lost.lock().remove(&sc.peer.ip());
     let inc = {
-        let mut r = lock(&sc.resp);
+        let mut r = sc.resp.lock();
         if let Some(l) = lost {
             r.note_lost(l);
         }
@@ -474,11 +477,11 @@ async fn handle_incoming(
         match inc {
             Incoming::Nothing => return,
             Incoming::BackReply { xid, message } => {
-                if let Some(tx) = lock(&sc.back_waiters).remove(&xid) {
+                if let Some(tx) = sc.back_waiters.lock().remove(&xid) {
                     let _ = tx.send(message);
                 }
                 // A backward credit came back: queued backward calls may go now.
-                let a = lock(resp).poll_back();
+                let a = resp.lock().poll_back();
                 run_server_actions(a, link, resp, None).await;
                 return;
             }
@@ -514,7 +517,7 @@ async fn handle_incoming(
                         .await
                     {
                         Ok((message, n)) => {
-                            inc = lock(resp).complete_reads_framed(p, message, n);
+                            inc = resp.lock().complete_reads_framed(p, message, n);
                             continue;
                         }
                         Err(e) => {
@@ -541,11 +544,11 @@ async fn handle_incoming(
                         }
                     }
                 }
-                inc = lock(resp).complete_reads(p, data);
+                inc = resp.lock().complete_reads(p, data);
             }
             Incoming::Call(call) => {
                 {
-                    let r = lock(resp);
+                    let r = resp.lock();
                     let s = r.stats();
                     sh.counters.calls.fetch_add(1, Ordering::Relaxed);
                     sh.counters
@@ -560,7 +563,7 @@ async fn handle_incoming(
                     .dispatch(call.message, ctx.clone(), call.policy)
                     .await;
                 let xid = call.token.xid;
-                let actions = lock(resp).reply(call.token, reply);
+                let actions = resp.lock().reply(call.token, reply);
                 // The call's sinks are done with (what the reply still uses of them is counted
                 // with the reply): give their share back first, so that calls waiting for reply
                 // memory never wait on each other's sinks.
@@ -578,9 +581,9 @@ async fn handle_incoming(
                     }
                 };
                 run_server_actions(actions, link, resp, Some(xid)).await;
-                let lost = lock(resp).take_lost();
+                let lost = resp.lock().take_lost();
                 if !lost.is_empty() {
-                    lock(&sh.lost).entry(sc.peer.ip()).or_default().extend(lost);
+                    sh.lost.lock().entry(sc.peer.ip()).or_default().extend(lost);
                 }
                 return;
             }
@@ -617,7 +620,7 @@ async fn run_server_actions(
             if let Some(x) = xid
                 && (closing || link.router.op_error.load(Ordering::Relaxed))
             {
-                let _ = lock(resp).reply_failed(x);
+                let _ = resp.lock().reply_failed(x);
             }
             link.conn.disconnect().await;
             return;
