@@ -314,6 +314,7 @@ impl Requester {
 
     /// A connection is up. 5666bis §4.3.3: one credit until the first reply. Calls that were
     /// outstanding are sent again with the same XID and fresh registrations.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn on_connect(&mut self, params: Params, reg: &mut dyn Registrar) -> Vec<Action> {
         self.params = params;
         self.granted = 1;
@@ -339,6 +340,7 @@ impl Requester {
 
     /// The connection is gone: every registration is invalidated (fenced), calls wait for
     /// the next connection.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn on_disconnect(&mut self, reg: &mut dyn Registrar) -> Vec<Action> {
         self.connected = false;
         self.in_flight = 0;
@@ -359,6 +361,7 @@ impl Requester {
     /// Queue a call and send what the credit limit allows. A call whose program and version
     /// have no Upper-Layer Binding completes at once with [`RpcError::NoBinding`]: nothing is
     /// registered or sent.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn submit(&mut self, mut call: OutCall, reg: &mut dyn Registrar) -> Vec<Action> {
         let xid = call.xid;
         // 5666bis §8 (RFC 8166 §6): "Requesters MUST NOT send RPC-over-RDMA messages for Upper
@@ -591,6 +594,7 @@ impl Requester {
     /// invalidated. If it was sent, it keeps its credit until a reply for it arrives (that
     /// reply is then discarded and counted in [`RequesterStats::late_replies`]) or the
     /// connection ends. Unknown or already completed XIDs: nothing happens.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn cancel(&mut self, xid: u32, err: RpcError, reg: &mut dyn Registrar) -> Vec<Action> {
         let Some(o) = self.calls.get(&xid) else {
             return Vec::new();
@@ -607,6 +611,7 @@ impl Requester {
     }
 
     /// Fail every call whose deadline passed.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn poll_timeouts(&mut self, now: Instant, reg: &mut dyn Registrar) -> Vec<Action> {
         let expired: Vec<u32> = self
             .calls
@@ -628,6 +633,7 @@ impl Requester {
 
     /// Handle one received message. `remote_invalidated` is the handle the peer invalidated
     /// with Send With Invalidate, if any.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn on_receive(
         &mut self,
         buf: Bytes,
@@ -945,6 +951,7 @@ impl Requester {
 
     /// Answer a backward-direction call: RDMA_MSG with empty chunk lists, granting the
     /// backward credits (5666bis §7.3.5). `message` is the whole RPC reply.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn back_reply(&mut self, xid: u32, message: Bytes) -> Option<Action> {
         // cel-05 §7.2.2: the reply to a backward call carries REPLY in version 2.
         let h = CallHeader::new(

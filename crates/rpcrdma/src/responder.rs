@@ -53,6 +53,7 @@ pub enum Action {
 
 /// What became of a received message.
 #[derive(Debug)]
+#[must_use = "every action the engine returns must be performed"]
 pub enum Incoming {
     /// Nothing to do (dropped).
     Nothing,
@@ -772,6 +773,7 @@ impl Responder {
 
     /// Form the reply to a call. `reply` is what the dispatcher returned (`None`: send no RPC
     /// reply; the credit is still released).
+    #[must_use = "every action the engine returns must be performed"]
     pub fn reply(&mut self, token: ReplyToken, reply: Option<ReplyMessage>) -> Vec<Action> {
         self.in_progress.remove(&token.xid);
         self.stats.in_progress = self.in_progress.len() as u32;
@@ -891,9 +893,25 @@ impl Responder {
         }
     }
 
+    /// The driver reports that a Send or RDMA Write it posted for `xid` (a reply) or for no
+    /// particular call failed, and whether an RDMA operational error was seen on the
+    /// connection. 5666bis §5.5.4: the connection is closed ([`Action::Close`]); §5.5.3: only
+    /// a reply lost to an operational error is remembered as lost (answered with
+    /// RDMA_ERR_CHUNK once the Requester reconnects and retransmits): a Send flushed because
+    /// the connection broke without one is executed again, or answered from the Upper
+    /// Layer's duplicate request cache.
+    #[must_use = "every action the engine returns must be performed"]
+    pub fn send_failed(&mut self, xid: Option<u32>, operational_error: bool) -> Vec<Action> {
+        match xid {
+            Some(x) if operational_error => self.reply_failed(x),
+            _ => vec![Action::Close],
+        }
+    }
+
     /// The driver reports that a reply could not be delivered (an RDMA Write or Send failed).
     /// 5666bis §5.5.4: the connection is closed; §5.5.3: once the Requester reconnects and
     /// retransmits, this XID is answered with RDMA_ERR_CHUNK.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn reply_failed(&mut self, xid: u32) -> Vec<Action> {
         self.in_progress.remove(&xid);
         if self.lost.len() < 4096 {
@@ -991,11 +1009,13 @@ impl Responder {
     }
 
     /// Backward calls that became sendable (after a backward reply freed a credit).
+    #[must_use = "every action the engine returns must be performed"]
     pub fn poll_back(&mut self) -> Vec<Action> {
         self.pump_back()
     }
 
     /// Abandon a backward call (timeout): frees its credit.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn cancel_back(&mut self, xid: u32) -> Vec<Action> {
         self.back_queue.retain(|(x, _)| *x != xid);
         self.back_outstanding.remove(&xid);

@@ -1043,6 +1043,46 @@ fn lost_reply_xid_gets_err_chunk_after_reconnect() {
     ));
 }
 
+/// 5666bis §5.5.4 / §5.5.3: a reply whose Send fails always closes the connection; only an
+/// RDMA operational error makes its XID lost (answered with RDMA_ERR_CHUNK on the next
+/// connection). A Send flushed by a connection that broke without one is executed again.
+#[test]
+fn send_failed_closes_and_remembers_only_operational_errors() {
+    use rpcrdma::responder::Action;
+    for (op_error, remembered) in [(false, vec![]), (true, vec![21])] {
+        let mut h = Harness::new(cfg(8), cfg(8));
+        let m = echo_message(
+            21,
+            OpaqueAuth::none(),
+            DdpPolicy::Inline,
+            7,
+            &Bytes::new(),
+            &Bytes::new(),
+        );
+        let a = h
+            .req
+            .submit(out_call(21, ECHO, m, expect(0, 0, false)), &mut h.creg);
+        h.client_actions(a);
+        let msg = h.to_server.pop_front().unwrap();
+        let Some(call) = h.server_receive(msg) else {
+            panic!()
+        };
+        assert_eq!(
+            h.resp.send_failed(Some(call.token.xid), op_error),
+            vec![Action::Close]
+        );
+        // A Send that was not a reply: the connection closes, nothing more is remembered.
+        assert_eq!(h.resp.send_failed(None, true), vec![Action::Close]);
+        let lost = h.resp.take_lost();
+        assert_eq!(
+            lost,
+            remembered
+                .into_iter()
+                .collect::<std::collections::HashSet<u32>>()
+        );
+    }
+}
+
 fn gss_integrity() -> OpaqueAuth {
     let mut e = xdr::Encoder::new();
     e.put_u32(1); // version

@@ -416,13 +416,17 @@ fn perform(inner: &Arc<ClientInner>, posts: Vec<Post>) {
 }
 
 fn fail_all(inner: &Arc<ClientInner>, why: &str) {
-    // Calls still in the inbox are failed as closed when `with_state` settles it.
-    let waiters = with_state(inner, |st| {
-        st.closed = true;
+    // Calls still in the inbox are failed as closed when `apply_locked` settles it.
+    let mut st = inner.state.lock();
+    st.closed = true;
+    let waiters = std::mem::take(&mut st.waiters);
+    let actions = {
         let ClientState { req, reg, .. } = &mut *st;
-        let _ = req.on_disconnect(reg);
-        std::mem::take(&mut st.waiters)
-    });
+        req.on_disconnect(reg)
+    };
+    // A `Close` among them (a registration that could not be invalidated) is performed too;
+    // the waiters are already taken, so it fails nothing twice.
+    apply_locked(inner, st, actions);
     for (_, tx) in waiters {
         let _ = tx.send(Err(RpcError::Transport(why.to_string())));
     }
@@ -434,10 +438,14 @@ async fn client_recv_loop(inner: Arc<ClientInner>, mut rcq: CompletionQueue) {
         // The connection is gone: fence every registration, then reconnect and retransmit
         // the outstanding calls with their XIDs (5666bis §7.2.2.1: fresh receive buffers).
         let old = inner.link();
-        with_state(&inner, |st| {
-            let ClientState { req, reg, .. } = st;
-            let _ = req.on_disconnect(reg);
-        });
+        {
+            let mut st = inner.state.lock();
+            let actions = {
+                let ClientState { req, reg, .. } = &mut *st;
+                req.on_disconnect(reg)
+            };
+            apply_locked(&inner, st, actions);
+        }
         old.conn.disconnect().await;
         drop(old);
         let mut next = None;

@@ -121,14 +121,14 @@ impl ServerConnection {
                 return Err(RpcError::Transport(err.to_string()));
             }
         };
-        run_server_actions(actions, &c.link, &c.resp, None).await;
+        perform(actions, &c.link, &c.resp, None).await;
         let msg = match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(m)) => m,
             Ok(Err(_)) => return Err(RpcError::Closed),
             Err(_) => {
                 c.back_waiters.lock().remove(&xid);
                 let a = c.resp.lock().cancel_back(xid);
-                run_server_actions(a, &c.link, &c.resp, None).await;
+                perform(a, &c.link, &c.resp, None).await;
                 return Err(RpcError::Timeout);
             }
         };
@@ -291,10 +291,16 @@ async fn serve_connection(
     let resp = Arc::new(Mutex::new(resp));
     {
         let (resp, sh) = (resp.clone(), sh.clone());
+        let (weak_link, rt) = (Arc::downgrade(&link), tokio::runtime::Handle::current());
         *link.router.on_reply_failed.lock() = Some(Box::new(move |xid| {
             // 5666bis §5.5.4: the connection is already gone (the Send was flushed); §5.5.3:
             // the retransmission on the next connection is answered with ERR_CHUNK.
-            let _ = resp.lock().reply_failed(xid);
+            let actions = resp.lock().reply_failed(xid);
+            // Its `Close` is performed all the same (the connection may not have noticed yet).
+            if let Some(link) = weak_link.upgrade() {
+                let resp = resp.clone();
+                rt.spawn(async move { perform(actions, &link, &resp, None).await });
+            }
             let lost = resp.lock().take_lost();
             sh.lost.lock().entry(peer.ip()).or_default().extend(lost);
         }));
@@ -425,6 +431,7 @@ async fn hold_in_budget(
         .iter()
         .map(|a| match a {
             Action::Write { data, .. } | Action::Send { data, .. } => data.len(),
+            // Nothing to hold for it; it is performed with the rest (see `perform`).
             Action::Close => 0,
         })
         .sum();
@@ -458,7 +465,7 @@ async fn hold_in_budget(
                 data: hold(data),
                 invalidate,
             },
-            other => other,
+            Action::Close => Action::Close,
         })
         .collect())
 }
@@ -482,11 +489,11 @@ async fn handle_incoming(
                 }
                 // A backward credit came back: queued backward calls may go now.
                 let a = resp.lock().poll_back();
-                run_server_actions(a, link, resp, None).await;
+                perform(a, link, resp, None).await;
                 return;
             }
             Incoming::Respond(actions) => {
-                run_server_actions(actions, link, resp, None).await;
+                perform(actions, link, resp, None).await;
                 return;
             }
             Incoming::NeedReads(p) => {
@@ -580,7 +587,7 @@ async fn handle_incoming(
                         return;
                     }
                 };
-                run_server_actions(actions, link, resp, Some(xid)).await;
+                perform(actions, link, resp, Some(xid)).await;
                 let lost = resp.lock().take_lost();
                 if !lost.is_empty() {
                     sh.lost.lock().entry(sc.peer.ip()).or_default().extend(lost);
@@ -591,39 +598,44 @@ async fn handle_incoming(
     }
 }
 
-async fn run_server_actions(
+/// Perform the Responder's actions in order, every one of them: RDMA Writes and Sends are
+/// posted, `Close` closes the connection. A Write or Send that cannot be posted is reported to
+/// the Responder ([`Responder::send_failed`]), whose answer (a `Close`) replaces what was left
+/// of the reply. `xid` is the call a reply answers (its Send is posted unsignaled and reported
+/// through the router if it fails later); `None` for messages that are not replies.
+async fn perform(
     actions: Vec<responder::Action>,
     link: &Link,
     resp: &Mutex<Responder>,
     xid: Option<u32>,
 ) {
-    for a in actions {
-        let closing = matches!(a, responder::Action::Close);
+    use responder::Action;
+    let mut todo = std::collections::VecDeque::from(actions);
+    while let Some(a) = todo.pop_front() {
         let r = match a {
-            responder::Action::Write { segment, data } => link.write(segment, data),
+            Action::Write { segment, data } => link.write(segment, data),
             // A reply posted to a QP already in error would only be flushed, after the
             // connection's receive handler has stopped listening for it: count it failed now.
-            responder::Action::Send { .. } if link.qp.state() == verbs::QpState::Error => {
+            Action::Send { .. } if link.qp.state() == verbs::QpState::Error => {
                 Err(verbs::VerbsError::Disconnected)
             }
-            responder::Action::Send { data, invalidate } => match xid {
+            Action::Send { data, invalidate } => match xid {
                 Some(x) => link.post_reply(data, invalidate, x),
                 None => link.send(data, invalidate).await,
             },
-            responder::Action::Close => Err(verbs::VerbsError::Disconnected),
+            Action::Close => {
+                // 5666bis §5.5.4: a reply that cannot be sent closes the connection.
+                tracing::info!(xid = ?xid, "the Responder closes the connection");
+                link.conn.disconnect().await;
+                return;
+            }
         };
         if let Err(e) = r {
             tracing::info!(error = %e, xid = ?xid, "reply could not be sent; closing the connection");
-            // 5666bis §5.5.4: a reply that cannot be sent closes the connection. §5.5.3: the
-            // XID is answered with RDMA_ERR_CHUNK after a reconnect only when an RDMA
-            // operational error broke the connection (see `Router::reply_lost`).
-            if let Some(x) = xid
-                && (closing || link.router.op_error.load(Ordering::Relaxed))
-            {
-                let _ = resp.lock().reply_failed(x);
-            }
-            link.conn.disconnect().await;
-            return;
+            // 5666bis §5.5.3: the XID is answered with RDMA_ERR_CHUNK after a reconnect only
+            // when an RDMA operational error broke the connection (see `Router::reply_lost`).
+            let op_error = link.router.op_error.load(Ordering::Relaxed);
+            todo = resp.lock().send_failed(xid, op_error).into();
         }
     }
 }
