@@ -54,6 +54,7 @@ pub mod driver;
 pub mod engine;
 pub mod header;
 pub mod header_v2;
+pub mod lost;
 pub mod privdata;
 pub mod props;
 pub mod requester;

@@ -17,6 +17,7 @@ use verbs::{
 
 use crate::engine::{RegError, Region, RegionId, Registrar};
 use crate::header::Segment;
+use crate::lost::{SendCompletion, reply_lost};
 
 /// Room a sink region keeps before the bytes the peer may write: enough for the inline results
 /// that precede an NFS READ's data (NFSv3: 104 bytes; an NFSv4 COMPOUND's SEQUENCE, PUTFH and
@@ -205,15 +206,15 @@ impl Router {
         }
     }
 
-    /// Whether a reply whose Send completed with `status` is lost in the sense of 5666bis
-    /// §5.5.3 (its retransmission answered with RDMA_ERR_CHUNK). That section is about RDMA
-    /// operational errors, which a retransmission would run into again. A Send flushed because
-    /// the connection broke with no such error (a peer or a network that went away) is not:
-    /// its retransmission is executed again or, for a non-idempotent call, answered from the
-    /// Upper Layer's duplicate request cache.
+    /// Whether a reply whose Send completed with `status` is lost ([`crate::lost::reply_lost`],
+    /// 5666bis §5.5.3).
     pub(super) fn reply_lost(&self, status: WcStatus) -> bool {
-        status != WcStatus::Success
-            && (status != WcStatus::WrFlushError || self.op_error.load(Ordering::Relaxed))
+        let completion = match status {
+            WcStatus::Success => SendCompletion::Success,
+            WcStatus::WrFlushError => SendCompletion::Flushed,
+            _ => SendCompletion::Failed,
+        };
+        reply_lost(completion, self.op_error.load(Ordering::Relaxed))
     }
 
     /// Route completions until the queue pair fails.

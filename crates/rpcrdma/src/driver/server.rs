@@ -1,8 +1,8 @@
 //! The server side: [`RdmaServer`] accepts connections and serves an `oncrpc::Dispatcher`
 //! over each; [`ServerConnection`] makes backward-direction calls (RFC 8167).
 
-use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, SocketAddr};
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -17,6 +17,7 @@ use xdr::Encoder;
 use super::link::{Link, REPLY_WR, Router, SinkPool, recv_pool};
 use super::{DriverError, TransportConfig};
 use crate::engine::Params;
+use crate::lost::LostReplies;
 use crate::privdata::PrivateData;
 use crate::responder::{self, Incoming, Responder};
 use crate::ulb::UpperLayerBinding;
@@ -36,8 +37,9 @@ struct ServerShared {
     dispatcher: Dispatcher,
     ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
     cfg: TransportConfig,
-    /// XIDs whose replies were lost, per peer host (5666bis §5.5.3).
-    lost: Mutex<HashMap<IpAddr, HashSet<u32>>>,
+    /// XIDs whose replies were lost, per peer host (5666bis §5.5.3): stored here between
+    /// connections, handed to each connection's Responder.
+    lost: Mutex<LostReplies>,
     counters: ServerCounters,
     conns: Mutex<HashMap<u64, Arc<ServerConn>>>,
     next_conn: AtomicU64,
@@ -186,7 +188,7 @@ impl RdmaServer {
         let shared = Arc::new(ServerShared {
             dispatcher,
             ulbs: Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect()),
-            lost: Mutex::new(HashMap::new()),
+            lost: Mutex::new(LostReplies::new()),
             counters: ServerCounters::default(),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(0),
@@ -254,7 +256,7 @@ async fn serve_connection(
     let scq = dev.create_cq();
     let rcq = dev.create_cq();
     let qp = dev.create_qp(&pd, &scq, &rcq);
-    let lost = sh.lost.lock().remove(&peer.ip()).unwrap_or_default();
+    let lost = sh.lost.lock().take(peer.ip());
     let resp = Responder::new(cfg.clone(), params, sh.ulbs.clone(), lost);
     let nrecv = resp.receives_needed();
     // The receive buffers are the first thing a connection costs: refuse it when they do not
@@ -302,7 +304,7 @@ async fn serve_connection(
                 rt.spawn(async move { perform(actions, &link, &resp, None).await });
             }
             let lost = resp.lock().take_lost();
-            sh.lost.lock().entry(peer.ip()).or_default().extend(lost);
+            sh.lost.lock().record(peer.ip(), lost);
         }));
     }
     let conn_id = sh.next_conn.fetch_add(1, Ordering::Relaxed);
@@ -349,9 +351,7 @@ async fn serve_connection(
     sh.conns.lock().remove(&conn_id);
     sc.back_waiters.lock().clear();
     let lost = resp.lock().take_lost();
-    if !lost.is_empty() {
-        sh.lost.lock().entry(peer.ip()).or_default().extend(lost);
-    }
+    sh.lost.lock().record(peer.ip(), lost);
     link.conn.disconnect().await;
     link.router_task.abort();
     // Calls still waiting for an RDMA Read (a peer that never answered) end now, so their
@@ -394,11 +394,11 @@ fn on_server_receive(
         return false;
     }
     // Replies lost on an earlier connection of this peer (5666bis §5.5.3).
-    let lost = sh.lost.lock().remove(&sc.peer.ip());
+    let lost = sh.lost.lock().take(sc.peer.ip());
     let inc = {
         let mut r = sc.resp.lock();
-        if let Some(l) = lost {
-            r.note_lost(l);
+        if !lost.is_empty() {
+            r.note_lost(lost);
         }
         r.on_receive(msg)
     };
@@ -589,9 +589,7 @@ async fn handle_incoming(
                 };
                 perform(actions, link, resp, Some(xid)).await;
                 let lost = resp.lock().take_lost();
-                if !lost.is_empty() {
-                    sh.lost.lock().entry(sc.peer.ip()).or_default().extend(lost);
-                }
+                sh.lost.lock().record(sc.peer.ip(), lost);
                 return;
             }
         }
