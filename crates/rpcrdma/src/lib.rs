@@ -50,6 +50,7 @@
 //! (`RpcError::NoBinding`, 5666bis §8); Responders still answer inline calls of such
 //! programs (see `CONFORMANCE.md`).
 
+pub mod call_policy;
 pub mod driver;
 pub mod engine;
 pub mod header;

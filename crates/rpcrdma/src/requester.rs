@@ -19,6 +19,7 @@ use oncrpc::message::{MessageHeader, ReplyHeader};
 use oncrpc::{AcceptStat, ReplyExpectation, RpcError};
 use xdr::Encoded;
 
+use crate::call_policy::CallPolicy;
 use crate::engine::{
     Config, Params, RegError, Region, Registrar, XidMap, reassemble, unreduced_positions,
 };
@@ -215,6 +216,8 @@ pub struct Requester {
     version: RequesterVersion,
     /// The server refused version 2 on an earlier connection (set by the driver).
     peer_v1_only: bool,
+    /// What is decided about a call before it is encoded and after RDMA_ERR_CHUNK.
+    policy: Arc<CallPolicy>,
 }
 
 impl std::fmt::Debug for Requester {
@@ -236,7 +239,6 @@ impl Requester {
     pub fn new(cfg: Config, ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>) -> Self {
         Requester {
             params: Params::default(),
-            ulbs,
             granted: 1,
             connected: false,
             calls: XidMap::default(),
@@ -246,8 +248,17 @@ impl Requester {
             stats: RequesterStats::default(),
             version: RequesterVersion::new(cfg.version_policy, false),
             peer_v1_only: false,
+            policy: Arc::new(CallPolicy::new(&cfg, ulbs.clone())),
+            ulbs,
             cfg,
         }
+    }
+
+    /// The decisions about a call that precede [`Requester::submit`] (how to encode it) and
+    /// follow its failure (a short Reply chunk retry), for a driver to consult without holding
+    /// the Requester.
+    pub fn call_policy(&self) -> Arc<CallPolicy> {
+        self.policy.clone()
     }
 
     /// The driver remembers servers that refused version 2 (cel-05 §8.2); tell the Requester

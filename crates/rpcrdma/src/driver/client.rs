@@ -2,7 +2,7 @@
 //! reconnects and retransmits. Calls and received messages go through an inbox that whoever
 //! holds the Requester drains, so no thread sleeps on its lock.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use oncrpc::service::BoxFuture;
-use oncrpc::{CallContext, CallRequest, Credential, Dispatcher, RpcError, RpcTransport};
+use oncrpc::{CallContext, CallRequest, Dispatcher, RpcError, RpcTransport};
 use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::oneshot;
 use verbs::{CompletionQueue, ProtectionDomain, RecvWr, WcStatus};
@@ -18,6 +18,7 @@ use xdr::{DdpPolicy, Encoder};
 
 use super::link::{Link, Router, SinkPool, VerbsRegistrar, recv_pool};
 use super::{DriverError, TransportConfig};
+use crate::call_policy::{CallEncoding, CallPolicy};
 use crate::engine::Params;
 use crate::privdata::PrivateData;
 use crate::requester::{self, OutCall, Requester};
@@ -61,12 +62,9 @@ struct ClientInner {
     next_xid: AtomicU32,
     back: Option<Dispatcher>,
     reconnects: AtomicU64,
-    /// Programs whose Upper-Layer Binding makes some item DDP-eligible: only their calls
-    /// are encoded with reduction (5666bis §8.1). Calls of programs without a binding are
-    /// refused by the Requester (5666bis §8).
-    reducing: HashSet<u32>,
-    /// The bindings by program, for the short Reply chunk retry policy (RFC 8267 §3.1).
-    ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
+    /// The Requester's decisions about calls: how each is encoded (reduction, 5666bis §8.1,
+    /// §10.2.2.3) and the short Reply chunk retries (RFC 8267 §3.1).
+    policy: Arc<CallPolicy>,
     /// Calls sent again with a larger Reply chunk after RDMA_ERR_CHUNK.
     short_reply_retries: AtomicU64,
     /// Where backward calls run: replies are handled in the provider's context, which may be
@@ -164,14 +162,10 @@ impl RdmaClient {
         backchannel: Option<Dispatcher>,
     ) -> Result<Self, DriverError> {
         let cfg = config.rpc.clone();
-        let reducing: HashSet<u32> = ulbs
-            .iter()
-            .filter(|u| u.has_ddp_items())
-            .map(|u| u.program())
-            .collect();
         let ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>> =
             Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect());
-        let mut req = Requester::new(cfg.clone(), ulbs.clone());
+        let mut req = Requester::new(cfg.clone(), ulbs);
+        let policy = req.call_policy();
         // cel-05 §8.2: a server that refused version 2 before is not probed again.
         req.set_peer_v1_only(version_memory().lock().is_v1_only(addr.ip(), addr.port()));
         let (link, rcq, params, pd) =
@@ -198,8 +192,7 @@ impl RdmaClient {
             next_xid: AtomicU32::new(rand::random::<u32>() | 1),
             back: backchannel,
             reconnects: AtomicU64::new(0),
-            reducing,
-            ulbs,
+            policy,
             short_reply_retries: AtomicU64::new(0),
             rt: tokio::runtime::Handle::current(),
         });
@@ -582,12 +575,10 @@ impl RpcTransport for RdmaClient {
                 let Err(RpcError::RdmaErrChunk) = r else {
                     return r;
                 };
-                // RFC 8267 §3.1: a reply that did not fit may be asked for again, as a new
-                // transaction (a new XID, so that no cached reply holding the error answers
-                // it) with a larger Reply chunk, for the operations the binding allows, and
-                // not indefinitely (ERR_CHUNK has other causes).
+                // RFC 8267 §3.1: asked for again with a larger Reply chunk, as a new
+                // transaction, when the Requester's policy allows (see `CallPolicy`).
                 tries += 1;
-                let Some(larger) = self.short_reply_retry_size(&req, tries) else {
+                let Some(larger) = self.inner.policy.short_reply_retry_size(&req, tries) else {
                     return r;
                 };
                 self.inner
@@ -609,41 +600,15 @@ impl RdmaClient {
         self.inner.short_reply_retries.load(Ordering::Relaxed)
     }
 
-    /// The reply size to announce on short Reply chunk retry number `attempt` of `req`, or
-    /// `None` when its binding allows no (more) retries (RFC 8267 §3.1).
-    fn short_reply_retry_size(&self, req: &CallRequest, attempt: u32) -> Option<usize> {
-        let ulb = self.inner.ulbs.get(&req.prog)?;
-        let mut enc = Encoder::new();
-        (req.args)(&mut enc);
-        let args = enc.finish().to_bytes();
-        let previous = req
-            .reply
-            .max_len
-            .or_else(|| ulb.max_reply_size(req.vers, req.proc_, &args))
-            .unwrap_or(self.inner.cfg.rpc.default_reply_chunk);
-        ulb.short_reply_retry(req.vers, req.proc_, &args, attempt, previous)
-            .filter(|&n| n > previous)
-    }
-
     /// One transmission of a call (a short Reply chunk retry makes another, with a new XID).
     async fn call_once(&self, req: &CallRequest) -> Result<Bytes, RpcError> {
         let inner = &self.inner;
         let xid = inner.next_xid.fetch_add(1, Ordering::Relaxed);
-        // Nothing is reduced under RPCSEC_GSS integrity or privacy (5666bis §10.2.2.3), nor
-        // for a program whose binding makes nothing DDP-eligible (5666bis §8.1: only items
-        // a binding marks DDP-eligible may be reduced). Long messages still use chunks.
-        // Calls of programs without a binding are refused by `Requester::submit`.
-        let no_reduction = Credential::parse(&req.cred).is_ok_and(|c| c.forbids_reduction())
-            || !inner.reducing.contains(&req.prog);
-        let cfg = &inner.cfg.rpc;
-        let policy = if no_reduction {
-            DdpPolicy::Inline
-        } else {
-            DdpPolicy::Reduce {
-                min_len: cfg.ddp_min,
-                max_items: cfg.max_read_chunks,
-            }
-        };
+        // How the call is encoded is the Requester's decision (5666bis §8.1, §10.2.2.3).
+        let CallEncoding {
+            policy,
+            no_reduction,
+        } = inner.policy.encoding(req);
         let head = req.header(xid);
         let mut enc = Encoder::new().with_policy(policy);
         head.encode(&mut enc);
