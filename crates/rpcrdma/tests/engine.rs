@@ -742,6 +742,59 @@ fn requester_handles_rdma_error_and_unknown_xids() {
     assert_eq!(h.creg.live(), 0);
 }
 
+/// The Requester owns every call's deadline: a driver sleeps until `next_deadline` and hands
+/// it `now`. Deadlines expire in their order, whether the call was sent or still waits for a
+/// credit (5666bis §4.3.1: one credit until the first reply); calls without one never do.
+#[test]
+fn deadlines_are_the_requesters_and_expire_in_order() {
+    use std::time::Duration;
+    let mut h = Harness::new(cfg(8), cfg(8));
+    let start = std::time::Instant::now();
+    assert_eq!(h.req.next_deadline(), None);
+    for (xid, deadline) in [
+        (11, Some(start + Duration::from_secs(3))),
+        (12, Some(start + Duration::from_secs(1))),
+        (13, None),
+    ] {
+        let m = echo_message(
+            xid,
+            OpaqueAuth::none(),
+            DdpPolicy::Inline,
+            4,
+            &Bytes::new(),
+            &Bytes::new(),
+        );
+        let mut c = out_call(xid, ECHO, m, expect(0, 0, false));
+        c.deadline = deadline;
+        let a = h.req.submit(c, &mut h.creg);
+        h.client_actions(a);
+    }
+    // One credit: only the first call went out.
+    assert_eq!(h.to_server.len(), 1);
+    assert_eq!(h.req.next_deadline(), Some(start + Duration::from_secs(1)));
+    // Just before the earliest deadline nothing expires.
+    let early = start + Duration::from_millis(999);
+    assert!(h.req.poll_timeouts(early, &mut h.creg).is_empty());
+    // The queued call expires first, without ever being sent.
+    let a = h
+        .req
+        .poll_timeouts(start + Duration::from_secs(1), &mut h.creg);
+    h.client_actions(a);
+    assert!(matches!(h.done.remove(&12), Some(Err(RpcError::Timeout))));
+    assert_eq!(h.to_server.len(), 1);
+    assert_eq!(h.req.next_deadline(), Some(start + Duration::from_secs(3)));
+    // Then the sent one; the call without a deadline stays pending.
+    let a = h
+        .req
+        .poll_timeouts(start + Duration::from_secs(5), &mut h.creg);
+    h.client_actions(a);
+    assert!(matches!(h.done.remove(&11), Some(Err(RpcError::Timeout))));
+    assert_eq!(h.req.next_deadline(), None);
+    assert_eq!(h.req.pending(), 1);
+    assert!(!h.done.contains_key(&13));
+    assert_eq!(h.req.stats().cancelled, 2);
+}
+
 #[test]
 fn timeout_fences_memory_and_keeps_the_credit() {
     let mut h = Harness::new(cfg(8), cfg(8));

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use oncrpc::service::BoxFuture;
 use oncrpc::{CallContext, CallRequest, Dispatcher, RpcError, RpcTransport};
 use parking_lot::{Mutex, MutexGuard};
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use verbs::{CompletionQueue, ProtectionDomain, RecvWr, WcStatus};
 use xdr::{DdpPolicy, Encoder};
 
@@ -50,6 +50,10 @@ struct ClientState {
     peer: SocketAddr,
     waiters: crate::engine::XidMap<oneshot::Sender<Result<Bytes, RpcError>>>,
     closed: bool,
+    /// The instant the timer task sleeps until: it wakes then, or when told of an earlier
+    /// deadline through `timer` (see [`client_timer`]).
+    armed: Option<Instant>,
+    timer: Arc<Notify>,
 }
 
 struct ClientInner {
@@ -124,6 +128,7 @@ async fn open_client_link(
 pub struct RdmaClient {
     inner: Arc<ClientInner>,
     task: tokio::task::JoinHandle<()>,
+    timer_task: tokio::task::JoinHandle<()>,
 }
 
 impl std::fmt::Debug for RdmaClient {
@@ -137,6 +142,7 @@ impl std::fmt::Debug for RdmaClient {
 impl Drop for RdmaClient {
     fn drop(&mut self) {
         self.task.abort();
+        self.timer_task.abort();
     }
 }
 
@@ -164,6 +170,7 @@ impl RdmaClient {
         let cfg = config.rpc.clone();
         let ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>> =
             Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect());
+        let timer = Arc::new(Notify::new());
         let mut req = Requester::new(cfg.clone(), ulbs);
         let policy = req.call_policy();
         // cel-05 §8.2: a server that refused version 2 before is not probed again.
@@ -176,6 +183,8 @@ impl RdmaClient {
             reg: VerbsRegistrar::new(pd),
             waiters: Default::default(),
             closed: false,
+            armed: None,
+            timer: timer.clone(),
         };
         let first = {
             let ClientState { req, reg, .. } = &mut state;
@@ -197,7 +206,12 @@ impl RdmaClient {
             rt: tokio::runtime::Handle::current(),
         });
         let task = tokio::spawn(client_recv_loop(inner.clone(), rcq));
-        Ok(RdmaClient { inner, task })
+        let timer_task = tokio::spawn(client_timer(inner.clone(), timer));
+        Ok(RdmaClient {
+            inner,
+            task,
+            timer_task,
+        })
     }
 
     /// Requester counters (credits, message forms).
@@ -292,10 +306,52 @@ fn submit_locked(st: &mut ClientState, sub: Submission, posts: &mut Vec<Post>) {
         return;
     }
     let xid = sub.call.xid;
+    let deadline = sub.call.deadline;
     st.waiters.insert(xid, sub.done);
     let ClientState { req, reg, .. } = st;
     let actions = req.submit(sub.call, reg);
     absorb(st, actions, posts);
+    // The timer sleeps until `armed`: wake it for an earlier deadline (under the state lock,
+    // as the timer sets `armed`, so no deadline is missed).
+    if let Some(d) = deadline
+        && st.armed.is_none_or(|a| d < a)
+    {
+        st.armed = Some(d);
+        st.timer.notify_one();
+    }
+}
+
+/// The client's one timer. The Requester owns every call's deadline
+/// ([`Requester::next_deadline`]); this task sleeps until the earliest, then hands the
+/// Requester `now` ([`Requester::poll_timeouts`]), which fences the memory of the calls whose
+/// time is up (5666bis §5.4.1) and completes them with [`RpcError::Timeout`]. With no call
+/// pending it wakes once per default call timeout; a call with an earlier deadline wakes it
+/// (see `submit_locked`).
+async fn client_timer(inner: Arc<ClientInner>, timer: Arc<Notify>) {
+    loop {
+        let until = {
+            let mut st = inner.state.lock();
+            let until = st
+                .req
+                .next_deadline()
+                .unwrap_or_else(|| Instant::now() + inner.cfg.call_timeout);
+            st.armed = Some(until);
+            drop(st);
+            settle_inbox(&inner);
+            until
+        };
+        tokio::select! {
+            () = tokio::time::sleep_until(until.into()) => {}
+            // An earlier deadline came (or a stale permit): look again.
+            () = timer.notified() => continue,
+        }
+        let mut st = inner.state.lock();
+        let actions = {
+            let ClientState { req, reg, .. } = &mut *st;
+            req.poll_timeouts(Instant::now(), reg)
+        };
+        apply_locked(&inner, st, actions);
+    }
 }
 
 /// Hand the requester a call to submit or a received message. Work goes through the inbox,
@@ -633,21 +689,18 @@ impl RdmaClient {
             armed: true,
         };
         enqueue(inner, Work::Submit(Submission { call, done: tx }));
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(r)) => {
+        // No timer here: the Requester owns the call's deadline and completes it with
+        // `RpcError::Timeout`, after fencing its memory, when `client_timer` tells it the time.
+        match rx.await {
+            Ok(r) => {
                 // The engine completed it, after fencing its memory.
                 guard.armed = false;
                 r
             }
-            Ok(Err(_)) => {
+            Err(_) => {
                 // The waiter went away without a result: make sure nothing stays registered.
                 guard.cancel(RpcError::Closed);
                 Err(RpcError::Closed)
-            }
-            Err(_) => {
-                // 5666bis §5.4.1: fence the call's memory before reporting the timeout.
-                guard.cancel(RpcError::Timeout);
-                Err(RpcError::Timeout)
             }
         }
     }
