@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -355,7 +354,6 @@ impl Link {
         segs: &[Segment],
         pre: &[u8],
         post: &[u8],
-        timeout: Duration,
     ) -> Result<(Bytes, usize), verbs::VerbsError> {
         let total: usize = segs.iter().map(|s| s.length as usize).sum();
         let pad = xdr::pad_len(total);
@@ -380,17 +378,11 @@ impl Link {
             at += u64::from(s.length);
             waits.push(rx);
         }
-        // Every wait on the peer has a bound: a peer that never answers its Read Requests loses
-        // the connection after `timeout`, and the sink with it.
-        let deadline = tokio::time::Instant::now() + timeout;
+        // Every wait on the peer has a bound, which the Responder owns: a peer that never
+        // answers its Read Requests loses the connection when the Reads are due
+        // (`Responder::handle_timeout`), which flushes them, and the sink goes with it.
         for rx in waits {
-            let st = match tokio::time::timeout_at(deadline, rx).await {
-                Ok(r) => r.unwrap_or(WcStatus::WrFlushError),
-                Err(_) => {
-                    tracing::info!(?timeout, "the peer did not answer an RDMA Read in time");
-                    return Err(verbs::VerbsError::Timeout);
-                }
-            };
+            let st = rx.await.unwrap_or(WcStatus::WrFlushError);
             if st != WcStatus::Success {
                 tracing::debug!(status = ?st, "RDMA Read completed in error");
                 return Err(verbs::VerbsError::Disconnected);
@@ -410,12 +402,8 @@ impl Link {
     }
 
     /// RDMA Read one chunk into local memory: all its segments into one buffer, in order.
-    pub(super) async fn read_chunk(
-        &self,
-        segs: &[Segment],
-        timeout: Duration,
-    ) -> Result<Bytes, verbs::VerbsError> {
-        let (b, n) = self.read_chunk_framed(segs, &[], &[], timeout).await?;
+    pub(super) async fn read_chunk(&self, segs: &[Segment]) -> Result<Bytes, verbs::VerbsError> {
+        let (b, n) = self.read_chunk_framed(segs, &[], &[]).await?;
         // Without anything around it the buffer is the chunk and its round-up.
         Ok(b.slice(..n))
     }

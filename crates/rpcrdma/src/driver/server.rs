@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use oncrpc::{CallContext, CallHeader, Dispatcher, RpcError};
 use parking_lot::Mutex;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use verbs::{Device, RecvWr, WcStatus};
 use xdr::Encoder;
 
@@ -55,8 +55,52 @@ struct ServerConn {
     /// buffers' part for as long as the connection lives.
     budget: Arc<oncrpc::ConnBudget>,
     _recv: oncrpc::Reservation,
-    back_waiters: Mutex<HashMap<u32, oneshot::Sender<Bytes>>>,
+    back_waiters: Mutex<HashMap<u32, oneshot::Sender<Result<Bytes, RpcError>>>>,
     next_xid: AtomicU32,
+    /// The Responder owns the connection's deadlines (RDMA Reads, backward calls);
+    /// [`server_timer`] sleeps until `armed` and is woken through `timer` for an earlier one.
+    armed: Mutex<Option<Instant>>,
+    timer: Notify,
+}
+
+impl ServerConn {
+    /// Wake the timer if the Responder's next deadline is earlier than what it sleeps until.
+    /// Called with the Responder locked (as the timer sets `armed`), so no deadline is missed.
+    fn arm(&self, resp: &Responder) {
+        let Some(next) = resp.next_deadline() else {
+            return;
+        };
+        let mut armed = self.armed.lock();
+        if armed.is_none_or(|a| next < a) {
+            *armed = Some(next);
+            self.timer.notify_one();
+        }
+    }
+}
+
+/// A connection's one timer: sleeps until the Responder's next deadline and hands it `now`
+/// ([`Responder::handle_timeout`]); performs what it returns and tells the callers of the
+/// backward calls whose time is up. With nothing pending it wakes once every `idle`.
+async fn server_timer(sc: Arc<ServerConn>, idle: Duration) {
+    loop {
+        let until = {
+            let r = sc.resp.lock();
+            let until = r.next_deadline().unwrap_or_else(|| Instant::now() + idle);
+            *sc.armed.lock() = Some(until);
+            until
+        };
+        tokio::select! {
+            () = tokio::time::sleep_until(until.into()) => {}
+            () = sc.timer.notified() => continue,
+        }
+        let due = sc.resp.lock().handle_timeout(Instant::now());
+        for xid in due.back_calls {
+            if let Some(tx) = sc.back_waiters.lock().remove(&xid) {
+                let _ = tx.send(Err(RpcError::Timeout));
+            }
+        }
+        perform(due.actions, &sc.link, &sc.resp, None).await;
+    }
 }
 
 /// A handle on one accepted connection, for backward-direction calls (RFC 8167).
@@ -115,7 +159,13 @@ impl ServerConnection {
         args(&mut e);
         let (tx, rx) = oneshot::channel();
         c.back_waiters.lock().insert(xid, tx);
-        let sent = c.resp.lock().back_call(xid, e.into_bytes());
+        // The Responder owns the deadline: `server_timer` ends the call when it is due.
+        let sent = {
+            let mut r = c.resp.lock();
+            let sent = r.back_call_until(xid, e.into_bytes(), Some(Instant::now() + timeout));
+            c.arm(&r);
+            sent
+        };
         let actions = match sent {
             Ok(a) => a,
             Err(err) => {
@@ -124,15 +174,9 @@ impl ServerConnection {
             }
         };
         perform(actions, &c.link, &c.resp, None).await;
-        let msg = match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(m)) => m,
-            Ok(Err(_)) => return Err(RpcError::Closed),
-            Err(_) => {
-                c.back_waiters.lock().remove(&xid);
-                let a = c.resp.lock().cancel_back(xid);
-                perform(a, &c.link, &c.resp, None).await;
-                return Err(RpcError::Timeout);
-            }
+        let msg = match rx.await {
+            Ok(r) => r?,
+            Err(_) => return Err(RpcError::Closed),
         };
         let (h, results) = oncrpc::MessageHeader::decode_message(&msg)
             .map_err(|e| RpcError::BadReply(e.to_string()))?;
@@ -257,7 +301,8 @@ async fn serve_connection(
     let rcq = dev.create_cq();
     let qp = dev.create_qp(&pd, &scq, &rcq);
     let lost = sh.lost.lock().take(peer.ip());
-    let resp = Responder::new(cfg.clone(), params, sh.ulbs.clone(), lost);
+    let mut resp = Responder::new(cfg.clone(), params, sh.ulbs.clone(), lost);
+    resp.set_read_timeout(Some(sh.cfg.rdma_timeout));
     let nrecv = resp.receives_needed();
     // The receive buffers are the first thing a connection costs: refuse it when they do not
     // fit in the budget (backpressure on new connections; the ones already served go on).
@@ -316,7 +361,10 @@ async fn serve_connection(
         _recv: recv_reservation,
         back_waiters: Mutex::new(HashMap::new()),
         next_xid: AtomicU32::new(rand::random::<u32>()),
+        armed: Mutex::new(None),
+        timer: Notify::new(),
     });
+    let timer_task = tokio::spawn(server_timer(sc.clone(), sh.cfg.rdma_timeout));
     sh.conns.lock().insert(conn_id, sc.clone());
     let ctx = Arc::new(CallContext {
         peer: Some(peer),
@@ -349,6 +397,7 @@ async fn serve_connection(
         }
     }
     sh.conns.lock().remove(&conn_id);
+    timer_task.abort();
     sc.back_waiters.lock().clear();
     let lost = resp.lock().take_lost();
     sh.lost.lock().record(peer.ip(), lost);
@@ -470,6 +519,14 @@ async fn hold_in_budget(
         .collect())
 }
 
+/// What the RDMA Reads of a call brought.
+enum Read {
+    /// The whole call, pulled around its one Read chunk, and the chunk's length.
+    Framed(Bytes, usize),
+    /// Each Read chunk's contents.
+    Chunks(Vec<Bytes>),
+}
+
 async fn handle_incoming(
     mut inc: Incoming,
     sc: &ServerConn,
@@ -485,7 +542,7 @@ async fn handle_incoming(
             Incoming::Nothing => return,
             Incoming::BackReply { xid, message } => {
                 if let Some(tx) = sc.back_waiters.lock().remove(&xid) {
-                    let _ = tx.send(message);
+                    let _ = tx.send(Ok(message));
                 }
                 // A backward credit came back: queued backward calls may go now.
                 let a = resp.lock().poll_back();
@@ -516,42 +573,54 @@ async fn handle_incoming(
                         return;
                     }
                 }
-                if let Some((_, pre, post)) = p.frame() {
+                // The Responder owns the Reads' deadline (`TransportConfig::rdma_timeout`): a
+                // peer that does not answer them in time loses the connection, which ends
+                // the waits below.
+                {
+                    let mut r = resp.lock();
+                    r.reads_started(&p, Instant::now());
+                    sc.arm(&r);
+                }
+                let read = match p.frame() {
                     // One chunk in the middle of the call (an NFS WRITE's data): pull it into
                     // a buffer that gets the rest of the call around it.
-                    match link
-                        .read_chunk_framed(&p.reads[0].segments, pre, post, timeout)
+                    Some((_, pre, post)) => link
+                        .read_chunk_framed(&p.reads[0].segments, pre, post)
                         .await
-                    {
-                        Ok((message, n)) => {
-                            inc = resp.lock().complete_reads_framed(p, message, n);
-                            continue;
+                        .map(|(message, n)| Read::Framed(message, n)),
+                    None => {
+                        let mut data = Vec::with_capacity(p.reads.len());
+                        let mut failed = None;
+                        for c in &p.reads {
+                            match link.read_chunk(&c.segments).await {
+                                Ok(d) => data.push(d),
+                                Err(e) => {
+                                    failed = Some(e);
+                                    break;
+                                }
+                            }
                         }
-                        Err(e) => {
-                            // 5666bis §5.5.3: RDMA operational errors are fatal to the
-                            // connection.
-                            tracing::info!(peer = %sc.peer, error = %e,
-                                "RDMA Read of a Read chunk failed; closing the connection");
-                            link.conn.disconnect().await;
-                            return;
-                        }
-                    }
-                }
-                let mut data = Vec::with_capacity(p.reads.len());
-                for c in &p.reads {
-                    match link.read_chunk(&c.segments, timeout).await {
-                        Ok(d) => data.push(d),
-                        Err(e) => {
-                            // 5666bis §5.5.3: RDMA operational errors are fatal to the
-                            // connection.
-                            tracing::info!(peer = %sc.peer, error = %e,
-                                "RDMA Read of a Read chunk failed; closing the connection");
-                            link.conn.disconnect().await;
-                            return;
+                        match failed {
+                            Some(e) => Err(e),
+                            None => Ok(Read::Chunks(data)),
                         }
                     }
-                }
-                inc = resp.lock().complete_reads(p, data);
+                };
+                inc = match read {
+                    Ok(Read::Framed(message, n)) => {
+                        resp.lock().complete_reads_framed(p, message, n)
+                    }
+                    Ok(Read::Chunks(data)) => resp.lock().complete_reads(p, data),
+                    Err(e) => {
+                        tracing::info!(peer = %sc.peer, error = %e,
+                            "RDMA Read of a Read chunk failed; closing the connection");
+                        // 5666bis §5.5.3: RDMA operational errors are fatal to the connection
+                        // (the Responder answers with `Close`).
+                        let a = resp.lock().reads_failed(p);
+                        perform(a, link, resp, None).await;
+                        return;
+                    }
+                };
             }
             Incoming::Call(call) => {
                 {
