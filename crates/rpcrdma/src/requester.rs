@@ -11,6 +11,7 @@
 //! [`Requester::back_reply`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,7 +32,7 @@ use crate::header_v2::{
 };
 use crate::responder::msg_type;
 use crate::ulb::UpperLayerBinding;
-use crate::version::{ErrVersOutcome, Reason, RequesterVersion, Version};
+use crate::version::{ErrVersOutcome, Reason, RequesterVersion, SharedVersionMemory, Version};
 
 /// A call's transport header in the connection's version.
 enum CallHeader {
@@ -214,8 +215,13 @@ pub struct Requester {
     stats: RequesterStats,
     /// The version of this connection (cel-05 §8).
     version: RequesterVersion,
-    /// The server refused version 2 on an earlier connection (set by the driver).
+    /// The server refused version 2 on an earlier connection (set by the driver, or read
+    /// from `memory` on connect).
     peer_v1_only: bool,
+    /// Where servers found to speak version 1 only are remembered, with this server's
+    /// address (cel-05 §8.2), and whether this connection's finding is recorded there yet.
+    memory: Option<(SocketAddr, SharedVersionMemory)>,
+    remembered: bool,
     /// What is decided about a call before it is encoded and after RDMA_ERR_CHUNK.
     policy: Arc<CallPolicy>,
 }
@@ -248,6 +254,8 @@ impl Requester {
             stats: RequesterStats::default(),
             version: RequesterVersion::new(cfg.version_policy, false),
             peer_v1_only: false,
+            memory: None,
+            remembered: false,
             policy: Arc::new(CallPolicy::new(&cfg, ulbs.clone())),
             ulbs,
             cfg,
@@ -265,6 +273,25 @@ impl Requester {
     /// before [`Requester::on_connect`] so the next connection does not probe again.
     pub fn set_peer_v1_only(&mut self, v1_only: bool) {
         self.peer_v1_only = v1_only;
+    }
+
+    /// Remember in `memory` whether the server at `peer` speaks version 1 only, and read it
+    /// there on each [`Requester::on_connect`] (cel-05 §8.2: "a client can avoid a possible
+    /// version negotiation loop when re-establishing another connection by assuming that
+    /// particular server does not support RPC-over-RDMA version 2").
+    pub fn remember_versions_in(&mut self, peer: SocketAddr, memory: SharedVersionMemory) {
+        self.memory = Some((peer, memory));
+    }
+
+    /// Record what this connection found (once) in the memory of version-1-only servers.
+    fn remember_version(&mut self) {
+        if self.remembered || !self.version.learned_v1_only() {
+            return;
+        }
+        if let Some((peer, memory)) = &self.memory {
+            memory.lock().remember_v1_only(peer.ip(), peer.port());
+        }
+        self.remembered = true;
     }
 
     /// The version calls are sent in now.
@@ -330,6 +357,11 @@ impl Requester {
         self.params = params;
         self.granted = 1;
         self.connected = true;
+        if let Some((peer, memory)) = &self.memory {
+            // cel-05 §8.2: a server that refused version 2 before is not probed again.
+            self.peer_v1_only = memory.lock().is_v1_only(peer.ip(), peer.port());
+        }
+        self.remembered = false;
         self.version = RequesterVersion::new(self.cfg.version_policy, self.peer_v1_only);
         self.in_flight = 0;
         self.abandoned.clear();
@@ -646,6 +678,17 @@ impl Requester {
     /// with Send With Invalidate, if any.
     #[must_use = "every action the engine returns must be performed"]
     pub fn on_receive(
+        &mut self,
+        buf: Bytes,
+        remote_invalidated: Option<u32>,
+        reg: &mut dyn Registrar,
+    ) -> Vec<Action> {
+        let out = self.receive(buf, remote_invalidated, reg);
+        self.remember_version();
+        out
+    }
+
+    fn receive(
         &mut self,
         buf: Bytes,
         remote_invalidated: Option<u32>,

@@ -35,19 +35,9 @@ fn log_version(addr: SocketAddr, req: &Requester) {
     }
 }
 
-/// Servers found to speak RPC-over-RDMA version 1 only, for every client of this process
-/// (cel-05 §8.2; bounded, oldest first out).
-fn version_memory() -> &'static Mutex<crate::version::VersionMemory> {
-    static MEMORY: std::sync::OnceLock<Mutex<crate::version::VersionMemory>> =
-        std::sync::OnceLock::new();
-    MEMORY.get_or_init(Default::default)
-}
-
 struct ClientState {
     req: Requester,
     reg: VerbsRegistrar,
-    /// The server's address, for the memory of version-1-only servers.
-    peer: SocketAddr,
     waiters: crate::engine::XidMap<oneshot::Sender<Result<Bytes, RpcError>>>,
     closed: bool,
     /// The instant the timer task sleeps until: it wakes then, or when told of an earlier
@@ -173,13 +163,13 @@ impl RdmaClient {
         let timer = Arc::new(Notify::new());
         let mut req = Requester::new(cfg.clone(), ulbs);
         let policy = req.call_policy();
-        // cel-05 §8.2: a server that refused version 2 before is not probed again.
-        req.set_peer_v1_only(version_memory().lock().is_v1_only(addr.ip(), addr.port()));
+        // The Requester remembers version-1-only servers for every client of the process
+        // (cel-05 §8.2).
+        req.remember_versions_in(addr, crate::version::process_memory());
         let (link, rcq, params, pd) =
             open_client_link(addr, &config, req.receives_needed()).await?;
         let mut state = ClientState {
             req,
-            peer: addr,
             reg: VerbsRegistrar::new(pd),
             waiters: Default::default(),
             closed: false,
@@ -290,11 +280,6 @@ fn work_locked(st: &mut ClientState, w: Work, posts: &mut Vec<Post>) {
         Work::Receive(msg, invalidated) => {
             let ClientState { req, reg, .. } = st;
             let actions = req.on_receive(msg, invalidated, reg);
-            if req.learned_v1_only() {
-                version_memory()
-                    .lock()
-                    .remember_v1_only(st.peer.ip(), st.peer.port());
-            }
             absorb(st, actions, posts);
         }
     }
@@ -515,11 +500,7 @@ async fn client_recv_loop(inner: Arc<ClientInner>, mut rcq: CompletionQueue) {
         rcq = cq;
         let mut st = inner.state.lock();
         st.reg = VerbsRegistrar::new(pd);
-        let v1_only = version_memory()
-            .lock()
-            .is_v1_only(inner.addr.ip(), inner.addr.port());
         let ClientState { req, reg, .. } = &mut *st;
-        req.set_peer_v1_only(v1_only);
         let actions = req.on_connect(params, reg);
         log_version(inner.addr, req);
         apply_locked(&inner, st, actions);
