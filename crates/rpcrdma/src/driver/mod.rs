@@ -1,10 +1,19 @@
 //! Thin tokio drivers that run the engines over the `verbs` API: [`RdmaServer`] serves an
 //! `oncrpc::Dispatcher`, [`RdmaClient`] implements `oncrpc::RpcTransport`.
 //!
+//! They do I/O only. Every protocol decision is the engines' ([`crate::requester`],
+//! [`crate::responder`], [`crate::call_policy`], [`crate::lost`]); so is every deadline: each
+//! role has one timer task that sleeps until the engine's next deadline and hands it `now`.
+//! Every action an engine returns is performed by one exhaustive `perform` per role.
+//!
+//! - `link.rs`: one connected queue pair with its receive buffers, the send-queue completion
+//!   router, memory registration through a protection domain, the reusable sink buffers.
+//! - `server.rs`: [`RdmaServer`], [`ServerConnection`], the receive handler and `perform`.
+//! - `client.rs`: [`RdmaClient`], its inbox, its timer and `perform`.
+//!
 //! Each connection has a registered receive-buffer pool (the credit grant plus the backward
 //! credits, 5666bis §7.2.2) and a registered send-buffer pool; one task reads the receive
 //! completion queue, one routes send-queue completions to whoever waits for them.
-
 mod client;
 mod link;
 mod server;
