@@ -569,7 +569,9 @@ async fn handle_incoming(
                     Err(e) => {
                         tracing::warn!(peer = %sc.peer, error = %e,
                             "no memory for a call's Read chunks; closing the connection");
-                        link.conn.disconnect().await;
+                        // The call cannot be pulled: the Responder drops it and closes.
+                        let a = resp.lock().reads_failed(p);
+                        perform(a, link, resp, None).await;
                         return;
                     }
                 }
@@ -652,7 +654,10 @@ async fn handle_incoming(
                     Err(e) => {
                         tracing::warn!(peer = %sc.peer, error = %e,
                             "no memory for a reply; closing the connection");
-                        link.conn.disconnect().await;
+                        // 5666bis §5.5.4: a reply that cannot be sent closes the connection
+                        // (no operational error: the retransmission is executed again).
+                        let a = resp.lock().send_failed(Some(xid), false);
+                        perform(a, link, resp, Some(xid)).await;
                         return;
                     }
                 };
