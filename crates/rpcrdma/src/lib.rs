@@ -26,12 +26,27 @@
 //!   RPCSEC_GSS integrity/privacy (no reduction), the error rules of 5666bis §5.5 (including RDMA_ERR_CHUNK for XIDs whose reply was lost),
 //!   retransmission with the same XID after a reconnect, and the backward direction (RFC 8167)
 //!   with its own XIDs and credits, only after the Upper Layer enabled it.
-//! - [`driver`]: thin tokio drivers over the `verbs` crate: [`RdmaServer`] serves an
-//!   `oncrpc::Dispatcher`, [`RdmaClient`] implements `oncrpc::RpcTransport`, [`connect`] opens
-//!   `rdma://` (this crate) or `tcp://` (`oncrpc::TcpClient`) URLs. Received messages are
-//!   handled in the provider's context (a receive-queue handler, as Linux's reply handler runs
-//!   from the completion), and the client's calls and replies go through an inbox that whoever
-//!   holds the requester drains, so no thread sleeps on it.
+//! - [`call_policy`]: the Requester's per-call decisions, sans-IO: whether a call may be
+//!   reduced (not under RPCSEC_GSS integrity or privacy, nor for programs whose binding has no
+//!   DDP-eligible item) and the larger Reply chunk of a short Reply chunk retry (RFC 8267 §3.1).
+//! - [`lost`]: which failed reply Sends count as lost (5666bis §5.5.3) and the per-peer
+//!   registry of lost XIDs a server keeps between connections, sans-IO.
+//! - Deadlines belong to the engines: the Requester's call timeouts
+//!   (`Requester::next_deadline` / `poll_timeouts`), the Responder's RDMA Read and
+//!   backward-call deadlines (`Responder::next_deadline` / `handle_timeout`). The memory of
+//!   version-1-only servers is the Requester's too (`Requester::remember_versions_in`).
+//! - [`driver`]: thin tokio drivers over the `verbs` crate that do I/O only: post work
+//!   requests, move completions into the engines, perform every action the engines return
+//!   (one exhaustive `perform` per role, `Close` included), sleep until the engine's next
+//!   deadline and hand it `now`, and wake waiters. By role: `driver/link.rs` (the queue pair,
+//!   its completion router, memory registration, sink buffers), `driver/server.rs`
+//!   ([`RdmaServer`] serves an `oncrpc::Dispatcher`; [`ServerConnection`] makes backward
+//!   calls; one timer task per connection), `driver/client.rs` ([`RdmaClient`] implements
+//!   `oncrpc::RpcTransport`; one timer task), `driver/mod.rs` ([`TransportConfig`],
+//!   [`connect`] for `rdma://` (this crate) or `tcp://` (`oncrpc::TcpClient`) URLs). Received
+//!   messages are handled in the provider's context (a receive-queue handler, as Linux's
+//!   reply handler runs from the completion), and the client's calls and replies go through
+//!   an inbox that whoever holds the requester drains, so no thread sleeps on it.
 //! - [`ulb`]: the Upper-Layer Binding contract (DDP-eligibility, maximum reply size, chunk
 //!   limits, reply item positions).
 //!
@@ -50,10 +65,12 @@
 //! (`RpcError::NoBinding`, 5666bis §8); Responders still answer inline calls of such
 //! programs (see `CONFORMANCE.md`).
 
+pub mod call_policy;
 pub mod driver;
 pub mod engine;
 pub mod header;
 pub mod header_v2;
+pub mod lost;
 pub mod privdata;
 pub mod props;
 pub mod requester;

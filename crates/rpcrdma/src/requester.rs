@@ -11,6 +11,7 @@
 //! [`Requester::back_reply`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,6 +20,7 @@ use oncrpc::message::{MessageHeader, ReplyHeader};
 use oncrpc::{AcceptStat, ReplyExpectation, RpcError};
 use xdr::Encoded;
 
+use crate::call_policy::CallPolicy;
 use crate::engine::{
     Config, Params, RegError, Region, Registrar, XidMap, reassemble, unreduced_positions,
 };
@@ -30,7 +32,7 @@ use crate::header_v2::{
 };
 use crate::responder::msg_type;
 use crate::ulb::UpperLayerBinding;
-use crate::version::{ErrVersOutcome, Reason, RequesterVersion, Version};
+use crate::version::{ErrVersOutcome, Reason, RequesterVersion, SharedVersionMemory, Version};
 
 /// A call's transport header in the connection's version.
 enum CallHeader {
@@ -213,8 +215,15 @@ pub struct Requester {
     stats: RequesterStats,
     /// The version of this connection (cel-05 §8).
     version: RequesterVersion,
-    /// The server refused version 2 on an earlier connection (set by the driver).
+    /// The server refused version 2 on an earlier connection (set by the driver, or read
+    /// from `memory` on connect).
     peer_v1_only: bool,
+    /// Where servers found to speak version 1 only are remembered, with this server's
+    /// address (cel-05 §8.2), and whether this connection's finding is recorded there yet.
+    memory: Option<(SocketAddr, SharedVersionMemory)>,
+    remembered: bool,
+    /// What is decided about a call before it is encoded and after RDMA_ERR_CHUNK.
+    policy: Arc<CallPolicy>,
 }
 
 impl std::fmt::Debug for Requester {
@@ -236,7 +245,6 @@ impl Requester {
     pub fn new(cfg: Config, ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>) -> Self {
         Requester {
             params: Params::default(),
-            ulbs,
             granted: 1,
             connected: false,
             calls: XidMap::default(),
@@ -246,14 +254,44 @@ impl Requester {
             stats: RequesterStats::default(),
             version: RequesterVersion::new(cfg.version_policy, false),
             peer_v1_only: false,
+            memory: None,
+            remembered: false,
+            policy: Arc::new(CallPolicy::new(&cfg, ulbs.clone())),
+            ulbs,
             cfg,
         }
+    }
+
+    /// The decisions about a call that precede [`Requester::submit`] (how to encode it) and
+    /// follow its failure (a short Reply chunk retry), for a driver to consult without holding
+    /// the Requester.
+    pub fn call_policy(&self) -> Arc<CallPolicy> {
+        self.policy.clone()
     }
 
     /// The driver remembers servers that refused version 2 (cel-05 §8.2); tell the Requester
     /// before [`Requester::on_connect`] so the next connection does not probe again.
     pub fn set_peer_v1_only(&mut self, v1_only: bool) {
         self.peer_v1_only = v1_only;
+    }
+
+    /// Remember in `memory` whether the server at `peer` speaks version 1 only, and read it
+    /// there on each [`Requester::on_connect`] (cel-05 §8.2: "a client can avoid a possible
+    /// version negotiation loop when re-establishing another connection by assuming that
+    /// particular server does not support RPC-over-RDMA version 2").
+    pub fn remember_versions_in(&mut self, peer: SocketAddr, memory: SharedVersionMemory) {
+        self.memory = Some((peer, memory));
+    }
+
+    /// Record what this connection found (once) in the memory of version-1-only servers.
+    fn remember_version(&mut self) {
+        if self.remembered || !self.version.learned_v1_only() {
+            return;
+        }
+        if let Some((peer, memory)) = &self.memory {
+            memory.lock().remember_v1_only(peer.ip(), peer.port());
+        }
+        self.remembered = true;
     }
 
     /// The version calls are sent in now.
@@ -314,10 +352,16 @@ impl Requester {
 
     /// A connection is up. 5666bis §4.3.3: one credit until the first reply. Calls that were
     /// outstanding are sent again with the same XID and fresh registrations.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn on_connect(&mut self, params: Params, reg: &mut dyn Registrar) -> Vec<Action> {
         self.params = params;
         self.granted = 1;
         self.connected = true;
+        if let Some((peer, memory)) = &self.memory {
+            // cel-05 §8.2: a server that refused version 2 before is not probed again.
+            self.peer_v1_only = memory.lock().is_v1_only(peer.ip(), peer.port());
+        }
+        self.remembered = false;
         self.version = RequesterVersion::new(self.cfg.version_policy, self.peer_v1_only);
         self.in_flight = 0;
         self.abandoned.clear();
@@ -339,6 +383,7 @@ impl Requester {
 
     /// The connection is gone: every registration is invalidated (fenced), calls wait for
     /// the next connection.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn on_disconnect(&mut self, reg: &mut dyn Registrar) -> Vec<Action> {
         self.connected = false;
         self.in_flight = 0;
@@ -359,6 +404,7 @@ impl Requester {
     /// Queue a call and send what the credit limit allows. A call whose program and version
     /// have no Upper-Layer Binding completes at once with [`RpcError::NoBinding`]: nothing is
     /// registered or sent.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn submit(&mut self, mut call: OutCall, reg: &mut dyn Registrar) -> Vec<Action> {
         let xid = call.xid;
         // 5666bis §8 (RFC 8166 §6): "Requesters MUST NOT send RPC-over-RDMA messages for Upper
@@ -591,6 +637,7 @@ impl Requester {
     /// invalidated. If it was sent, it keeps its credit until a reply for it arrives (that
     /// reply is then discarded and counted in [`RequesterStats::late_replies`]) or the
     /// connection ends. Unknown or already completed XIDs: nothing happens.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn cancel(&mut self, xid: u32, err: RpcError, reg: &mut dyn Registrar) -> Vec<Action> {
         let Some(o) = self.calls.get(&xid) else {
             return Vec::new();
@@ -607,6 +654,7 @@ impl Requester {
     }
 
     /// Fail every call whose deadline passed.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn poll_timeouts(&mut self, now: Instant, reg: &mut dyn Registrar) -> Vec<Action> {
         let expired: Vec<u32> = self
             .calls
@@ -628,7 +676,19 @@ impl Requester {
 
     /// Handle one received message. `remote_invalidated` is the handle the peer invalidated
     /// with Send With Invalidate, if any.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn on_receive(
+        &mut self,
+        buf: Bytes,
+        remote_invalidated: Option<u32>,
+        reg: &mut dyn Registrar,
+    ) -> Vec<Action> {
+        let out = self.receive(buf, remote_invalidated, reg);
+        self.remember_version();
+        out
+    }
+
+    fn receive(
         &mut self,
         buf: Bytes,
         remote_invalidated: Option<u32>,
@@ -945,6 +1005,7 @@ impl Requester {
 
     /// Answer a backward-direction call: RDMA_MSG with empty chunk lists, granting the
     /// backward credits (5666bis §7.3.5). `message` is the whole RPC reply.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn back_reply(&mut self, xid: u32, message: Bytes) -> Option<Action> {
         // cel-05 §7.2.2: the reply to a backward call carries REPLY in version 2.
         let h = CallHeader::new(

@@ -150,6 +150,16 @@ impl VersionMemory {
     }
 }
 
+/// A [`VersionMemory`] shared by Requesters ([`crate::requester::Requester::remember_versions_in`]).
+pub type SharedVersionMemory = std::sync::Arc<parking_lot::Mutex<VersionMemory>>;
+
+/// The memory of version-1-only servers for every client of this process (cel-05 §8.2;
+/// bounded, oldest first out).
+pub fn process_memory() -> SharedVersionMemory {
+    static MEMORY: std::sync::OnceLock<SharedVersionMemory> = std::sync::OnceLock::new();
+    MEMORY.get_or_init(Default::default).clone()
+}
+
 /// Why a connection uses the version it uses (for the log line the issue asks for).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {

@@ -176,6 +176,21 @@ async fn dropped_call_fences_its_chunks_and_its_late_reply_is_discarded() {
     let s = cl.stats();
     assert_eq!((s.late_replies, s.cancelled), (2, 2), "{s:?}");
 
+    // 3. Timed out by the Requester's own deadline (the call's timeout), which the driver's
+    // timer hands it: the call fails with Timeout after its chunks were fenced.
+    let mut timed = slow_call();
+    timed.timeout = Some(Duration::from_millis(50));
+    let r = tokio::time::timeout(Duration::from_secs(10), cl.call(timed))
+        .await
+        .expect("the Requester's deadline ends the call");
+    assert!(matches!(r, Err(oncrpc::RpcError::Timeout)), "{r:?}");
+    assert_eq!(cl.live_registrations(), 0);
+    assert_eq!(cl.stats().cancelled, 3);
+    gate.release.add_permits(1);
+    cl.call(null_call()).await.unwrap();
+    let s = cl.stats();
+    assert_eq!((s.late_replies, s.cancelled), (3, 3), "{s:?}");
+
     // The connection was never lost and nothing stays registered.
     assert_eq!(cl.reconnects(), 0);
     assert_eq!(cl.live_registrations(), 0);

@@ -742,6 +742,59 @@ fn requester_handles_rdma_error_and_unknown_xids() {
     assert_eq!(h.creg.live(), 0);
 }
 
+/// The Requester owns every call's deadline: a driver sleeps until `next_deadline` and hands
+/// it `now`. Deadlines expire in their order, whether the call was sent or still waits for a
+/// credit (5666bis §4.3.1: one credit until the first reply); calls without one never do.
+#[test]
+fn deadlines_are_the_requesters_and_expire_in_order() {
+    use std::time::Duration;
+    let mut h = Harness::new(cfg(8), cfg(8));
+    let start = std::time::Instant::now();
+    assert_eq!(h.req.next_deadline(), None);
+    for (xid, deadline) in [
+        (11, Some(start + Duration::from_secs(3))),
+        (12, Some(start + Duration::from_secs(1))),
+        (13, None),
+    ] {
+        let m = echo_message(
+            xid,
+            OpaqueAuth::none(),
+            DdpPolicy::Inline,
+            4,
+            &Bytes::new(),
+            &Bytes::new(),
+        );
+        let mut c = out_call(xid, ECHO, m, expect(0, 0, false));
+        c.deadline = deadline;
+        let a = h.req.submit(c, &mut h.creg);
+        h.client_actions(a);
+    }
+    // One credit: only the first call went out.
+    assert_eq!(h.to_server.len(), 1);
+    assert_eq!(h.req.next_deadline(), Some(start + Duration::from_secs(1)));
+    // Just before the earliest deadline nothing expires.
+    let early = start + Duration::from_millis(999);
+    assert!(h.req.poll_timeouts(early, &mut h.creg).is_empty());
+    // The queued call expires first, without ever being sent.
+    let a = h
+        .req
+        .poll_timeouts(start + Duration::from_secs(1), &mut h.creg);
+    h.client_actions(a);
+    assert!(matches!(h.done.remove(&12), Some(Err(RpcError::Timeout))));
+    assert_eq!(h.to_server.len(), 1);
+    assert_eq!(h.req.next_deadline(), Some(start + Duration::from_secs(3)));
+    // Then the sent one; the call without a deadline stays pending.
+    let a = h
+        .req
+        .poll_timeouts(start + Duration::from_secs(5), &mut h.creg);
+    h.client_actions(a);
+    assert!(matches!(h.done.remove(&11), Some(Err(RpcError::Timeout))));
+    assert_eq!(h.req.next_deadline(), None);
+    assert_eq!(h.req.pending(), 1);
+    assert!(!h.done.contains_key(&13));
+    assert_eq!(h.req.stats().cancelled, 2);
+}
+
 #[test]
 fn timeout_fences_memory_and_keeps_the_credit() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -1041,6 +1094,46 @@ fn lost_reply_xid_gets_err_chunk_after_reconnect() {
         h.done.remove(&7),
         Some(Err(RpcError::RdmaErrChunk))
     ));
+}
+
+/// 5666bis §5.5.4 / §5.5.3: a reply whose Send fails always closes the connection; only an
+/// RDMA operational error makes its XID lost (answered with RDMA_ERR_CHUNK on the next
+/// connection). A Send flushed by a connection that broke without one is executed again.
+#[test]
+fn send_failed_closes_and_remembers_only_operational_errors() {
+    use rpcrdma::responder::Action;
+    for (op_error, remembered) in [(false, vec![]), (true, vec![21])] {
+        let mut h = Harness::new(cfg(8), cfg(8));
+        let m = echo_message(
+            21,
+            OpaqueAuth::none(),
+            DdpPolicy::Inline,
+            7,
+            &Bytes::new(),
+            &Bytes::new(),
+        );
+        let a = h
+            .req
+            .submit(out_call(21, ECHO, m, expect(0, 0, false)), &mut h.creg);
+        h.client_actions(a);
+        let msg = h.to_server.pop_front().unwrap();
+        let Some(call) = h.server_receive(msg) else {
+            panic!()
+        };
+        assert_eq!(
+            h.resp.send_failed(Some(call.token.xid), op_error),
+            vec![Action::Close]
+        );
+        // A Send that was not a reply: the connection closes, nothing more is remembered.
+        assert_eq!(h.resp.send_failed(None, true), vec![Action::Close]);
+        let lost = h.resp.take_lost();
+        assert_eq!(
+            lost,
+            remembered
+                .into_iter()
+                .collect::<std::collections::HashSet<u32>>()
+        );
+    }
 }
 
 fn gss_integrity() -> OpaqueAuth {

@@ -195,6 +195,54 @@ fn a_remembered_version_1_server_is_not_probed_again() {
     assert_eq!(versions_sent(&h), vec![1]);
 }
 
+/// The Requester keeps the memory of version-1-only servers itself (cel-05 §8.2): what one
+/// connection learns, the next connection to the same server reads on connect.
+#[test]
+fn the_requester_remembers_a_version_1_server_across_connections() {
+    let memory = rpcrdma::version::SharedVersionMemory::default();
+    let server_addr: std::net::SocketAddr = "127.0.0.1:20049".parse().unwrap();
+    let mut h = Harness::new(client(VersionPolicy::Auto), server(Version::V1));
+    h.req.remember_versions_in(server_addr, memory.clone());
+    let a = h.req.on_disconnect(&mut h.creg);
+    h.client_actions(a);
+    let params = h.params;
+    let a = h.req.on_connect(params, &mut h.creg);
+    h.client_actions(a);
+    assert!(memory.lock().is_empty(), "nothing learnt yet");
+    call(
+        &mut h,
+        7,
+        100,
+        10,
+        DdpPolicy::Inline,
+        expect(100, 10, false),
+    )
+    .unwrap();
+    assert!(
+        memory
+            .lock()
+            .is_v1_only(server_addr.ip(), server_addr.port())
+    );
+    // The next connection does not probe.
+    let a = h.req.on_disconnect(&mut h.creg);
+    h.client_actions(a);
+    let a = h.req.on_connect(params, &mut h.creg);
+    h.client_actions(a);
+    assert_eq!(h.req.version_reason(), Some(Reason::Remembered));
+    call(
+        &mut h,
+        8,
+        100,
+        10,
+        DdpPolicy::Inline,
+        expect(100, 10, false),
+    )
+    .unwrap();
+    assert_eq!(versions_sent(&h), vec![2, 1, 1]);
+    assert_eq!(h.req.stats().version_fallbacks, 1);
+    assert_eq!(memory.lock().len(), 1);
+}
+
 #[test]
 fn version_2_only_fails_against_a_version_1_server_and_auto_settles_on_2() {
     let mut h = Harness::new(client(VersionPolicy::V2), server(Version::V1));

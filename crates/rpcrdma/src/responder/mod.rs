@@ -15,8 +15,11 @@
 //! Layer says the peer is ready ([`Responder::enable_backchannel`]), [`Responder::back_call`]
 //! sends reverse calls within the peer's backward credits.
 
+mod timers;
+
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use oncrpc::message::MessageHeader;
@@ -53,6 +56,7 @@ pub enum Action {
 
 /// What became of a received message.
 #[derive(Debug)]
+#[must_use = "every action the engine returns must be performed"]
 pub enum Incoming {
     /// Nothing to do (dropped).
     Nothing,
@@ -76,6 +80,8 @@ pub struct PendingCall {
     /// Version 2: the handle the requester lets us invalidate with Send With Invalidate
     /// (`rdma_inv_handle` naming one of the call's segments, cel-05 §7.2.3).
     inv_handle: Option<u32>,
+    /// Names the call's RDMA Read deadline ([`Responder::reads_started`]).
+    id: u64,
 }
 
 impl PendingCall {
@@ -166,6 +172,20 @@ pub struct Responder {
     version: ResponderVersion,
     /// Version 2 transport properties (ours and the peer's, cel-05 §6).
     props: V2Properties,
+    /// Deadlines of RDMA Reads and backward calls.
+    deadlines: timers::Deadlines,
+}
+
+/// What [`Responder::handle_timeout`] found due.
+#[derive(Debug, Default, PartialEq, Eq)]
+#[must_use = "every action the engine returns must be performed"]
+pub struct TimedOut {
+    /// Backward calls whose time is up: they are abandoned (their credit is free again) and
+    /// their callers are told.
+    pub back_calls: Vec<u32>,
+    /// What to do: `Close` when a peer did not answer the RDMA Reads of a call in time;
+    /// backward calls that became sendable.
+    pub actions: Vec<Action>,
 }
 
 impl std::fmt::Debug for Responder {
@@ -218,6 +238,7 @@ impl Responder {
             back_queue: VecDeque::new(),
             version: ResponderVersion::new(Version::V1, cfg.max_version),
             props: V2Properties::new(cfg.inline_recv, BackwardSupport::Inline),
+            deadlines: timers::Deadlines::default(),
             cfg,
         }
     }
@@ -581,6 +602,7 @@ impl Responder {
             header,
             inline,
             inv_handle,
+            id: self.deadlines.read_id(),
         };
         if pending.reads.is_empty() {
             self.complete_reads(pending, Vec::new())
@@ -591,6 +613,7 @@ impl Responder {
 
     /// Continue a call once every Read chunk has been pulled (`data[i]` for `reads[i]`).
     pub fn complete_reads(&mut self, p: PendingCall, data: Vec<Bytes>) -> Incoming {
+        self.deadlines.reads_done(p.id);
         let xid = p.header.xid;
         if data.len() != p.reads.len() {
             return self.error(ErrorResponse::ErrChunk { xid });
@@ -632,6 +655,7 @@ impl Responder {
         message: Bytes,
         data_len: usize,
     ) -> Incoming {
+        self.deadlines.reads_done(p.id);
         let xid = p.header.xid;
         let Some(chunks) = p.header.body.chunks().cloned() else {
             return Incoming::Nothing;
@@ -772,6 +796,7 @@ impl Responder {
 
     /// Form the reply to a call. `reply` is what the dispatcher returned (`None`: send no RPC
     /// reply; the credit is still released).
+    #[must_use = "every action the engine returns must be performed"]
     pub fn reply(&mut self, token: ReplyToken, reply: Option<ReplyMessage>) -> Vec<Action> {
         self.in_progress.remove(&token.xid);
         self.stats.in_progress = self.in_progress.len() as u32;
@@ -891,9 +916,25 @@ impl Responder {
         }
     }
 
+    /// The driver reports that a Send or RDMA Write it posted for `xid` (a reply) or for no
+    /// particular call failed, and whether an RDMA operational error was seen on the
+    /// connection. 5666bis §5.5.4: the connection is closed ([`Action::Close`]); §5.5.3: only
+    /// a reply lost to an operational error is remembered as lost (answered with
+    /// RDMA_ERR_CHUNK once the Requester reconnects and retransmits): a Send flushed because
+    /// the connection broke without one is executed again, or answered from the Upper
+    /// Layer's duplicate request cache.
+    #[must_use = "every action the engine returns must be performed"]
+    pub fn send_failed(&mut self, xid: Option<u32>, operational_error: bool) -> Vec<Action> {
+        match xid {
+            Some(x) if operational_error => self.reply_failed(x),
+            _ => vec![Action::Close],
+        }
+    }
+
     /// The driver reports that a reply could not be delivered (an RDMA Write or Send failed).
     /// 5666bis §5.5.4: the connection is closed; §5.5.3: once the Requester reconnects and
     /// retransmits, this XID is answered with RDMA_ERR_CHUNK.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn reply_failed(&mut self, xid: u32) -> Vec<Action> {
         self.in_progress.remove(&xid);
         if self.lost.len() < 4096 {
@@ -916,6 +957,57 @@ impl Responder {
         std::mem::take(&mut self.lost)
     }
 
+    // ---- Deadlines: a driver sleeps until `next_deadline` and calls `handle_timeout`. ----
+
+    /// Bound the time a peer may take to answer the RDMA Reads of one call (`None`, the
+    /// default: no bound).
+    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) {
+        self.deadlines.read_timeout = timeout;
+    }
+
+    /// The driver posted the RDMA Reads of `p` at `now`: they are due by `now` plus the read
+    /// timeout.
+    pub fn reads_started(&mut self, p: &PendingCall, now: Instant) {
+        self.deadlines.reads_started(p.id, now);
+    }
+
+    /// The RDMA Reads of `p` failed (or could not be posted): 5666bis §5.5.3, RDMA operational
+    /// errors are fatal to the connection. The call is dropped.
+    #[must_use = "every action the engine returns must be performed"]
+    pub fn reads_failed(&mut self, p: PendingCall) -> Vec<Action> {
+        self.deadlines.reads_done(p.id);
+        vec![Action::Close]
+    }
+
+    /// The earliest deadline of this connection: RDMA Reads of a call's Read chunks, backward
+    /// calls.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.next()
+    }
+
+    /// Everything due at `now`: a peer that did not answer RDMA Reads in time loses the
+    /// connection (`Close`: its memory and the sinks come back); backward calls whose time is
+    /// up are abandoned like [`Responder::cancel_back`].
+    pub fn handle_timeout(&mut self, now: Instant) -> TimedOut {
+        let expired = self.deadlines.expire(now);
+        let mut actions = Vec::new();
+        if expired.reads {
+            tracing::info!("the peer did not answer an RDMA Read in time; closing the connection");
+            actions.push(Action::Close);
+        }
+        for &xid in &expired.back_calls {
+            self.back_queue.retain(|(x, _)| *x != xid);
+            self.back_outstanding.remove(&xid);
+        }
+        if !expired.back_calls.is_empty() {
+            actions.extend(self.pump_back());
+        }
+        TimedOut {
+            back_calls: expired.back_calls,
+            actions,
+        }
+    }
+
     // ---- Backward direction (RFC 8167): this end is the Requester. ----
 
     /// The Upper Layer says the peer handles backward calls (5666bis §7.3.1, RFC 8167 §6:
@@ -936,6 +1028,17 @@ impl Responder {
     /// Send (or queue, when out of backward credits) a backward call: RDMA_MSG with empty
     /// chunk lists (5666bis §7.3.4). `message` is the whole RPC call, XID `xid`.
     pub fn back_call(&mut self, xid: u32, message: Bytes) -> Result<Vec<Action>, BackError> {
+        self.back_call_until(xid, message, None)
+    }
+
+    /// [`Responder::back_call`] with a deadline: at `deadline` the call is abandoned and
+    /// reported by [`Responder::handle_timeout`].
+    pub fn back_call_until(
+        &mut self,
+        xid: u32,
+        message: Bytes,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Action>, BackError> {
         if !self.back_ready {
             return Err(BackError::NotReady);
         }
@@ -945,6 +1048,7 @@ impl Responder {
             return Err(BackError::TooLarge(message.len()));
         }
         self.back_queue.push_back((xid, message));
+        self.deadlines.back_started(xid, deadline);
         Ok(self.pump_back())
     }
 
@@ -982,6 +1086,7 @@ impl Responder {
             self.stats.dropped += 1;
             return Incoming::Nothing;
         }
+        self.deadlines.back_done(h.xid);
         // RFC 8167 §4.1 / 5666bis §7.2.1: backward credits, never zero.
         self.back_granted = h.credits.max(1);
         Incoming::BackReply {
@@ -991,14 +1096,17 @@ impl Responder {
     }
 
     /// Backward calls that became sendable (after a backward reply freed a credit).
+    #[must_use = "every action the engine returns must be performed"]
     pub fn poll_back(&mut self) -> Vec<Action> {
         self.pump_back()
     }
 
     /// Abandon a backward call (timeout): frees its credit.
+    #[must_use = "every action the engine returns must be performed"]
     pub fn cancel_back(&mut self, xid: u32) -> Vec<Action> {
         self.back_queue.retain(|(x, _)| *x != xid);
         self.back_outstanding.remove(&xid);
+        self.deadlines.back_done(xid);
         self.pump_back()
     }
 

@@ -1,0 +1,713 @@
+//! The server side: [`RdmaServer`] accepts connections and serves an `oncrpc::Dispatcher`
+//! over each; [`ServerConnection`] makes backward-direction calls (RFC 8167).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use oncrpc::{CallContext, CallHeader, Dispatcher, RpcError};
+use parking_lot::Mutex;
+use tokio::sync::{Notify, oneshot};
+use verbs::{Device, RecvWr, WcStatus};
+use xdr::Encoder;
+
+use super::link::{Link, REPLY_WR, Router, SinkPool, recv_pool};
+use super::{DriverError, TransportConfig};
+use crate::engine::Params;
+use crate::lost::LostReplies;
+use crate::privdata::PrivateData;
+use crate::responder::{self, Incoming, Responder};
+use crate::ulb::UpperLayerBinding;
+
+/// Counters over all connections of a server.
+#[derive(Debug, Default)]
+pub struct ServerCounters {
+    pub connections: AtomicU64,
+    pub calls: AtomicU64,
+    /// Highest number of calls in progress on one connection.
+    pub max_in_progress: AtomicU32,
+    /// Calls that arrived beyond the grant (must stay 0 with a well-behaved client).
+    pub over_credit: AtomicU64,
+}
+
+struct ServerShared {
+    dispatcher: Dispatcher,
+    ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
+    cfg: TransportConfig,
+    /// XIDs whose replies were lost, per peer host (5666bis §5.5.3): stored here between
+    /// connections, handed to each connection's Responder.
+    lost: Mutex<LostReplies>,
+    counters: ServerCounters,
+    conns: Mutex<HashMap<u64, Arc<ServerConn>>>,
+    next_conn: AtomicU64,
+    budget: Arc<oncrpc::MemoryBudget>,
+}
+
+/// Per-connection state shared by the receive handler, the call tasks and [`ServerConnection`].
+struct ServerConn {
+    link: Arc<Link>,
+    resp: Arc<Mutex<Responder>>,
+    peer: SocketAddr,
+    /// This connection's share of the server's memory budget; `_recv` holds its receive
+    /// buffers' part for as long as the connection lives.
+    budget: Arc<oncrpc::ConnBudget>,
+    _recv: oncrpc::Reservation,
+    back_waiters: Mutex<HashMap<u32, oneshot::Sender<Result<Bytes, RpcError>>>>,
+    next_xid: AtomicU32,
+    /// The Responder owns the connection's deadlines (RDMA Reads, backward calls);
+    /// [`server_timer`] sleeps until `armed` and is woken through `timer` for an earlier one.
+    armed: Mutex<Option<Instant>>,
+    timer: Notify,
+}
+
+impl ServerConn {
+    /// Wake the timer if the Responder's next deadline is earlier than what it sleeps until.
+    /// Called with the Responder locked (as the timer sets `armed`), so no deadline is missed.
+    fn arm(&self, resp: &Responder) {
+        let Some(next) = resp.next_deadline() else {
+            return;
+        };
+        let mut armed = self.armed.lock();
+        if armed.is_none_or(|a| next < a) {
+            *armed = Some(next);
+            self.timer.notify_one();
+        }
+    }
+}
+
+/// A connection's one timer: sleeps until the Responder's next deadline and hands it `now`
+/// ([`Responder::handle_timeout`]); performs what it returns and tells the callers of the
+/// backward calls whose time is up. With nothing pending it wakes once every `idle`.
+async fn server_timer(sc: Arc<ServerConn>, idle: Duration) {
+    loop {
+        let until = {
+            let r = sc.resp.lock();
+            let until = r.next_deadline().unwrap_or_else(|| Instant::now() + idle);
+            *sc.armed.lock() = Some(until);
+            until
+        };
+        tokio::select! {
+            () = tokio::time::sleep_until(until.into()) => {}
+            () = sc.timer.notified() => continue,
+        }
+        let due = sc.resp.lock().handle_timeout(Instant::now());
+        for xid in due.back_calls {
+            if let Some(tx) = sc.back_waiters.lock().remove(&xid) {
+                let _ = tx.send(Err(RpcError::Timeout));
+            }
+        }
+        perform(due.actions, &sc.link, &sc.resp, None).await;
+    }
+}
+
+/// A handle on one accepted connection, for backward-direction calls (RFC 8167).
+#[derive(Clone)]
+pub struct ServerConnection {
+    conn: Arc<ServerConn>,
+}
+
+impl std::fmt::Debug for ServerConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConnection")
+            .field("peer", &self.conn.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerConnection {
+    /// The client's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.conn.peer
+    }
+
+    /// Close this connection (the client reconnects and retransmits).
+    pub async fn disconnect(&self) {
+        self.conn.link.conn.disconnect().await;
+    }
+
+    /// The Upper Layer learnt that the client handles backward calls (for NFSv4.1, a
+    /// CREATE_SESSION or BIND_CONN_TO_SESSION asking for the back channel): 5666bis §7.3.1.
+    pub fn enable_backchannel(&self) {
+        self.conn.resp.lock().enable_backchannel();
+    }
+
+    /// Make a backward-direction call and wait for its results. Fails with
+    /// [`RpcError::Transport`] before [`ServerConnection::enable_backchannel`].
+    pub async fn back_call(
+        &self,
+        prog: u32,
+        vers: u32,
+        proc_: u32,
+        args: impl FnOnce(&mut Encoder),
+        timeout: Duration,
+    ) -> Result<Bytes, RpcError> {
+        let c = &self.conn;
+        let xid = c.next_xid.fetch_add(1, Ordering::Relaxed);
+        let mut e = Encoder::new();
+        CallHeader {
+            xid,
+            prog,
+            vers,
+            proc_,
+            cred: oncrpc::OpaqueAuth::none(),
+            verf: oncrpc::OpaqueAuth::none(),
+        }
+        .encode(&mut e);
+        args(&mut e);
+        let (tx, rx) = oneshot::channel();
+        c.back_waiters.lock().insert(xid, tx);
+        // The Responder owns the deadline: `server_timer` ends the call when it is due.
+        let sent = {
+            let mut r = c.resp.lock();
+            let sent = r.back_call_until(xid, e.into_bytes(), Some(Instant::now() + timeout));
+            c.arm(&r);
+            sent
+        };
+        let actions = match sent {
+            Ok(a) => a,
+            Err(err) => {
+                c.back_waiters.lock().remove(&xid);
+                return Err(RpcError::Transport(err.to_string()));
+            }
+        };
+        perform(actions, &c.link, &c.resp, None).await;
+        let msg = match rx.await {
+            Ok(r) => r?,
+            Err(_) => return Err(RpcError::Closed),
+        };
+        let (h, results) = oncrpc::MessageHeader::decode_message(&msg)
+            .map_err(|e| RpcError::BadReply(e.to_string()))?;
+        match h {
+            oncrpc::MessageHeader::Reply(oncrpc::ReplyHeader::Accepted {
+                stat: oncrpc::AcceptStat::Success,
+                ..
+            }) => Ok(results),
+            oncrpc::MessageHeader::Reply(oncrpc::ReplyHeader::Accepted { stat, .. }) => {
+                Err(RpcError::Accepted(stat))
+            }
+            oncrpc::MessageHeader::Reply(oncrpc::ReplyHeader::Denied { reason, .. }) => {
+                Err(RpcError::Rejected(reason))
+            }
+            oncrpc::MessageHeader::Call(_) => Err(RpcError::BadReply("CALL as reply".into())),
+        }
+    }
+}
+
+/// An RPC-over-RDMA server.
+pub struct RdmaServer {
+    local: SocketAddr,
+    shared: Arc<ServerShared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for RdmaServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaServer")
+            .field("local", &self.local)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RdmaServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RdmaServer {
+    /// Listen on `addr` and serve `dispatcher`; `ulbs` are the Upper-Layer Bindings of the
+    /// programs that may use chunks.
+    pub async fn bind(
+        addr: SocketAddr,
+        dispatcher: Dispatcher,
+        ulbs: Vec<Arc<dyn UpperLayerBinding>>,
+        config: TransportConfig,
+    ) -> Result<Self, DriverError> {
+        let dev = config.device();
+        let mut listener = dev.listen(addr).await?;
+        let local = listener.local_addr();
+        let shared = Arc::new(ServerShared {
+            dispatcher,
+            ulbs: Arc::new(ulbs.into_iter().map(|u| (u.program(), u)).collect()),
+            lost: Mutex::new(LostReplies::new()),
+            counters: ServerCounters::default(),
+            conns: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(0),
+            budget: config
+                .budget
+                .clone()
+                .unwrap_or_else(oncrpc::MemoryBudget::machine_default),
+            cfg: config,
+        });
+        let sh = shared.clone();
+        let task = tokio::spawn(async move {
+            while let Ok(req) = listener.accept().await {
+                let sh = sh.clone();
+                let dev = dev.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = serve_connection(dev, req, sh).await {
+                        tracing::debug!(error = %e, "RPC-over-RDMA connection ended");
+                    }
+                });
+            }
+        });
+        Ok(RdmaServer {
+            local,
+            shared,
+            task,
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> &ServerCounters {
+        &self.shared.counters
+    }
+
+    /// The memory budget the connections draw from.
+    pub fn budget(&self) -> &Arc<oncrpc::MemoryBudget> {
+        &self.shared.budget
+    }
+
+    /// The connections currently established.
+    pub fn connections(&self) -> Vec<ServerConnection> {
+        self.shared
+            .conns
+            .lock()
+            .values()
+            .map(|c| ServerConnection { conn: c.clone() })
+            .collect()
+    }
+}
+
+async fn serve_connection(
+    dev: Device,
+    req: verbs::ConnectRequest,
+    sh: Arc<ServerShared>,
+) -> Result<(), DriverError> {
+    let cfg = &sh.cfg.rpc;
+    let peer_pd = PrivateData::decode(req.private_data());
+    let params: Params = cfg.negotiate(peer_pd).into();
+    let peer = req.peer_addr();
+    let pd = dev.alloc_pd();
+    let scq = dev.create_cq();
+    let rcq = dev.create_cq();
+    let qp = dev.create_qp(&pd, &scq, &rcq);
+    let lost = sh.lost.lock().take(peer.ip());
+    let mut resp = Responder::new(cfg.clone(), params, sh.ulbs.clone(), lost);
+    resp.set_read_timeout(Some(sh.cfg.rdma_timeout));
+    let nrecv = resp.receives_needed();
+    // The receive buffers are the first thing a connection costs: refuse it when they do not
+    // fit in the budget (backpressure on new connections; the ones already served go on).
+    let budget = sh.budget.connection();
+    let recv_reservation = match budget.try_reserve(nrecv * params.inline_recv) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "RPC-over-RDMA connection refused: memory budget");
+            let _ = req.reject(&[]).await;
+            return Ok(());
+        }
+    };
+    let recv_bufs = recv_pool(&pd, nrecv, params.inline_recv)?;
+    // Receives go up before the connection is accepted: the grant is backed by posted buffers.
+    for (i, mr) in recv_bufs.iter().enumerate() {
+        qp.post_recv(RecvWr {
+            wr_id: i as u64,
+            sgl: vec![mr.sge(0, mr.len() as u32)],
+        })?;
+    }
+    let conn = req.accept(&qp, sh.cfg.conn_params()).await?;
+    sh.counters.connections.fetch_add(1, Ordering::Relaxed);
+    let router = Arc::new(Router::default());
+    let router_task = tokio::spawn(router.clone().run(scq.clone()));
+    let link = Arc::new(Link {
+        qp,
+        conn,
+        recv_bufs,
+        router,
+        router_task,
+        read_sinks: SinkPool::default(),
+    });
+    let resp = Arc::new(Mutex::new(resp));
+    {
+        let (resp, sh) = (resp.clone(), sh.clone());
+        let (weak_link, rt) = (Arc::downgrade(&link), tokio::runtime::Handle::current());
+        *link.router.on_reply_failed.lock() = Some(Box::new(move |xid| {
+            // 5666bis §5.5.4: the connection is already gone (the Send was flushed); §5.5.3:
+            // the retransmission on the next connection is answered with ERR_CHUNK.
+            let actions = resp.lock().reply_failed(xid);
+            // Its `Close` is performed all the same (the connection may not have noticed yet).
+            if let Some(link) = weak_link.upgrade() {
+                let resp = resp.clone();
+                rt.spawn(async move { perform(actions, &link, &resp, None).await });
+            }
+            let lost = resp.lock().take_lost();
+            sh.lost.lock().record(peer.ip(), lost);
+        }));
+    }
+    let conn_id = sh.next_conn.fetch_add(1, Ordering::Relaxed);
+    let sc = Arc::new(ServerConn {
+        link: link.clone(),
+        resp: resp.clone(),
+        peer,
+        budget,
+        _recv: recv_reservation,
+        back_waiters: Mutex::new(HashMap::new()),
+        next_xid: AtomicU32::new(rand::random::<u32>()),
+        armed: Mutex::new(None),
+        timer: Notify::new(),
+    });
+    let timer_task = tokio::spawn(server_timer(sc.clone(), sh.cfg.rdma_timeout));
+    sh.conns.lock().insert(conn_id, sc.clone());
+    let ctx = Arc::new(CallContext {
+        peer: Some(peer),
+        local: Some(link.conn.local_addr()),
+        transport: oncrpc::TransportKind::Rdma,
+    });
+    // Receives are handled in the provider's context (see `pump_receives`); this task waits
+    // for the first failed one.
+    let failed = Arc::new(tokio::sync::Notify::new());
+    {
+        let dead = std::sync::atomic::AtomicBool::new(false);
+        let (f, weak_sc, rt) = (
+            failed.clone(),
+            Arc::downgrade(&sc),
+            tokio::runtime::Handle::current(),
+        );
+        let (sh, ctx) = (sh.clone(), ctx.clone());
+        let installed = rcq.set_handler(Box::new(move |c| {
+            if dead.load(Ordering::Acquire) {
+                return;
+            }
+            let Some(sc) = weak_sc.upgrade() else { return };
+            if !on_server_receive(&sc, &sh, &ctx, &rt, &c) {
+                dead.store(true, Ordering::Release);
+                f.notify_one();
+            }
+        }));
+        if installed {
+            failed.notified().await;
+        }
+    }
+    sh.conns.lock().remove(&conn_id);
+    timer_task.abort();
+    sc.back_waiters.lock().clear();
+    let lost = resp.lock().take_lost();
+    sh.lost.lock().record(peer.ip(), lost);
+    link.conn.disconnect().await;
+    link.router_task.abort();
+    // Calls still waiting for an RDMA Read (a peer that never answered) end now, so their
+    // sinks and memory go back at once rather than whenever the tasks are next polled.
+    link.router.waiters.lock().clear();
+    // Replies flushed by the disconnect that the router did not get to (it may be cancelled
+    // mid-way; what it did report is already recorded).
+    while let Some(c) = scq.try_next() {
+        link.router.note_status(c.status);
+        if c.wr_id & REPLY_WR != 0
+            && link.router.reply_lost(c.status)
+            && let Some(f) = &*link.router.on_reply_failed.lock()
+        {
+            f(c.wr_id as u32);
+        }
+    }
+    Ok(())
+}
+
+/// One receive completion of a server connection; `false` if the connection failed.
+fn on_server_receive(
+    sc: &Arc<ServerConn>,
+    sh: &Arc<ServerShared>,
+    ctx: &Arc<CallContext>,
+    rt: &tokio::runtime::Handle,
+    c: &verbs::Completion,
+) -> bool {
+    if c.status != WcStatus::Success {
+        return false;
+    }
+    let link = &sc.link;
+    let i = c.wr_id as usize;
+    let Some(mr) = link.recv_bufs.get(i) else {
+        return false;
+    };
+    let Ok(msg) = mr.read(0, c.byte_len as usize) else {
+        return false;
+    };
+    if link.post_recv(i).is_err() {
+        return false;
+    }
+    // Replies lost on an earlier connection of this peer (5666bis §5.5.3).
+    let lost = sh.lost.lock().take(sc.peer.ip());
+    let inc = {
+        let mut r = sc.resp.lock();
+        if !lost.is_empty() {
+            r.note_lost(lost);
+        }
+        r.on_receive(msg)
+    };
+    let (sc, sh, ctx) = (sc.clone(), sh.clone(), ctx.clone());
+    let mut fut = Box::pin(async move {
+        handle_incoming(inc, &sc, &sh, ctx).await;
+    });
+    // A call that finishes at once (no RDMA Read to wait for, a service that answers without
+    // waiting) is handled here, with no task to spawn and wake; the others continue in their
+    // own task (polled again there, with its waker) so that calls proceed concurrently.
+    // (rdma-core runs this on its completion thread: enter the runtime for what the service
+    // calls, such as `spawn_blocking`.)
+    let _rt = rt.enter();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    if fut.as_mut().poll(&mut cx).is_pending() {
+        rt.spawn(fut);
+    }
+    true
+}
+
+/// Reserve the bytes of a reply's Sends and RDMA Writes in `budget` and tie the reservation to
+/// those buffers, so it is given back when the transport has sent (and dropped) the last one.
+async fn hold_in_budget(
+    actions: Vec<responder::Action>,
+    budget: &Arc<oncrpc::ConnBudget>,
+    wait: Duration,
+) -> Result<Vec<responder::Action>, oncrpc::BudgetError> {
+    use responder::Action;
+    let total: usize = actions
+        .iter()
+        .map(|a| match a {
+            Action::Write { data, .. } | Action::Send { data, .. } => data.len(),
+            // Nothing to hold for it; it is performed with the rest (see `perform`).
+            Action::Close => 0,
+        })
+        .sum();
+    if total == 0 {
+        return Ok(actions);
+    }
+    let held = Arc::new(budget.reserve(total, wait).await?);
+    struct Held {
+        data: Bytes,
+        _reservation: Arc<oncrpc::Reservation>,
+    }
+    impl AsRef<[u8]> for Held {
+        fn as_ref(&self) -> &[u8] {
+            &self.data
+        }
+    }
+    let hold = |data: Bytes| {
+        Bytes::from_owner(Held {
+            data,
+            _reservation: held.clone(),
+        })
+    };
+    Ok(actions
+        .into_iter()
+        .map(|a| match a {
+            Action::Write { segment, data } => Action::Write {
+                segment,
+                data: hold(data),
+            },
+            Action::Send { data, invalidate } => Action::Send {
+                data: hold(data),
+                invalidate,
+            },
+            Action::Close => Action::Close,
+        })
+        .collect())
+}
+
+/// What the RDMA Reads of a call brought.
+enum Read {
+    /// The whole call, pulled around its one Read chunk, and the chunk's length.
+    Framed(Bytes, usize),
+    /// Each Read chunk's contents.
+    Chunks(Vec<Bytes>),
+}
+
+async fn handle_incoming(
+    mut inc: Incoming,
+    sc: &ServerConn,
+    sh: &ServerShared,
+    ctx: Arc<CallContext>,
+) {
+    let (link, resp) = (&*sc.link, &*sc.resp);
+    let timeout = sh.cfg.rdma_timeout;
+    // Memory this call holds (its Read-chunk sinks), given back when the call is done.
+    let mut held = Vec::new();
+    loop {
+        match inc {
+            Incoming::Nothing => return,
+            Incoming::BackReply { xid, message } => {
+                if let Some(tx) = sc.back_waiters.lock().remove(&xid) {
+                    let _ = tx.send(Ok(message));
+                }
+                // A backward credit came back: queued backward calls may go now.
+                let a = resp.lock().poll_back();
+                perform(a, link, resp, None).await;
+                return;
+            }
+            Incoming::Respond(actions) => {
+                perform(actions, link, resp, None).await;
+                return;
+            }
+            Incoming::NeedReads(p) => {
+                // The sinks are what a client's header makes the server allocate: take them
+                // from the connection's budget first, waiting for memory other calls give back
+                // (calls queue), and close the connection if none comes in time.
+                let want: usize = p
+                    .reads
+                    .iter()
+                    .map(|c| c.segments.iter().map(|s| s.length as usize).sum::<usize>())
+                    .sum::<usize>()
+                    + p.frame()
+                        .map_or(0, |(_, pre, post)| pre.len() + post.len() + 3);
+                match sc.budget.reserve(want, timeout).await {
+                    Ok(r) => held.push(r),
+                    Err(e) => {
+                        tracing::warn!(peer = %sc.peer, error = %e,
+                            "no memory for a call's Read chunks; closing the connection");
+                        // The call cannot be pulled: the Responder drops it and closes.
+                        let a = resp.lock().reads_failed(p);
+                        perform(a, link, resp, None).await;
+                        return;
+                    }
+                }
+                // The Responder owns the Reads' deadline (`TransportConfig::rdma_timeout`): a
+                // peer that does not answer them in time loses the connection, which ends
+                // the waits below.
+                {
+                    let mut r = resp.lock();
+                    r.reads_started(&p, Instant::now());
+                    sc.arm(&r);
+                }
+                let read = match p.frame() {
+                    // One chunk in the middle of the call (an NFS WRITE's data): pull it into
+                    // a buffer that gets the rest of the call around it.
+                    Some((_, pre, post)) => link
+                        .read_chunk_framed(&p.reads[0].segments, pre, post)
+                        .await
+                        .map(|(message, n)| Read::Framed(message, n)),
+                    None => {
+                        let mut data = Vec::with_capacity(p.reads.len());
+                        let mut failed = None;
+                        for c in &p.reads {
+                            match link.read_chunk(&c.segments).await {
+                                Ok(d) => data.push(d),
+                                Err(e) => {
+                                    failed = Some(e);
+                                    break;
+                                }
+                            }
+                        }
+                        match failed {
+                            Some(e) => Err(e),
+                            None => Ok(Read::Chunks(data)),
+                        }
+                    }
+                };
+                inc = match read {
+                    Ok(Read::Framed(message, n)) => {
+                        resp.lock().complete_reads_framed(p, message, n)
+                    }
+                    Ok(Read::Chunks(data)) => resp.lock().complete_reads(p, data),
+                    Err(e) => {
+                        tracing::info!(peer = %sc.peer, error = %e,
+                            "RDMA Read of a Read chunk failed; closing the connection");
+                        // 5666bis §5.5.3: RDMA operational errors are fatal to the connection
+                        // (the Responder answers with `Close`).
+                        let a = resp.lock().reads_failed(p);
+                        perform(a, link, resp, None).await;
+                        return;
+                    }
+                };
+            }
+            Incoming::Call(call) => {
+                {
+                    let r = resp.lock();
+                    let s = r.stats();
+                    sh.counters.calls.fetch_add(1, Ordering::Relaxed);
+                    sh.counters
+                        .max_in_progress
+                        .fetch_max(s.max_in_progress, Ordering::Relaxed);
+                    sh.counters
+                        .over_credit
+                        .store(s.over_credit, Ordering::Relaxed);
+                }
+                let reply = sh
+                    .dispatcher
+                    .dispatch(call.message, ctx.clone(), call.policy)
+                    .await;
+                let xid = call.token.xid;
+                let actions = resp.lock().reply(call.token, reply);
+                // The call's sinks are done with (what the reply still uses of them is counted
+                // with the reply): give their share back first, so that calls waiting for reply
+                // memory never wait on each other's sinks.
+                held.clear();
+                // A reply's buffers stay in the send queue until the peer takes them (one that
+                // never reads keeps them there): they come out of the connection's budget, and
+                // are given back when the transport drops the last of them.
+                let actions = match hold_in_budget(actions, &sc.budget, timeout).await {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(peer = %sc.peer, error = %e,
+                            "no memory for a reply; closing the connection");
+                        // 5666bis §5.5.4: a reply that cannot be sent closes the connection
+                        // (no operational error: the retransmission is executed again).
+                        let a = resp.lock().send_failed(Some(xid), false);
+                        perform(a, link, resp, Some(xid)).await;
+                        return;
+                    }
+                };
+                perform(actions, link, resp, Some(xid)).await;
+                let lost = resp.lock().take_lost();
+                sh.lost.lock().record(sc.peer.ip(), lost);
+                return;
+            }
+        }
+    }
+}
+
+/// Perform the Responder's actions in order, every one of them: RDMA Writes and Sends are
+/// posted, `Close` closes the connection. A Write or Send that cannot be posted is reported to
+/// the Responder ([`Responder::send_failed`]), whose answer (a `Close`) replaces what was left
+/// of the reply. `xid` is the call a reply answers (its Send is posted unsignaled and reported
+/// through the router if it fails later); `None` for messages that are not replies.
+async fn perform(
+    actions: Vec<responder::Action>,
+    link: &Link,
+    resp: &Mutex<Responder>,
+    xid: Option<u32>,
+) {
+    use responder::Action;
+    let mut todo = std::collections::VecDeque::from(actions);
+    while let Some(a) = todo.pop_front() {
+        let r = match a {
+            Action::Write { segment, data } => link.write(segment, data),
+            // A reply posted to a QP already in error would only be flushed, after the
+            // connection's receive handler has stopped listening for it: count it failed now.
+            Action::Send { .. } if link.qp.state() == verbs::QpState::Error => {
+                Err(verbs::VerbsError::Disconnected)
+            }
+            Action::Send { data, invalidate } => match xid {
+                Some(x) => link.post_reply(data, invalidate, x),
+                None => link.send(data, invalidate).await,
+            },
+            Action::Close => {
+                // 5666bis §5.5.4: a reply that cannot be sent closes the connection.
+                tracing::info!(xid = ?xid, "the Responder closes the connection");
+                link.conn.disconnect().await;
+                return;
+            }
+        };
+        if let Err(e) = r {
+            tracing::info!(error = %e, xid = ?xid, "reply could not be sent; closing the connection");
+            // 5666bis §5.5.3: the XID is answered with RDMA_ERR_CHUNK after a reconnect only
+            // when an RDMA operational error broke the connection (see `Router::reply_lost`).
+            let op_error = link.router.op_error.load(Ordering::Relaxed);
+            todo = resp.lock().send_failed(xid, op_error).into();
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! The Responder's deadlines, sans-IO: the RDMA Reads of a call's Read chunks (a peer that
+//! does not answer them in time loses the connection) and the backward-direction calls (RFC
+//! 8167) it makes. A driver sleeps until [`super::Responder::next_deadline`] and hands the
+//! Responder `now` ([`super::Responder::handle_timeout`]).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Deadlines by what they bound.
+#[derive(Debug, Default)]
+pub(super) struct Deadlines {
+    /// How long the peer may take to answer the RDMA Reads of one call; `None`: no bound.
+    pub(super) read_timeout: Option<Duration>,
+    /// Calls whose Read chunks are being pulled, by [`super::PendingCall`] id.
+    reads: HashMap<u64, Instant>,
+    next_read: u64,
+    /// Backward calls (queued or sent) by XID.
+    back: HashMap<u32, Instant>,
+}
+
+/// What expired at some `now`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Expired {
+    /// Some call's RDMA Reads were not answered in time.
+    pub(super) reads: bool,
+    /// Backward calls whose time is up, in XID order.
+    pub(super) back_calls: Vec<u32>,
+}
+
+impl Deadlines {
+    /// An id for a call that waits for its Read chunks.
+    pub(super) fn read_id(&mut self) -> u64 {
+        self.next_read += 1;
+        self.next_read
+    }
+
+    /// The driver posted the RDMA Reads of call `id` at `now`.
+    pub(super) fn reads_started(&mut self, id: u64, now: Instant) {
+        if let Some(t) = self.read_timeout {
+            self.reads.insert(id, now + t);
+        }
+    }
+
+    /// The Reads of call `id` completed or failed.
+    pub(super) fn reads_done(&mut self, id: u64) {
+        self.reads.remove(&id);
+    }
+
+    /// Backward call `xid` must be answered by `deadline`.
+    pub(super) fn back_started(&mut self, xid: u32, deadline: Option<Instant>) {
+        match deadline {
+            Some(d) => {
+                self.back.insert(xid, d);
+            }
+            None => {
+                self.back.remove(&xid);
+            }
+        }
+    }
+
+    /// Backward call `xid` was answered or abandoned.
+    pub(super) fn back_done(&mut self, xid: u32) {
+        self.back.remove(&xid);
+    }
+
+    /// The earliest deadline.
+    pub(super) fn next(&self) -> Option<Instant> {
+        self.reads.values().chain(self.back.values()).min().copied()
+    }
+
+    /// Take out everything due at `now`.
+    pub(super) fn expire(&mut self, now: Instant) -> Expired {
+        let before = self.reads.len();
+        self.reads.retain(|_, d| *d > now);
+        let mut back_calls: Vec<u32> = self
+            .back
+            .iter()
+            .filter(|(_, d)| **d <= now)
+            .map(|(x, _)| *x)
+            .collect();
+        back_calls.sort_unstable();
+        for x in &back_calls {
+            self.back.remove(x);
+        }
+        Expired {
+            reads: self.reads.len() != before,
+            back_calls,
+        }
+    }
+}
