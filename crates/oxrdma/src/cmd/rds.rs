@@ -15,7 +15,6 @@ use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::Duration;
 
-use bytes::Bytes;
 use clap::{Args, Subcommand, ValueEnum};
 use rds::engine::EngineInfo;
 use rds::{RdsStack, StackConfig};
@@ -547,20 +546,7 @@ async fn info(a: InfoArgs) -> CmdResult {
     }
     let sa = start_stack(a.local, &common).await?;
     let sb = start_stack(peer, &common).await?;
-    let xa = sa.bind(0)?;
-    let xb = sb.bind(0)?;
-    let (da, db) = (xa.local_addr(), xb.local_addr());
-    for i in 0..a.count {
-        let m = Bytes::from(i.to_be_bytes().to_vec());
-        xa.send_to(db, m.clone()).await?;
-        let (_, src) = tokio::time::timeout(Duration::from_secs(10), xb.recv_from())
-            .await
-            .map_err(|_| "no datagram within 10 s")??;
-        xb.send_to(src, m).await?;
-        tokio::time::timeout(Duration::from_secs(10), xa.recv_from())
-            .await
-            .map_err(|_| "no reply within 10 s")??;
-    }
+    let (da, db) = tools::rds::info::exchange(&sa, &sb, a.count).await?;
     println!(
         "after {} datagrams each way between rds://{da} and rds://{db}:",
         a.count

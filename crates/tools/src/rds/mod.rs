@@ -5,11 +5,11 @@
 //! - [`stress`]: rds-stress request/ack load, with `rdma_size` rds-stress `-D` (an RDMA Write
 //!   into a buffer each request advertises, counted as mbi/mbo);
 //! - [`baseline`]: a raw-TCP request/response with the same sizes, depth and tasks;
-//! - [`peer`]: the jobs of `rds peer` against a remote node (the interop lab's datagram format).
-//!
-//! `rds info` is [`rds::RdsStack::info`].
+//! - [`peer`]: the jobs of `rds peer` against a remote node (the interop lab's datagram format);
+//! - [`info`]: the short in-process exchange before `rds info` shows [`rds::RdsStack::info`].
 
 pub mod baseline;
+pub mod info;
 pub mod peer;
 pub mod ping;
 pub mod stress;
