@@ -102,7 +102,7 @@ pub async fn client(
 }
 
 /// Everything after the connection is up, under the overall time limit. On a setup error the
-/// connection events seen so far (Terminates) are printed too.
+/// connection events seen so far (Terminates) are reported too.
 async fn run_connected(
     mut p: Peer<'_>,
     conn: Connection,
