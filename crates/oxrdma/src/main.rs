@@ -3,6 +3,11 @@
 //! Each command group lives in its own module under `cmd/` and is one variant of [`Command`];
 //! adding a group means one `mod` line in `cmd/mod.rs`, one variant and one match arm here.
 //! Transports are chosen with per-transport flags (see [`endpoint`]).
+//!
+//! The CLI parses arguments and prints, nothing more: protocols live in the protocol crates, and
+//! measurement, stress, torture and test-peer logic (perf, `rds` ping/stress/peer jobs, the
+//! iwpeer protocol, `nfs bench`, `rpc bench`, `nfs torture`) in the `tools` crate, whose result
+//! structs give the `--json` output through `serde_json`.
 
 mod cmd;
 mod endpoint;

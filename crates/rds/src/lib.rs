@@ -12,9 +12,8 @@
 //!   honestly by reading how many bytes TCP still holds unacknowledged (SIOCOUTQ).
 //! - [`socket`]: [`RdsStack`] (one per local IPv4 address: listener, connections, ports) and
 //!   [`RdsSocket`] with `send_to` / `recv_from`, plus [`BlockingRdsSocket`].
-//! - [`tools`]: library functions behind `oxrdma rds ping`, `rds stress` (and a raw-TCP
-//!   baseline; with `rdma_size`, rds-stress `-D`: an RDMA Write into a buffer each request
-//!   advertises, counted as mbi/mbo); `rds info` is [`RdsStack::info`].
+//! - `rds info` is [`RdsStack::info`]; the tools behind `oxrdma rds ping` and `rds stress` are
+//!   in the `tools` crate.
 //!
 //! - [`rdma`]: RDS over RDMA on the `verbs` crate (`Transport::Rdma`; soft-iWARP by default):
 //!   the 32-byte connection private data with version negotiation, credit flow control,
@@ -53,7 +52,6 @@ pub mod error;
 pub mod rdma;
 pub mod socket;
 pub mod tcp;
-pub mod tools;
 pub mod wire;
 
 pub use engine::{Engine, EngineConfig, EngineInfo, TransportKind};

@@ -261,39 +261,6 @@ fn blocking_socket() {
     assert_eq!(got, Some((Bytes::from_static(b"blocking"), x.local_addr())));
 }
 
-/// The ping and stress library functions produce sane figures over loopback (no timing
-/// assertions: only that traffic flowed both ways).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ping_and_stress_tools() {
-    let (a, b) = pair(8).await;
-    let r = rds::tools::ping(&a, B, 3, Duration::from_millis(1), Duration::from_secs(5))
-        .await
-        .unwrap();
-    assert_eq!((r.sent, r.received), (3, 3), "{r:?}");
-    let _srv = rds::tools::stress_server(&b, 9000, 2, 256).unwrap();
-    let p = rds::tools::StressParams {
-        req_size: 1024,
-        ack_size: 256,
-        depth: 4,
-        tasks: 2,
-        duration: Duration::from_millis(300),
-        rdma_size: 0,
-    };
-    let s = rds::tools::stress_client(&a, SocketAddrV4::new(B, 9000), p)
-        .await
-        .unwrap();
-    eprintln!("rds stress: {s:?}");
-    assert!(s.acks > 0 && s.acks == s.requests, "{s:?}");
-    let (_h, addr) = rds::tools::tcp_baseline_server("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let t = rds::tools::tcp_baseline_client(addr, p).await.unwrap();
-    eprintln!("tcp baseline: {t:?}");
-    assert!(t.acks > 0 && t.acks == t.requests, "{t:?}");
-    a.shutdown();
-    b.shutdown();
-}
-
 /// Congestion over real sockets: a receiver that does not read stops the sender (would-block,
 /// or a waiting `send_to`); reading restarts it, and nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

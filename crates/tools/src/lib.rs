@@ -4,13 +4,34 @@
 //! themselves — bandwidth and latency measurement, stress and torture runs, benchmarks, and test
 //! peers. The `oxrdma` CLI parses arguments, calls into this crate and prints what it returns.
 //!
+//! - [`perf`]: `oxrdma perf`, perftest-style RDMA Write/Read/Send bandwidth and latency with the
+//!   raw-TCP ceiling of the same path, in one process or two (a control exchange in the MPA
+//!   private data: [`perf::control`]).
+//! - [`rds`](mod@rds): `rds ping`, `rds stress` (with a raw-TCP baseline and rds-stress `-D`),
+//!   and the jobs of `rds peer` against a kernel node.
+//! - [`iwpeer`]: the iwpeer protocol of the interop lab (`iwarp peer`): the 32-byte control
+//!   header codec, the responder's verdicts (sans-IO) and a thin driver over `verbs`.
+//! - [`nfs_bench`]: `nfs bench`, NFSv3 sequential READ/WRITE and GETATTR over RDMA and TCP
+//!   against an in-process server, with the raw TCP ceiling.
+//! - [`rpc_bench`]: `rpc bench`, NULL round trips at a depth, RDMA ÷ TCP.
 //! - [`torture`]: `nfs torture`, a fault-injection campaign of mixed NFSv3 operations with
 //!   connection drops from either side, checked against a model of the file tree.
 //! - [`soak`]: `nfs torture --soak`, many RPC-over-RDMA connections at full credits, sampled
 //!   (ops/s, server RSS, open registrations, credits in use).
 //!
-//! What it does not do: implement any protocol (those stay in `xdr`, `oncrpc`, `verbs`,
-//! `rpcrdma`, `rds` and `nfs`), parse command lines or print (the CLI does).
+//! Results are plain structs; those the CLI prints as `--json` derive `serde::Serialize` (field
+//! names and shape as the CLI has always printed them, figures rounded to the same decimals).
+//! Tool-private wire formats (the perf control exchange, the iwpeer header) are checked decoders
+//! that never panic, with proptests and, for iwpeer, a fuzz target.
+//!
+//! What it does not do: implement any of the real protocols (those stay in `xdr`, `oncrpc`,
+//! `verbs`, `rpcrdma`, `rds` and `nfs`), parse command lines or print (the CLI does).
 
+pub mod iwpeer;
+mod json;
+pub mod nfs_bench;
+pub mod perf;
+pub mod rds;
+pub mod rpc_bench;
 pub mod soak;
 pub mod torture;

@@ -75,7 +75,7 @@
 //! 8, vectored writes straight from registered memory and, without CRC, payload read from the
 //! socket straight into the target region. Connections can be captured to pcap files
 //! ([`ConnParams::capture_dir`], [`SoftIwarpConfig::capture_dir`] or `OXRDMA_PCAP_DIR`) that
-//! tshark decodes as MPA/DDP/RDMAP from the SYN on. [`perf`] measures bandwidth and latency.
+//! tshark decodes as MPA/DDP/RDMAP from the SYN on.
 //!
 //! ## What it does not do
 //! No MPA markers (refused with R, like siw), no memory windows, atomics or immediate data (siw
@@ -92,7 +92,6 @@ pub mod handshake;
 pub mod hw;
 pub mod mem;
 pub mod pcap;
-pub mod perf;
 pub mod wire;
 
 pub use cm::{

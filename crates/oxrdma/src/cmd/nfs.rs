@@ -8,19 +8,15 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use nfs::client::{MountClient, Nfs3Client};
 use nfs::serve::{ServeConfig, Served};
-use oncrpc::{RpcTransport, TcpClient};
-use rpcrdma::{RdmaClient, TransportConfig};
+use tools::nfs_bench::{self, BenchConfig, NFS_PORT};
 
 use super::{CmdResult, wait_for_signal};
 
 /// The conventional NFS port (RFC 1813 / IANA).
-const NFS_PORT: u16 = 2049;
 
 #[derive(Debug, Subcommand)]
 pub enum NfsCommand {
@@ -116,10 +112,6 @@ fn parse_size(s: &str) -> Result<usize, String> {
     n.checked_shl(shift)
         .filter(|v| v >> shift == n)
         .ok_or_else(|| format!("{s:?}: too large"))
-}
-
-fn localhost(port: u16) -> SocketAddr {
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
 }
 
 fn show(a: Option<SocketAddr>, scheme: &str) -> String {
@@ -365,57 +357,9 @@ pub enum ClientCommand {
     },
 }
 
-/// Connect an NFS client (AUTH_SYS) and MNT `export`; also returns the mount handle client.
-async fn connect_client(
-    rdma: Option<SocketAddr>,
-    tcp: Option<SocketAddr>,
-    mount_port: Option<u16>,
-    export: &str,
-    uid: u32,
-    gid: u32,
-) -> Result<(Nfs3Client, nfs::nfs3::Fh3, String), Box<dyn std::error::Error + Send + Sync>> {
-    let (nfs_addr, transport): (SocketAddr, Arc<dyn RpcTransport>) = match (rdma, tcp) {
-        (Some(a), _) => {
-            // RFC 8267: the NFS binding makes READ/WRITE/READLINK data DDP-eligible.
-            let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> =
-                Arc::new(nfs::ulb::NfsBinding::new());
-            let c = RdmaClient::connect_with(a, TransportConfig::default(), vec![ulb], None)
-                .await
-                .map_err(|e| format!("cannot connect to rdma://{a}: {e}"))?;
-            (a, Arc::new(c))
-        }
-        (None, Some(a)) => {
-            let c = TcpClient::connect(a)
-                .await
-                .map_err(|e| format!("cannot connect to tcp://{a}: {e}"))?;
-            (a, Arc::new(c))
-        }
-        (None, None) => return Err("give --rdma ADDR or --tcp ADDR".into()),
-    };
-    let mport = mount_port.unwrap_or(match tcp {
-        Some(t) if rdma.is_none() => t.port(),
-        _ => NFS_PORT,
-    });
-    let maddr = SocketAddr::new(nfs_addr.ip(), mport);
-    let mrpc = TcpClient::connect(maddr)
-        .await
-        .map_err(|e| format!("cannot connect to MOUNT at tcp://{maddr}: {e}"))?;
-    let root = MountClient::new(Arc::new(mrpc))
-        .mnt(export)
-        .await
-        .map_err(|e| format!("MNT {export} at tcp://{maddr}: {e}"))?;
-    let scheme = if rdma.is_some() { "rdma" } else { "tcp" };
-    let desc = format!("{scheme}://{nfs_addr} (MOUNT tcp://{maddr}, export {export})");
-    Ok((
-        Nfs3Client::new(transport).with_auth_sys(uid, gid, vec![gid]),
-        root,
-        desc,
-    ))
-}
-
 async fn client(a: ClientArgs) -> CmdResult {
     let (c, root, desc) =
-        connect_client(a.rdma, a.tcp, a.mount_port, &a.export, a.uid, a.gid).await?;
+        nfs_bench::connect_client(a.rdma, a.tcp, a.mount_port, &a.export, a.uid, a.gid).await?;
     println!("CONNECTED {desc}");
     match a.cmd {
         ClientCommand::Selftest { max_mb } => {
@@ -526,388 +470,57 @@ impl std::fmt::Display for IoSize {
     }
 }
 
-#[derive(Debug, Clone)]
-struct Row {
-    transport: &'static str,
-    op: &'static str,
-    io: Option<u32>,
-    mbs: Option<f64>,
-    ops: f64,
-    p50_us: Option<f64>,
-    p99_us: Option<f64>,
-}
+/// A progress bar on stderr, fed by the bench.
+struct Bar(indicatif::ProgressBar);
 
-type BoxErr = Box<dyn std::error::Error + Send + Sync>;
-
-fn hist() -> hdrhistogram::Histogram<u64> {
-    // 1 ns .. 100 s, 3 significant digits.
-    hdrhistogram::Histogram::new_with_bounds(1, 100_000_000_000, 3).unwrap_or_else(|_| {
-        hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!("3 digits is valid"))
-    })
-}
-
-fn row(
-    transport: &'static str,
-    op: &'static str,
-    io: Option<u32>,
-    bytes: Option<u64>,
-    n: u64,
-    el: Duration,
-    h: &hdrhistogram::Histogram<u64>,
-) -> Row {
-    let secs = el.as_secs_f64().max(1e-9);
-    Row {
-        transport,
-        op,
-        io,
-        mbs: bytes.map(|b| b as f64 / 1e6 / secs),
-        ops: n as f64 / secs,
-        p50_us: Some(h.value_at_quantile(0.5) as f64 / 1e3),
-        p99_us: Some(h.value_at_quantile(0.99) as f64 / 1e3),
-    }
-}
-
-fn progress(total: u64) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::with_draw_target(
-        Some(total),
-        indicatif::ProgressDrawTarget::stderr(),
-    );
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{spinner} {msg:28} [{bar:30}] {bytes}/{total_bytes} {elapsed}",
-    ) {
-        pb.set_style(style.progress_chars("=> "));
-    }
-    pb
-}
-
-/// One measured sequential pass over a file: `total` bytes in calls of `io`, `depth` at a time.
-struct Pass<'a> {
-    transport: &'static str,
-    io: u32,
-    total: u64,
-    depth: u64,
-    pb: &'a indicatif::ProgressBar,
-}
-
-impl Pass<'_> {
-    /// The same calls untimed over the first part of the file (see `WARM_PASS`), then the
-    /// timed pass over all of it; `then` runs inside the timing (a WRITE pass's COMMIT).
-    async fn run<F, Fut, T, TFut>(&self, op: &'static str, call: F, then: T) -> Result<Row, BoxErr>
-    where
-        F: Fn(u64) -> Fut + Copy,
-        Fut: std::future::Future<Output = Result<(), BoxErr>> + Send + 'static,
-        T: FnOnce() -> TFut,
-        TFut: std::future::Future<Output = Result<(), BoxErr>>,
-    {
-        let (name, io, total) = (self.transport, self.io, self.total);
-        let warm = total.min(WARM_PASS).div_ceil(u64::from(io)) * u64::from(io);
-        self.pb.set_message(format!("{name} warm-up {}", human(io)));
-        let unseen = indicatif::ProgressBar::hidden();
-        windowed(warm, io, self.depth, &mut hist(), &unseen, call).await?;
-        self.pb.set_message(format!("{name} {op} {}", human(io)));
-        let mut h = hist();
-        let t0 = std::time::Instant::now();
-        windowed(total, io, self.depth, &mut h, self.pb, call).await?;
-        then().await?;
-        let el = t0.elapsed();
-        Ok(row(
-            name,
-            op,
-            Some(io),
+impl Bar {
+    fn new(total: u64) -> Self {
+        let pb = indicatif::ProgressBar::with_draw_target(
             Some(total),
-            total / u64::from(io),
-            el,
-            &h,
-        ))
-    }
-}
-
-/// Sequential WRITE then READ of `total` bytes at each I/O size, then GETATTR, on one client.
-async fn bench_nfs(
-    name: &'static str,
-    c: &Nfs3Client,
-    root: &nfs::nfs3::Fh3,
-    a: &BenchArgs,
-    pb: &indicatif::ProgressBar,
-) -> Result<Vec<Row>, BoxErr> {
-    use nfs::nfs3::{CreateHow3, Sattr3, StableHow};
-    let mut rows = Vec::new();
-    for io in a.io.iter().map(|s| s.bytes()) {
-        let total = if io == 4096 {
-            (a.size_mb << 20).min(16 << 20)
-        } else {
-            a.size_mb << 20
-        };
-        let total = total.div_ceil(u64::from(io)) * u64::from(io);
-        let fname = format!("bench.{name}.{io}");
-        let fh = c
-            .create(
-                root,
-                fname.as_bytes(),
-                CreateHow3::Unchecked(Sattr3::default()),
-            )
-            .await?
-            .into_result()?
-            .obj
-            .ok_or("CREATE returned no handle")?;
-        let buf = bytes::Bytes::from(vec![0x5a_u8; io as usize]);
-        let write = |off: u64| {
-            let (c, fh, buf) = (c.clone(), fh.clone(), buf.clone());
-            async move {
-                let w = c
-                    .write(&fh, off, buf, StableHow::Unstable)
-                    .await?
-                    .into_result()?;
-                if w.count != io {
-                    return Err(format!("WRITE at {off} wrote {} of {io} bytes", w.count).into());
-                }
-                Ok(())
-            }
-        };
-        let read = |off: u64| {
-            let (c, fh) = (c.clone(), fh.clone());
-            async move {
-                let r = c.read(&fh, off, io).await?.into_result()?;
-                if r.data.0.len() != io as usize {
-                    return Err(
-                        format!("READ at {off} returned {} of {io} bytes", r.data.0.len()).into(),
-                    );
-                }
-                Ok(())
-            }
-        };
-        let pass = Pass {
-            transport: name,
-            io,
-            total,
-            depth: a.depth,
-            pb,
-        };
-        // The COMMIT is part of the WRITE pass's time.
-        rows.push(
-            pass.run("WRITE", write, || async {
-                Ok(c.commit(&fh).await?.into_result().map(drop)?)
-            })
-            .await?,
+            indicatif::ProgressDrawTarget::stderr(),
         );
-        rows.push(pass.run("READ", read, || async { Ok(()) }).await?);
-        c.remove(root, fname.as_bytes()).await?.into_result()?;
-    }
-    pb.set_message(format!("{name} GETATTR"));
-    let mut h = hist();
-    let t0 = std::time::Instant::now();
-    for _ in 0..a.getattrs {
-        let t = std::time::Instant::now();
-        c.getattr(root).await?.into_result()?;
-        let _ = h.record(t.elapsed().as_nanos() as u64);
-    }
-    rows.push(row(
-        name,
-        "GETATTR",
-        None,
-        None,
-        a.getattrs,
-        t0.elapsed(),
-        &h,
-    ));
-    Ok(rows)
-}
-
-/// Calls `op(offset)` for every `io`-sized step of `total` bytes, at most `depth` at once,
-/// recording each call's latency.
-async fn windowed<F, Fut>(
-    total: u64,
-    io: u32,
-    depth: u64,
-    h: &mut hdrhistogram::Histogram<u64>,
-    pb: &indicatif::ProgressBar,
-    op: F,
-) -> Result<(), BoxErr>
-where
-    F: Fn(u64) -> Fut,
-    Fut: std::future::Future<Output = Result<(), BoxErr>> + Send + 'static,
-{
-    let mut set = tokio::task::JoinSet::new();
-    let mut next = 0u64;
-    loop {
-        while next < total && (set.len() as u64) < depth {
-            let f = op(next);
-            set.spawn(async move {
-                let t = std::time::Instant::now();
-                f.await.map(|()| t.elapsed())
-            });
-            next += u64::from(io);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{spinner} {msg:28} [{bar:30}] {bytes}/{total_bytes} {elapsed}",
+        ) {
+            pb.set_style(style.progress_chars("=> "));
         }
-        let Some(done) = set.join_next().await else {
-            return Ok(());
-        };
-        let el = done.map_err(|e| format!("bench task: {e}"))??;
-        let _ = h.record(el.as_nanos() as u64);
-        pb.inc(u64::from(io));
+        Bar(pb)
     }
 }
 
-/// Bytes of untimed calls before each timed WRITE or READ pass, on the same connection and file:
-/// a connection's first bulk transfer still uses FPDUs of half the MSS it grows to (loopback),
-/// and the first calls of a size fill the buffer pools (client sinks, server READ buffers) with
-/// fresh memory, whose page faults (transparent huge pages zeroed) were all of the 9 % of samples
-/// in `clear_page_erms` in the first 50 ms of a 250 ms READ 1 MiB phase (perf, depth 4). A
-/// server that has run a while has neither cost; both transports get the same warm-up.
-const WARM_PASS: u64 = 16 << 20;
-
-/// Write and remove one file of the run's size before measuring, so that whichever transport
-/// goes first does not pay alone for the page cache's first use of fresh memory (measured on
-/// this project's VM: the first 1 MiB WRITE run after boot or a long pause was 3-4x slower than
-/// the same run repeated, whichever transport it was).
-fn warm_up(dir: &std::path::Path, total: u64, pb: &indicatif::ProgressBar) -> Result<(), BoxErr> {
-    use std::io::Write;
-    pb.set_message("warm-up");
-    let path = dir.join("bench.warm-up");
-    let mut f = std::fs::File::create(&path)?;
-    let buf = vec![0xa5_u8; 1 << 20];
-    for _ in 0..total.div_ceil(1 << 20) {
-        f.write_all(&buf)?;
+impl nfs_bench::Progress for Bar {
+    fn set_message(&self, msg: String) {
+        self.0.set_message(msg);
     }
-    drop(f);
-    std::fs::remove_file(&path)?;
-    Ok(())
-}
 
-/// Raw TCP streams per run; the best is the ceiling (single short streams on loopback varied
-/// 2x between runs here, with the two tasks sometimes sharing a worker thread).
-const RAW_RUNS: u64 = 3;
-
-/// The bytes each raw TCP stream moves: the run's size, at least 1 GiB.
-fn raw_bytes(size: u64) -> u64 {
-    size.max(1 << 30)
-}
-
-/// The raw TCP ceiling: the best of [`RAW_RUNS`] streams of `total` bytes over one loopback
-/// connection each, in 1 MiB writes.
-async fn bench_raw_tcp(total: u64, pb: &indicatif::ProgressBar) -> Result<Row, BoxErr> {
-    pb.set_message("raw TCP stream 1 MiB");
-    let mut best = 0f64;
-    for _ in 0..RAW_RUNS {
-        best = best.max(raw_tcp_once(total, pb).await?);
+    fn inc(&self, bytes: u64) {
+        self.0.inc(bytes);
     }
-    Ok(Row {
-        transport: "raw-tcp",
-        op: "STREAM",
-        io: Some(1 << 20),
-        mbs: Some(best / 1e6),
-        ops: best / f64::from(1u32 << 20),
-        p50_us: None,
-        p99_us: None,
-    })
-}
-
-/// One raw TCP stream of `total` bytes; returns bytes per second.
-async fn raw_tcp_once(total: u64, pb: &indicatif::ProgressBar) -> Result<f64, BoxErr> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let l = tokio::net::TcpListener::bind(localhost(0)).await?;
-    let at = l.local_addr()?;
-    let sink = tokio::spawn(async move {
-        let (mut s, _) = l.accept().await?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut got = 0u64;
-        loop {
-            let n = s.read(&mut buf).await?;
-            if n == 0 {
-                return Ok::<u64, io::Error>(got);
-            }
-            got += n as u64;
-        }
-    });
-    let mut s = tokio::net::TcpStream::connect(at).await?;
-    s.set_nodelay(true)?;
-    let buf = vec![0x5a_u8; 1 << 20];
-    let t0 = std::time::Instant::now();
-    let mut sent = 0u64;
-    while sent < total {
-        s.write_all(&buf).await?;
-        sent += buf.len() as u64;
-        pb.inc(buf.len() as u64);
-    }
-    s.shutdown().await?;
-    drop(s);
-    let got = sink.await??;
-    let el = t0.elapsed();
-    if got != sent {
-        return Err(format!("raw TCP: {got} of {sent} bytes arrived").into());
-    }
-    Ok(sent as f64 / el.as_secs_f64().max(1e-9))
-}
-
-fn human(io: u32) -> String {
-    if io >= 1 << 20 {
-        format!("{}MiB", io >> 20)
-    } else {
-        format!("{}KiB", io >> 10)
-    }
-}
-
-fn find(rows: &[Row], t: &str, op: &str, io: Option<u32>) -> Option<f64> {
-    rows.iter()
-        .find(|r| r.transport == t && r.op == op && r.io == io)
-        .and_then(|r| r.mbs)
 }
 
 async fn bench(a: BenchArgs) -> CmdResult {
-    let base = a.dir.clone().unwrap_or_else(std::env::temp_dir);
-    let tmp = tempfile::Builder::new()
-        .prefix("oxrdma-nfs-bench.")
-        .tempdir_in(&base)
-        .map_err(|e| format!("cannot make a directory under {}: {e}", base.display()))?;
-    let mut cfg = ServeConfig::new(tmp.path());
-    cfg.tcp = Some(localhost(0));
-    cfg.rdma = Some(localhost(0));
-    cfg.portmap = None;
-    let served = nfs::serve::start(cfg)
-        .await
-        .map_err(|e| format!("cannot start the NFS server: {e}"))?;
-    let (tcp, rdma) = match (served.nfs_addr, served.rdma_addr) {
-        (Some(t), Some(r)) => (t, r),
-        _ => return Err("the server did not bind both listeners".into()),
-    };
-    let per_nfs: u64 =
-        a.io.iter()
-            .map(|s| {
-                let io = s.bytes();
-                let t = if io == 4096 {
-                    (a.size_mb << 20).min(16 << 20)
-                } else {
-                    a.size_mb << 20
-                };
-                2 * t.div_ceil(u64::from(io)) * u64::from(io)
+    let cfg = BenchConfig {
+        dir: a.dir.clone().unwrap_or_else(std::env::temp_dir),
+        size_mb: a.size_mb,
+        getattrs: a.getattrs,
+        depth: a.depth,
+        io: a.io.iter().map(|s| s.bytes()).collect(),
+        transports: a
+            .transports
+            .iter()
+            .map(|t| match t {
+                Transport::Rdma => nfs_bench::Transport::Rdma,
+                Transport::Tcp => nfs_bench::Transport::Tcp,
             })
-            .sum();
-    let pb = progress(a.transports.len() as u64 * per_nfs + RAW_RUNS * raw_bytes(a.size_mb << 20));
-    let result = async {
-        let mut rows = Vec::new();
-        warm_up(tmp.path(), a.size_mb << 20, &pb)?;
-        for tr in &a.transports {
-            let (name, r, t) = match tr {
-                Transport::Rdma => ("rdma", Some(rdma), None),
-                Transport::Tcp => ("tcp", None, Some(tcp)),
-            };
-            let (c, root, _) = connect_client(r, t, Some(tcp.port()), "/", 0, 0).await?;
-            rows.extend(bench_nfs(name, &c, &root, &a, &pb).await?);
-        }
-        rows.push(bench_raw_tcp(raw_bytes(a.size_mb << 20), &pb).await?);
-        Ok::<_, BoxErr>(rows)
-    }
-    .await;
-    pb.finish_and_clear();
-    let _ = tokio::time::timeout(Duration::from_secs(5), served.shutdown()).await;
-    let rows = result?;
-    let io1m = Some(1 << 20);
-    let rd = find(&rows, "rdma", "READ", io1m);
-    let ratio_raw = rd
-        .zip(find(&rows, "raw-tcp", "STREAM", io1m))
-        .map(|(a, b)| a / b);
-    let ratio_nfs = rd.zip(find(&rows, "tcp", "READ", io1m)).map(|(a, b)| a / b);
+            .collect(),
+    };
+    let pb = Bar::new(cfg.progress_total());
+    let report = nfs_bench::run(&cfg, &pb).await;
+    pb.0.finish_and_clear();
+    let report = report?;
+    let (rows, ratio_raw, ratio_nfs) = (&report.rows, report.ratio_raw, report.ratio_nfs);
     if a.json {
-        println!("{}", bench_json(&rows, &a, ratio_raw, ratio_nfs));
+        println!("{}", serde_json::to_string(&report)?);
         return Ok(());
     }
     println!(
@@ -919,7 +532,7 @@ async fn bench(a: BenchArgs) -> CmdResult {
         "transport", "op", "io", "MB/s", "ops/s", "p50[us]", "p99[us]"
     );
     let opt = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |v| format!("{v:.p$}"));
-    for r in &rows {
+    for r in rows {
         println!(
             "{:<9} {:<8} {:>8} {:>10} {:>10.0} {:>10} {:>10}",
             r.transport,
@@ -940,34 +553,6 @@ async fn bench(a: BenchArgs) -> CmdResult {
         opt(ratio_nfs, 2)
     );
     Ok(())
-}
-
-fn bench_json(rows: &[Row], a: &BenchArgs, raw: Option<f64>, nfs: Option<f64>) -> String {
-    let num = |v: Option<f64>| v.map_or_else(|| "null".to_string(), |v| format!("{v:.3}"));
-    let rs: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            format!(
-                "{{\"transport\":\"{}\",\"op\":\"{}\",\"io\":{},\"mb_per_s\":{},\"ops_per_s\":{:.3},\"p50_us\":{},\"p99_us\":{}}}",
-                r.transport,
-                r.op,
-                r.io.map_or_else(|| "null".to_string(), |v| v.to_string()),
-                num(r.mbs),
-                r.ops,
-                num(r.p50_us),
-                num(r.p99_us)
-            )
-        })
-        .collect();
-    format!(
-        "{{\"size_mb\":{},\"depth\":{},\"getattrs\":{},\"rows\":[{}],\"ratio_read_1mib_rdma_over_raw_tcp\":{},\"ratio_read_1mib_rdma_over_nfs_tcp\":{}}}",
-        a.size_mb,
-        a.depth,
-        a.getattrs,
-        rs.join(","),
-        num(raw),
-        num(nfs)
-    )
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! - `--listen ADDR`: the server end (one client, then exit); prints `listening on ADDR`.
 //! - `--connect ADDR`: the client end, which runs the measurements and prints the table. The
 //!   control exchange (rkey/addr/len, Send credits, raw-TCP sink port) travels in the MPA private
-//!   data; it is described in `verbs::perf`.
+//!   data; it is described in `tools::perf::control`.
 //!
 //! Without `--lat` the bandwidth columns are printed (perftest's `*_bw`), with `--lat` the
 //! latency columns (perftest's `*_lat`). `--sweep` runs 2 B .. 8 MiB in powers of two (perftest's
@@ -15,7 +15,7 @@
 use std::net::SocketAddr;
 
 use clap::{Args, ValueEnum};
-use verbs::perf::{self, PerfConfig, PerfOp, PerfReport, PerfRow};
+use tools::perf::{self, PerfConfig, PerfJson, PerfOp, PerfReport, us};
 
 use super::CmdResult;
 
@@ -94,11 +94,7 @@ pub async fn run(a: PerfArgs) -> CmdResult {
         return Err("--size must be 1 ..= 4 GiB".into());
     }
     let cfg = PerfConfig {
-        op: match a.op {
-            OpArg::Write => PerfOp::Write,
-            OpArg::Read => PerfOp::Read,
-            OpArg::Send => PerfOp::Send,
-        },
+        op: perf_op(a.op),
         sizes,
         iterations: if a.lat { 0 } else { a.iters },
         latency_iterations: if a.lat { a.iters } else { 0 },
@@ -117,23 +113,22 @@ pub async fn run(a: PerfArgs) -> CmdResult {
         ),
     };
     if a.json {
-        println!("{}", to_json(&report, &a));
+        println!(
+            "{}",
+            serde_json::to_string(&PerfJson::new(&report, a.lat, a.crc))?
+        );
     } else {
         print_table(&report, &a, &place);
     }
     Ok(())
 }
 
-fn op_name(op: OpArg) -> &'static str {
+fn perf_op(op: OpArg) -> PerfOp {
     match op {
-        OpArg::Write => "RDMA_Write",
-        OpArg::Read => "RDMA_Read",
-        OpArg::Send => "Send",
+        OpArg::Write => PerfOp::Write,
+        OpArg::Read => PerfOp::Read,
+        OpArg::Send => PerfOp::Send,
     }
-}
-
-fn us(d: std::time::Duration) -> f64 {
-    d.as_secs_f64() * 1e6
 }
 
 const RULE: &str = "---------------------------------------------------------------------------------------------------------------";
@@ -142,7 +137,7 @@ fn print_table(r: &PerfReport, a: &PerfArgs, place: &str) {
     println!("{RULE}");
     println!(
         "                    {} {} Test ({}, {place})",
-        op_name(a.op),
+        perf_op(a.op).name(),
         if a.lat { "Latency" } else { "BW" },
         verbs::Device::default_device().describe()
     );
@@ -197,64 +192,9 @@ fn print_table(r: &PerfReport, a: &PerfArgs, place: &str) {
                 row.bw_avg_mbs,
                 row.msg_rate_mpps,
                 tcp,
-                ratio(row)
+                row.ratio()
             );
         }
     }
     println!("{RULE}");
-}
-
-fn ratio(row: &PerfRow) -> f64 {
-    match row.tcp_mbs {
-        Some(t) if t > 0.0 => row.bw_avg_mbs / t,
-        _ => f64::NAN,
-    }
-}
-
-/// JSON numbers cannot be NaN or infinite.
-fn num(x: f64) -> String {
-    if x.is_finite() {
-        format!("{x:.6}")
-    } else {
-        "null".to_string()
-    }
-}
-
-fn to_json(r: &PerfReport, a: &PerfArgs) -> String {
-    let rows: Vec<String> = r
-        .rows
-        .iter()
-        .map(|row| {
-            if a.lat {
-                format!(
-                    "{{\"bytes\":{},\"iterations\":{},\"t_min_us\":{},\"t_max_us\":{},\"t_typical_us\":{},\"t_avg_us\":{},\"t_p99_us\":{}}}",
-                    row.bytes,
-                    row.lat_iterations,
-                    num(us(row.t_min)),
-                    num(us(row.t_max)),
-                    num(us(row.t_typical)),
-                    num(us(row.t_avg)),
-                    num(us(row.t_p99))
-                )
-            } else {
-                format!(
-                    "{{\"bytes\":{},\"iterations\":{},\"bw_peak_mbs\":{},\"bw_avg_mbs\":{},\"msg_rate_mpps\":{},\"tcp_mbs\":{},\"ratio\":{}}}",
-                    row.bytes,
-                    row.iterations,
-                    num(row.bw_peak_mbs),
-                    num(row.bw_avg_mbs),
-                    num(row.msg_rate_mpps),
-                    num(row.tcp_mbs.unwrap_or(f64::NAN)),
-                    num(ratio(row))
-                )
-            }
-        })
-        .collect();
-    format!(
-        "{{\"op\":\"{}\",\"test\":\"{}\",\"crc\":{},\"rows\":[{}]}}",
-        op_name(a.op),
-        if a.lat { "lat" } else { "bw" },
-        a.crc,
-        rows.join(",")
-    )
 }

@@ -15,11 +15,10 @@ use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::Duration;
 
-use bytes::Bytes;
 use clap::{Args, Subcommand, ValueEnum};
 use rds::engine::EngineInfo;
-use rds::tools::{StressParams, StressResult};
 use rds::{RdsStack, StackConfig};
+use tools::rds::{PingReport, StressParams, StressResult};
 
 use super::{CmdResult, wait_for_signal};
 
@@ -253,7 +252,7 @@ async fn ping(a: PingArgs) -> CmdResult {
         if i > 0 {
             tokio::time::sleep(interval).await;
         }
-        let r = rds::tools::ping(&stack, a.addr, 1, Duration::ZERO, timeout).await?;
+        let r = tools::rds::ping(&stack, a.addr, 1, Duration::ZERO, timeout).await?;
         let rtt = r.rtts.first().copied().flatten();
         match rtt {
             Some(d) => println!("{:>4}: {} usec", i + 1, d.as_micros()),
@@ -262,29 +261,25 @@ async fn ping(a: PingArgs) -> CmdResult {
         std::io::stdout().flush()?;
         rtts.push(rtt);
     }
-    let got: Vec<Duration> = rtts.iter().flatten().copied().collect();
-    println!("--- {} rds ping statistics ---", a.addr);
-    let loss = if a.count == 0 {
-        0.0
-    } else {
-        100.0 * f64::from(a.count - got.len() as u32) / f64::from(a.count)
+    let report = PingReport {
+        dest: a.addr,
+        sent: a.count,
+        received: rtts.iter().flatten().count() as u32,
+        rtts,
     };
+    println!("--- {} rds ping statistics ---", a.addr);
     print!(
-        "{} pings sent, {} received, {loss:.0}% loss",
+        "{} pings sent, {} received, {:.0}% loss",
         a.count,
-        got.len()
+        report.received,
+        report.loss_percent()
     );
-    if got.is_empty() {
-        println!();
-    } else {
-        let us = |d: Duration| d.as_secs_f64() * 1e6;
-        let min = got.iter().map(|d| us(*d)).fold(f64::INFINITY, f64::min);
-        let max = got.iter().map(|d| us(*d)).fold(0.0, f64::max);
-        let avg = got.iter().map(|d| us(*d)).sum::<f64>() / got.len() as f64;
-        println!(", rtt min/avg/max = {min:.0}/{avg:.0}/{max:.0} usec");
+    match report.rtt_min_avg_max_us() {
+        None => println!(),
+        Some((min, avg, max)) => println!(", rtt min/avg/max = {min:.0}/{avg:.0}/{max:.0} usec"),
     }
     stack.shutdown();
-    if got.is_empty() && a.count > 0 {
+    if report.received == 0 && a.count > 0 {
         return Err(format!("no pong from {}", a.addr).into());
     }
     Ok(())
@@ -341,10 +336,10 @@ async fn stress(a: StressArgs) -> CmdResult {
     if a.server {
         let local = a.local.ok_or("--server needs --local ADDR (-r)")?;
         let stack = start_stack(local, &a.common).await?;
-        let _srv = rds::tools::stress_server_rdma(&stack, a.port, a.tasks, a.ack, a.rdma_size)?;
+        let _srv = tools::rds::stress_server_rdma(&stack, a.port, a.tasks, a.ack, a.rdma_size)?;
         let mut tcp = None;
         if a.baseline {
-            let (h, addr) = rds::tools::tcp_baseline_server((local, a.port).into()).await?;
+            let (h, addr) = tools::rds::tcp_baseline_server((local, a.port).into()).await?;
             tcp = Some(h);
             println!("raw-TCP baseline responder on {addr}");
         }
@@ -374,7 +369,7 @@ async fn stress(a: StressArgs) -> CmdResult {
             common.tport = Some(std::net::TcpListener::bind((ca, 0))?.local_addr()?.port());
         }
         let sb = start_stack(cb, &common).await?;
-        let srv = rds::tools::stress_server_rdma(&sb, a.port, a.tasks, a.ack, a.rdma_size)?;
+        let srv = tools::rds::stress_server_rdma(&sb, a.port, a.tasks, a.ack, a.rdma_size)?;
         let sa = start_stack(a.local.unwrap_or(ca), &common).await?;
         (sa, cb, Some(sb), Some(srv))
     } else {
@@ -397,21 +392,21 @@ async fn stress(a: StressArgs) -> CmdResult {
     );
     header();
     std::io::stdout().flush()?;
-    let mut r = rds::tools::stress_client(&client, SocketAddrV4::new(server_ip, a.port), p).await?;
+    let mut r = tools::rds::stress_client(&client, SocketAddrV4::new(server_ip, a.port), p).await?;
     if let Some(srv) = &_srv {
         // Both ends run in this process: the responders' RDMA Writes are its RDMA out.
-        r.mbo_kib_per_s = srv.rdma_out_bytes() as f64 / 1024.0 / r.elapsed.as_secs_f64().max(1e-9);
+        r.set_rdma_out(srv.rdma_out_bytes());
     }
     row(name, &r);
     std::io::stdout().flush()?;
     if a.baseline {
         let (h, addr) = if a.in_process {
-            let (h, addr) = rds::tools::tcp_baseline_server((server_ip, 0).into()).await?;
+            let (h, addr) = tools::rds::tcp_baseline_server((server_ip, 0).into()).await?;
             (Some(h), addr)
         } else {
             (None, (server_ip, a.port).into())
         };
-        let t = rds::tools::tcp_baseline_client(addr, p).await?;
+        let t = tools::rds::tcp_baseline_client(addr, p).await?;
         row("tcp", &t);
         if let Some(h) = h {
             h.abort();
@@ -551,20 +546,7 @@ async fn info(a: InfoArgs) -> CmdResult {
     }
     let sa = start_stack(a.local, &common).await?;
     let sb = start_stack(peer, &common).await?;
-    let xa = sa.bind(0)?;
-    let xb = sb.bind(0)?;
-    let (da, db) = (xa.local_addr(), xb.local_addr());
-    for i in 0..a.count {
-        let m = Bytes::from(i.to_be_bytes().to_vec());
-        xa.send_to(db, m.clone()).await?;
-        let (_, src) = tokio::time::timeout(Duration::from_secs(10), xb.recv_from())
-            .await
-            .map_err(|_| "no datagram within 10 s")??;
-        xb.send_to(src, m).await?;
-        tokio::time::timeout(Duration::from_secs(10), xa.recv_from())
-            .await
-            .map_err(|_| "no reply within 10 s")??;
-    }
+    let (da, db) = tools::rds::info::exchange(&sa, &sb, a.count).await?;
     println!(
         "after {} datagrams each way between rds://{da} and rds://{db}:",
         a.count

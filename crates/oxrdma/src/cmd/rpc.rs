@@ -1,13 +1,13 @@
-//! `oxrdma rpc …`: a NULL-only ONC RPC server and a NULL round-trip benchmark.
+//! `oxrdma rpc …`: a NULL-only ONC RPC server and a NULL round-trip benchmark (the measuring is
+//! `tools::rpc_bench`; this module connects, parses the arguments and prints).
 
 use std::io::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use hdrhistogram::Histogram;
-use oncrpc::{Dispatcher, RpcClient, RpcTransport, null_program};
+use oncrpc::{Dispatcher, RpcClient, null_program};
+use tools::rpc_bench::{self, BenchResult, Run, Runs, Stop, Target};
 
 use super::{CmdResult, parse_u32, wait_for_signal};
 use crate::endpoint::{self, ConnectArgs, Endpoint, ListenArgs};
@@ -113,25 +113,6 @@ async fn serve_null(a: ServeNullArgs) -> CmdResult {
     Ok(())
 }
 
-/// Latencies are recorded in nanoseconds, from 1 ns to 60 s, 3 significant digits.
-fn new_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap_or_else(|_| Histogram::new(3).unwrap())
-}
-
-enum Stop {
-    Calls(u64),
-    At(Instant),
-}
-
-struct BenchResult {
-    target: Endpoint,
-    calls: u64,
-    errors: u64,
-    first_error: Option<String>,
-    elapsed: Duration,
-    hist: Histogram<u64>,
-}
-
 async fn bench(a: BenchArgs) -> CmdResult {
     let mut local_servers = Vec::new();
     let targets = if a.in_process {
@@ -178,7 +159,7 @@ async fn bench(a: BenchArgs) -> CmdResult {
         s.shutdown().await;
     }
     if a.json {
-        println!("{}", to_json(&results, &a));
+        println!("{}", to_json(&results, &a)?);
     } else {
         print_table(&results, &a);
     }
@@ -205,7 +186,7 @@ async fn bench_one(
     duration: Option<Duration>,
 ) -> Result<BenchResult, Box<dyn std::error::Error + Send + Sync>> {
     let transport = endpoint::connect(target, a.prog, a.vers).await?;
-    let client = RpcClient::new(transport.clone(), a.prog, a.vers);
+    let client = RpcClient::new(transport, a.prog, a.vers);
     // One call first: fail fast with a clear message if the server does not serve the program.
     client
         .null()
@@ -216,132 +197,14 @@ async fn bench_one(
         (None, Some(d)) => Stop::At(Instant::now() + d),
         (None, None) => Stop::Calls(0),
     };
-    Ok(run_bench(target, &transport, &client, a.depth, stop).await)
+    Ok(rpc_bench::run(to_target(target), &client, a.depth, stop).await)
 }
 
-async fn run_bench(
-    target: Endpoint,
-    _transport: &Arc<dyn RpcTransport>,
-    client: &RpcClient,
-    depth: u32,
-    stop: Stop,
-) -> BenchResult {
-    let issued = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(stop);
-    let start = Instant::now();
-    let mut workers = Vec::with_capacity(depth as usize);
-    for _ in 0..depth {
-        let client = client.clone();
-        let issued = issued.clone();
-        let stop = stop.clone();
-        workers.push(tokio::spawn(async move {
-            let mut hist = new_histogram();
-            let mut errors = 0u64;
-            let mut first_error = None;
-            loop {
-                let go = match &*stop {
-                    Stop::Calls(n) => issued.fetch_add(1, Ordering::Relaxed) < *n,
-                    Stop::At(t) => Instant::now() < *t,
-                };
-                if !go {
-                    break;
-                }
-                let t0 = Instant::now();
-                let r = client.null().await;
-                let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                match r {
-                    Ok(()) => hist.saturating_record(ns.max(1)),
-                    Err(e) => {
-                        errors += 1;
-                        first_error.get_or_insert_with(|| e.to_string());
-                    }
-                }
-            }
-            (hist, errors, first_error)
-        }));
+fn to_target(e: Endpoint) -> Target {
+    match e {
+        Endpoint::Tcp(a) => Target::Tcp(a),
+        Endpoint::Rdma(a) => Target::Rdma(a),
     }
-    let mut hist = new_histogram();
-    let mut errors = 0;
-    let mut first_error = None;
-    for w in workers {
-        match w.await {
-            Ok((h, e, fe)) => {
-                let _ = hist.add(&h);
-                errors += e;
-                if first_error.is_none() {
-                    first_error = fe;
-                }
-            }
-            Err(e) => {
-                first_error.get_or_insert_with(|| format!("bench worker failed: {e}"));
-            }
-        }
-    }
-    let elapsed = start.elapsed();
-    BenchResult {
-        target,
-        calls: hist.len() + errors,
-        errors,
-        first_error,
-        elapsed,
-        hist,
-    }
-}
-
-fn us(ns: u64) -> f64 {
-    ns as f64 / 1000.0
-}
-
-struct Summary {
-    rate: f64,
-    p50: f64,
-    p90: f64,
-    p99: f64,
-    p999: f64,
-    max: f64,
-}
-
-fn summarize(r: &BenchResult) -> Summary {
-    let secs = r.elapsed.as_secs_f64().max(1e-9);
-    let ok = r.hist.len();
-    let q = |p: f64| {
-        if ok == 0 {
-            0.0
-        } else {
-            us(r.hist.value_at_quantile(p))
-        }
-    };
-    Summary {
-        rate: ok as f64 / secs,
-        p50: q(0.50),
-        p90: q(0.90),
-        p99: q(0.99),
-        p999: q(0.999),
-        max: if ok == 0 { 0.0 } else { us(r.hist.max()) },
-    }
-}
-
-/// RDMA ÷ TCP for rate and latency, when both transports were measured.
-struct Ratio {
-    rate: f64,
-    p50: f64,
-    p99: f64,
-}
-
-fn ratio(results: &[BenchResult]) -> Option<Ratio> {
-    let tcp = results
-        .iter()
-        .find(|r| matches!(r.target, Endpoint::Tcp(_)))?;
-    let rdma = results
-        .iter()
-        .find(|r| matches!(r.target, Endpoint::Rdma(_)))?;
-    let (t, r) = (summarize(tcp), summarize(rdma));
-    let div = |x: f64, y: f64| if y > 0.0 { x / y } else { 0.0 };
-    Some(Ratio {
-        rate: div(r.rate, t.rate),
-        p50: div(r.p50, t.p50),
-        p99: div(r.p99, t.p99),
-    })
 }
 
 fn print_table(results: &[BenchResult], a: &BenchArgs) {
@@ -369,7 +232,7 @@ fn print_table(results: &[BenchResult], a: &BenchArgs) {
         "max µs"
     );
     for r in results {
-        let s = summarize(r);
+        let s = r.summary();
         println!(
             "{:<width$} {:>10} {:>7} {:>8.2} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
             r.target.to_string(),
@@ -384,7 +247,7 @@ fn print_table(results: &[BenchResult], a: &BenchArgs) {
             s.max
         );
     }
-    if let Some(x) = ratio(results) {
+    if let Some(x) = rpc_bench::ratio(results) {
         println!(
             "rdma ÷ tcp: calls/s {:.2}×, p50 {:.2}×, p99 {:.2}×",
             x.rate, x.p50, x.p99
@@ -392,43 +255,15 @@ fn print_table(results: &[BenchResult], a: &BenchArgs) {
     }
 }
 
-fn run_json(r: &BenchResult, a: &BenchArgs) -> String {
-    let s = summarize(r);
-    format!(
-        concat!(
-            "{{\"target\":\"{}\",\"prog\":{},\"vers\":{},\"depth\":{},\"calls\":{},",
-            "\"errors\":{},\"seconds\":{:.3},\"calls_per_sec\":{:.1},",
-            "\"latency_us\":{{\"p50\":{:.1},\"p90\":{:.1},\"p99\":{:.1},\"p99_9\":{:.1},\"max\":{:.1}}}}}"
-        ),
-        r.target,
-        a.prog,
-        a.vers,
-        a.depth,
-        r.calls,
-        r.errors,
-        r.elapsed.as_secs_f64(),
-        s.rate,
-        s.p50,
-        s.p90,
-        s.p99,
-        s.p999,
-        s.max
-    )
-}
-
 /// One run: its object. Several: `{"runs":[…],"rdma_over_tcp":{…}}` (the ratio only when
 /// both transports were measured).
-fn to_json(results: &[BenchResult], a: &BenchArgs) -> String {
+fn to_json(results: &[BenchResult], a: &BenchArgs) -> serde_json::Result<String> {
+    let run = |r: &BenchResult| Run::new(r, a.prog, a.vers, a.depth);
     if let [r] = results {
-        return run_json(r, a);
+        return serde_json::to_string(&run(r));
     }
-    let runs: Vec<String> = results.iter().map(|r| run_json(r, a)).collect();
-    let ratio = match ratio(results) {
-        Some(x) => format!(
-            ",\"rdma_over_tcp\":{{\"calls_per_sec\":{:.3},\"p50\":{:.3},\"p99\":{:.3}}}",
-            x.rate, x.p50, x.p99
-        ),
-        None => String::new(),
-    };
-    format!("{{\"runs\":[{}]{ratio}}}", runs.join(","))
+    serde_json::to_string(&Runs {
+        runs: results.iter().map(run).collect(),
+        rdma_over_tcp: rpc_bench::ratio(results),
+    })
 }

@@ -1,12 +1,12 @@
 //! Measures rds-stress style request/ack over RDS/TCP on loopback (127.0.0.1 → 127.0.0.2) and
 //! the raw-TCP baseline with the same sizes:
-//! `cargo run --release -p rds --example rds_stress -- -q 8192 -a 256 -d 4 -t 2 -T 3 [-p paths]`
+//! `cargo run --release -p tools --example rds_stress -- -q 8192 -a 256 -d 4 -t 2 -T 3 [-p paths]`
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
-use rds::tools::{StressParams, StressResult};
 use rds::{RdsStack, StackConfig};
+use tools::rds::{StressParams, StressResult};
 
 fn row(name: &str, r: &StressResult) {
     println!(
@@ -49,17 +49,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     cb.max_paths = paths;
     let a = RdsStack::start(ca).await?;
     let b = RdsStack::start(cb).await?;
-    let _srv = rds::tools::stress_server(&b, 9000, p.tasks, p.ack_size)?;
+    let _srv = tools::rds::stress_server(&b, 9000, p.tasks, p.ack_size)?;
     println!("{p:?}, paths {paths}");
     println!(
         "{:>6} {:>4} {:>10} {:>10} {:>12} {:>8} {:>8} {:>9}",
         "", "tsks", "tx/s", "rx/s", "tx+rx K/s", "mbi K/s", "mbo K/s", "rtt us"
     );
-    let r = rds::tools::stress_client(&a, SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2), 9000), p)
+    let r = tools::rds::stress_client(&a, SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2), 9000), p)
         .await?;
     row("rds", &r);
-    let (_h, addr) = rds::tools::tcp_baseline_server("127.0.0.2:0".parse()?).await?;
-    let t = rds::tools::tcp_baseline_client(addr, p).await?;
+    let (_h, addr) = tools::rds::tcp_baseline_server("127.0.0.2:0".parse()?).await?;
+    let t = tools::rds::tcp_baseline_client(addr, p).await?;
     row("tcp", &t);
     let info = a.info();
     for c in &info.conns {

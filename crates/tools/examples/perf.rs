@@ -1,6 +1,6 @@
-//! Print perftest-like rows: `cargo run --release -p verbs --example perf -- [write|read|send] [tcp|loopback] [size...]`.
+//! Print perftest-like rows: `cargo run --release -p tools --example perf -- [write|read|send] [tcp|loopback] [size...]`.
 
-use verbs::perf::{PerfConfig, PerfOp, PerfTransport, run};
+use tools::perf::{PerfConfig, PerfOp, PerfTransport, run};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

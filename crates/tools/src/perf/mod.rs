@@ -24,28 +24,25 @@
 //! * Raw TCP: the same bytes through a TCP connection with the same socket options, until the
 //!   reader has them all (two processes: until the server's one-byte acknowledgement arrives).
 //!
-//! ## Control exchange (two processes)
-//! The MPA Request's private data (client → server), 16 bytes, big-endian:
-//! `"OXPF" | version 1 (u8) | op (u8: 0 Write, 1 Read, 2 Send) | window (u16) | max size (u32) |
-//! zero (u32)`. The MPA Reply's private data (server → client), 32 bytes:
-//! `"OXPF" | version 1 (u8) | zero (u8) | raw-TCP port (u16) | rkey (u32) | credits (u32) |
-//! addr (u64) | len (u64)`: the server's target region (`max size` bytes, Write/Read target) and,
-//! for Send, the number of receives it keeps posted. For every receive it completes the server
-//! reposts it and Sends a zero-length credit back; the client keeps `credits` receives posted for
-//! those and never has more Sends in flight than credits (iWARP has no RNR retry). The raw-TCP
-//! sink on the server's address and that port takes connections that start with the byte count
-//! (u64) and answers one byte once it has them all. The server serves one client and returns when
-//! it disconnects.
+//! The control exchange of two-process runs (MPA private data both ways) is in [`control`];
+//! the raw-TCP ceiling in [`tcp`].
+
+pub mod control;
+pub mod json;
+pub mod tcp;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-use crate::{
+use verbs::{
     Access, CompletionQueue, ConnParams, Device, LoopbackFabric, MemoryRegion, Provider, QueuePair,
     RecvWr, SendOp, SendWr, SoftIwarpConfig, VerbsError, WcStatus,
 };
+
+pub use control::{ControlError, HELLO_LEN, Hello, OFFER_LEN, Offer};
+pub use json::{PerfJson, PerfJsonRow};
+use tcp::tcp_sink;
+pub use tcp::{tcp_ceiling, tcp_ceiling_to};
 
 /// Which operation to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +56,17 @@ pub enum PerfOp {
 }
 
 impl PerfOp {
-    fn code(self) -> u8 {
+    /// perftest's name: `RDMA_Write`, `RDMA_Read`, `Send`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PerfOp::Write => "RDMA_Write",
+            PerfOp::Read => "RDMA_Read",
+            PerfOp::Send => "Send",
+        }
+    }
+
+    /// The operation's code in the control exchange ([`Hello`]).
+    pub fn code(self) -> u8 {
         match self {
             PerfOp::Write => 0,
             PerfOp::Read => 1,
@@ -67,7 +74,8 @@ impl PerfOp {
         }
     }
 
-    fn from_code(c: u8) -> Option<Self> {
+    /// The operation a [`Hello`] code names.
+    pub fn from_code(c: u8) -> Option<Self> {
         match c {
             0 => Some(PerfOp::Write),
             1 => Some(PerfOp::Read),
@@ -161,6 +169,21 @@ pub struct PerfRow {
     pub tcp_mbs: Option<f64>,
 }
 
+impl PerfRow {
+    /// Average bandwidth ÷ the raw-TCP ceiling (NaN when the ceiling was not measured).
+    pub fn ratio(&self) -> f64 {
+        match self.tcp_mbs {
+            Some(t) if t > 0.0 => self.bw_avg_mbs / t,
+            _ => f64::NAN,
+        }
+    }
+}
+
+/// Microseconds of `d`.
+pub fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
 /// The whole run.
 #[derive(Debug, Clone)]
 pub struct PerfReport {
@@ -172,133 +195,8 @@ pub struct PerfReport {
     pub rows: Vec<PerfRow>,
 }
 
-fn mbs(bytes: u64, d: Duration) -> f64 {
+pub(crate) fn mbs(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / d.as_secs_f64().max(1e-9) / 1e6
-}
-
-const MAGIC: &[u8; 4] = b"OXPF";
-const VERSION: u8 = 1;
-/// Length of the client's control message.
-pub const HELLO_LEN: usize = 16;
-/// Length of the server's control message.
-pub const OFFER_LEN: usize = 32;
-
-/// Client → server control message (MPA Request private data).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Hello {
-    /// Operation the client will run.
-    pub op: PerfOp,
-    /// Sends the client keeps in flight (the server posts twice as many receives).
-    pub window: u16,
-    /// Largest message size.
-    pub max_size: u32,
-}
-
-/// Server → client control message (MPA Reply private data).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Offer {
-    /// Port of the raw-TCP sink on the server's address.
-    pub tcp_port: u16,
-    /// STag of the target region.
-    pub rkey: u32,
-    /// Receives the server keeps posted (Send credits).
-    pub credits: u32,
-    /// Tagged offset of the target region.
-    pub addr: u64,
-    /// Length of the target region.
-    pub len: u64,
-}
-
-/// A malformed control message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ControlError {
-    /// Wrong length.
-    #[error("perf control message: {got} bytes, expected {want}")]
-    Length {
-        /// Bytes received.
-        got: usize,
-        /// Bytes expected.
-        want: usize,
-    },
-    /// Not "OXPF" version 1.
-    #[error("perf control message: not an oxrdma perf peer (magic/version)")]
-    Magic,
-    /// Unknown operation code.
-    #[error("perf control message: unknown operation {0}")]
-    Op(u8),
-}
-
-fn be<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
-    let mut a = [0u8; N];
-    a.copy_from_slice(&b[at..at + N]);
-    a
-}
-
-impl Hello {
-    /// Encode into the 16-byte form.
-    pub fn encode(&self) -> [u8; HELLO_LEN] {
-        let mut b = [0u8; HELLO_LEN];
-        b[..4].copy_from_slice(MAGIC);
-        b[4] = VERSION;
-        b[5] = self.op.code();
-        b[6..8].copy_from_slice(&self.window.to_be_bytes());
-        b[8..12].copy_from_slice(&self.max_size.to_be_bytes());
-        b
-    }
-
-    /// Checked decode.
-    pub fn decode(b: &[u8]) -> Result<Self, ControlError> {
-        if b.len() != HELLO_LEN {
-            return Err(ControlError::Length {
-                got: b.len(),
-                want: HELLO_LEN,
-            });
-        }
-        if &b[..4] != MAGIC || b[4] != VERSION {
-            return Err(ControlError::Magic);
-        }
-        Ok(Self {
-            op: PerfOp::from_code(b[5]).ok_or(ControlError::Op(b[5]))?,
-            window: u16::from_be_bytes(be(b, 6)),
-            max_size: u32::from_be_bytes(be(b, 8)),
-        })
-    }
-}
-
-impl Offer {
-    /// Encode into the 32-byte form.
-    pub fn encode(&self) -> [u8; OFFER_LEN] {
-        let mut b = [0u8; OFFER_LEN];
-        b[..4].copy_from_slice(MAGIC);
-        b[4] = VERSION;
-        b[6..8].copy_from_slice(&self.tcp_port.to_be_bytes());
-        b[8..12].copy_from_slice(&self.rkey.to_be_bytes());
-        b[12..16].copy_from_slice(&self.credits.to_be_bytes());
-        b[16..24].copy_from_slice(&self.addr.to_be_bytes());
-        b[24..32].copy_from_slice(&self.len.to_be_bytes());
-        b
-    }
-
-    /// Checked decode.
-    pub fn decode(b: &[u8]) -> Result<Self, ControlError> {
-        if b.len() != OFFER_LEN {
-            return Err(ControlError::Length {
-                got: b.len(),
-                want: OFFER_LEN,
-            });
-        }
-        if &b[..4] != MAGIC || b[4] != VERSION {
-            return Err(ControlError::Magic);
-        }
-        Ok(Self {
-            tcp_port: u16::from_be_bytes(be(b, 6)),
-            rkey: u32::from_be_bytes(be(b, 8)),
-            credits: u32::from_be_bytes(be(b, 12)),
-            addr: u64::from_be_bytes(be(b, 16)),
-            len: u64::from_be_bytes(be(b, 24)),
-        })
-    }
 }
 
 fn device(cfg: &PerfConfig) -> Device {
@@ -592,22 +490,6 @@ pub async fn serve_on(
     Ok(())
 }
 
-/// Read a u64 byte count, then that many bytes, then answer one byte.
-async fn tcp_sink(mut s: tokio::net::TcpStream) -> std::io::Result<()> {
-    tune(&s);
-    let total = s.read_u64().await?;
-    let mut buf = vec![0u8; 4 << 20];
-    let mut got = 0u64;
-    while got < total {
-        let n = s.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        got += n as u64;
-    }
-    s.write_all(&[1]).await
-}
-
 /// The measurements of every size, driven from the client's QP.
 async fn sweep(
     cfg: &PerfConfig,
@@ -822,70 +704,9 @@ fn check(s: WcStatus) -> Result<(), VerbsError> {
     }
 }
 
-/// Raw TCP bandwidth on 127.0.0.1 (TCP_NODELAY, 4 MiB socket buffers, like the soft-iWARP
-/// provider): `iterations` writes of `size` bytes, timed until the reader has them all.
-pub async fn tcp_ceiling(size: usize, iterations: usize) -> Result<f64, VerbsError> {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr: SocketAddr = l.local_addr()?;
-    let total = size * iterations;
-    let reader = tokio::spawn(async move {
-        let (mut s, _) = l.accept().await?;
-        tune(&s);
-        // Read into a message-sized buffer, as the soft-iWARP side reads into the region.
-        let mut buf = vec![0u8; size.clamp(64 * 1024, 4 << 20)];
-        let mut got = 0;
-        while got < total {
-            let n = s.read(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            got += n;
-        }
-        Ok::<_, std::io::Error>(Instant::now())
-    });
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    tune(&s);
-    let data = vec![0x5au8; size];
-    let start = Instant::now();
-    for _ in 0..iterations {
-        s.write_all(&data).await?;
-    }
-    let end = reader.await.map_err(|_| VerbsError::Disconnected)??;
-    Ok(mbs(total as u64, end - start))
-}
-
-/// Raw TCP bandwidth to a [`serve`] process's sink: the byte count, `iterations` writes of
-/// `size` bytes, timed until the sink's one-byte answer arrives.
-pub async fn tcp_ceiling_to(
-    sink: SocketAddr,
-    size: usize,
-    iterations: usize,
-) -> Result<f64, VerbsError> {
-    let mut s = tokio::net::TcpStream::connect(sink).await?;
-    tune(&s);
-    let total = (size * iterations) as u64;
-    let data = vec![0x5au8; size];
-    let start = Instant::now();
-    s.write_u64(total).await?;
-    for _ in 0..iterations {
-        s.write_all(&data).await?;
-    }
-    let mut ack = [0u8; 1];
-    s.read_exact(&mut ack).await?;
-    Ok(mbs(total, start.elapsed()))
-}
-
-fn tune(s: &tokio::net::TcpStream) {
-    let _ = s.set_nodelay(true);
-    let r = socket2::SockRef::from(s);
-    let _ = r.set_send_buffer_size(4 << 20);
-    let _ = r.set_recv_buffer_size(4 << 20);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
 
     #[tokio::test]
     async fn perf_runs_each_op_briefly() {
@@ -956,41 +777,6 @@ mod tests {
                 .unwrap()
                 .unwrap()
                 .unwrap();
-        }
-    }
-
-    #[test]
-    fn control_messages_reject_bad_magic_and_op() {
-        let h = Hello {
-            op: PerfOp::Send,
-            window: 16,
-            max_size: 1 << 23,
-        };
-        let mut b = h.encode();
-        b[5] = 9;
-        assert_eq!(Hello::decode(&b), Err(ControlError::Op(9)));
-        b[0] = b'X';
-        assert_eq!(Hello::decode(&b), Err(ControlError::Magic));
-        assert!(matches!(
-            Offer::decode(&h.encode()),
-            Err(ControlError::Length { got: 16, want: 32 })
-        ));
-    }
-
-    proptest! {
-        #[test]
-        fn control_round_trip(op in 0u8..3, window: u16, max_size: u32, tcp_port: u16,
-                              rkey: u32, credits: u32, addr: u64, len: u64) {
-            let h = Hello { op: PerfOp::from_code(op).unwrap(), window, max_size };
-            prop_assert_eq!(Hello::decode(&h.encode()), Ok(h));
-            let o = Offer { tcp_port, rkey, credits, addr, len };
-            prop_assert_eq!(Offer::decode(&o.encode()), Ok(o));
-        }
-
-        #[test]
-        fn control_decoders_never_panic(b in proptest::collection::vec(any::<u8>(), 0..64)) {
-            let _ = Hello::decode(&b);
-            let _ = Offer::decode(&b);
         }
     }
 }

@@ -1,77 +1,19 @@
-//! Library functions behind `oxrdma rds ping`, `rds stress` and `rds info` (the CLI crate calls
-//! these and prints the structured results), and a raw-TCP request/response baseline with the
-//! same sizes and depth for comparison.
+//! rds-stress: request/ack load from `tasks` sockets, each with `depth` requests in flight, and
+//! with `rdma_size` (rds-stress `-D`) an RDMA Write into a buffer each request advertises,
+//! counted as mbi/mbo.
 
 use std::collections::VecDeque;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::SocketAddrV4;
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use rds::rdma::RdmaBuffer;
+use rds::wire::Extension;
+use rds::{RdsError, RdsSocket, RdsStack};
 use tokio::task::JoinHandle;
-
-use crate::error::RdsError;
-use crate::socket::RdsSocket;
-use crate::tcp::RdsStack;
-
-/// Result of [`ping`] (rds-ping style).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PingReport {
-    /// Pinged node.
-    pub dest: Ipv4Addr,
-    /// Pings sent.
-    pub sent: u32,
-    /// Pongs received.
-    pub received: u32,
-    /// Round-trip time per ping (`None` = no pong within the timeout).
-    pub rtts: Vec<Option<Duration>>,
-}
-
-/// Sends `count` zero-length pings to `dest`'s port 0, one every `interval`, and reports the
-/// round-trip time of each pong (from port 0, no payload).
-pub async fn ping(
-    stack: &RdsStack,
-    dest: Ipv4Addr,
-    count: u32,
-    interval: Duration,
-    timeout: Duration,
-) -> Result<PingReport, RdsError> {
-    let sock = stack.bind(0)?;
-    let target = SocketAddrV4::new(dest, 0);
-    let mut rtts = Vec::new();
-    for i in 0..count {
-        if i > 0 {
-            tokio::time::sleep(interval).await;
-        }
-        let t0 = Instant::now();
-        tokio::time::timeout(timeout, sock.send_to(target, Bytes::new()))
-            .await
-            .map_err(|_| RdsError::Io(std::io::ErrorKind::TimedOut.into()))??;
-        let left = timeout.saturating_sub(t0.elapsed());
-        let got = tokio::time::timeout(left, async {
-            loop {
-                let (p, src) = sock.recv_from().await?;
-                if src == target && p.is_empty() {
-                    return Ok::<_, RdsError>(());
-                }
-            }
-        })
-        .await;
-        rtts.push(match got {
-            Ok(Ok(())) => Some(t0.elapsed()),
-            _ => None,
-        });
-    }
-    Ok(PingReport {
-        dest,
-        sent: count,
-        received: rtts.iter().filter(|r| r.is_some()).count() as u32,
-        rtts,
-    })
-}
 
 /// rds-stress style parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,12 +76,20 @@ pub struct StressResult {
     pub elapsed: Duration,
 }
 
+impl StressResult {
+    /// Fills in mbo from the bytes the responders RDMA-wrote ([`StressServer::rdma_out_bytes`])
+    /// when both ends ran in this process.
+    pub fn set_rdma_out(&mut self, bytes: u64) {
+        self.mbo_kib_per_s = bytes as f64 / 1024.0 / self.elapsed.as_secs_f64().max(1e-9);
+    }
+}
+
 #[derive(Default)]
-struct Tally {
-    requests: u64,
-    acks: u64,
-    rtt_sum: Duration,
-    rdma_in: u64,
+pub(crate) struct Tally {
+    pub(crate) requests: u64,
+    pub(crate) acks: u64,
+    pub(crate) rtt_sum: Duration,
+    pub(crate) rdma_in: u64,
 }
 
 /// What the responder RDMA-writes for `-D`, and what the requester checks it received.
@@ -150,7 +100,7 @@ fn rdma_pattern(len: usize) -> Bytes {
         .into()
 }
 
-fn result(p: &StressParams, t: &Tally, elapsed: Duration) -> StressResult {
+pub(crate) fn result(p: &StressParams, t: &Tally, elapsed: Duration) -> StressResult {
     let s = elapsed.as_secs_f64().max(1e-9);
     StressResult {
         tasks: p.tasks,
@@ -265,7 +215,7 @@ async fn stress_send(
     dest: SocketAddrV4,
     req: &Bytes,
     rdma_size: usize,
-) -> Option<Option<crate::rdma::RdmaBuffer>> {
+) -> Option<Option<RdmaBuffer>> {
     if rdma_size == 0 {
         return sock.send_to(dest, req.clone()).await.ok().map(|_| None);
     }
@@ -298,7 +248,7 @@ pub async fn stress_client(
         let stack = stack.clone();
         let expect = rdma_pattern(p.rdma_size);
         hs.push(tokio::spawn(async move {
-            let mut sent_at: VecDeque<(Instant, Option<crate::rdma::RdmaBuffer>)> = VecDeque::new();
+            let mut sent_at: VecDeque<(Instant, Option<RdmaBuffer>)> = VecDeque::new();
             let mut t = Tally::default();
             for _ in 0..p.depth.max(1) {
                 let Some(buf) = stress_send(&sock, &stack, dest, &req, p.rdma_size).await else {
@@ -320,7 +270,7 @@ pub async fn stress_client(
                     // count its bytes once they are checked.
                     if let Some(buf) = buf {
                         let done = d.ext.iter().any(|e| {
-                            matches!(e, crate::wire::Extension::Rdma { rkey }
+                            matches!(e, Extension::Rdma { rkey }
                                 if u64::from(*rkey) == buf.cookie() & 0xffff_ffff)
                         });
                         if done && buf.read() == expect {
@@ -353,118 +303,4 @@ pub async fn stress_client(
     let elapsed = start.elapsed();
     let g = tally.lock();
     Ok(result(&p, &g, elapsed))
-}
-
-/// Raw-TCP baseline responder: frames are `[u32 req_len][u32 ack_len][req bytes]`, answered
-/// with `[u32 ack_len][ack bytes]`. Returns the task and the bound address.
-pub async fn tcp_baseline_server(
-    addr: SocketAddr,
-) -> std::io::Result<(JoinHandle<()>, SocketAddr)> {
-    let l = TcpListener::bind(addr).await?;
-    let local = l.local_addr()?;
-    let h = tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let _ = s.set_nodelay(true);
-                let (mut r, mut w) = s.into_split();
-                let mut buf = Vec::new();
-                loop {
-                    let mut hdr = [0u8; 8];
-                    if r.read_exact(&mut hdr).await.is_err() {
-                        return;
-                    }
-                    let req = u32::from_be_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
-                    let ack = u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]) as usize;
-                    if req > (1 << 20) || ack > (1 << 20) {
-                        return;
-                    }
-                    buf.resize(req, 0);
-                    if r.read_exact(&mut buf).await.is_err() {
-                        return;
-                    }
-                    let mut out = Vec::with_capacity(4 + ack);
-                    out.extend_from_slice(&(ack as u32).to_be_bytes());
-                    out.resize(4 + ack, 0);
-                    if w.write_all(&out).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    Ok((h, local))
-}
-
-/// Raw-TCP baseline client with the same sizes, depth, tasks and duration as [`stress_client`]:
-/// one TCP connection per task.
-pub async fn tcp_baseline_client(
-    server: SocketAddr,
-    p: StressParams,
-) -> std::io::Result<StressResult> {
-    let start = Instant::now();
-    let deadline = start + p.duration;
-    let mut hs = Vec::new();
-    for _ in 0..p.tasks {
-        let s = TcpStream::connect(server).await?;
-        s.set_nodelay(true)?;
-        let (mut r, mut w) = s.into_split();
-        let mut frame = Vec::with_capacity(8 + p.req_size);
-        frame.extend_from_slice(&(p.req_size as u32).to_be_bytes());
-        frame.extend_from_slice(&(p.ack_size as u32).to_be_bytes());
-        frame.resize(8 + p.req_size, 0x55);
-        let sent_at = Arc::new(Mutex::new(VecDeque::<Instant>::new()));
-        let permits = Arc::new(tokio::sync::Semaphore::new(p.depth.max(1)));
-        let (sa, pw) = (Arc::clone(&sent_at), Arc::clone(&permits));
-        let writer = tokio::spawn(async move {
-            let mut n = 0u64;
-            while Instant::now() < deadline {
-                let Ok(permit) = pw.acquire().await else {
-                    break;
-                };
-                permit.forget();
-                sa.lock().push_back(Instant::now());
-                if w.write_all(&frame).await.is_err() {
-                    break;
-                }
-                n += 1;
-            }
-            // The responder answers everything, then sees EOF and closes: the reader stops there.
-            let _ = w.shutdown().await;
-            n
-        });
-        hs.push(tokio::spawn(async move {
-            let mut t = Tally::default();
-            let mut buf = Vec::new();
-            loop {
-                let left =
-                    deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(2);
-                let mut hdr = [0u8; 4];
-                match tokio::time::timeout(left, r.read_exact(&mut hdr)).await {
-                    Ok(Ok(_)) => {}
-                    _ => break,
-                }
-                let len = u32::from_be_bytes(hdr) as usize;
-                buf.resize(len, 0);
-                if r.read_exact(&mut buf).await.is_err() {
-                    break;
-                }
-                if let Some(t0) = sent_at.lock().pop_front() {
-                    t.rtt_sum += t0.elapsed();
-                }
-                t.acks += 1;
-                permits.add_permits(1);
-            }
-            t.requests = writer.await.unwrap_or(0);
-            t
-        }));
-    }
-    let mut total = Tally::default();
-    for h in hs {
-        if let Ok(t) = h.await {
-            total.requests += t.requests;
-            total.acks += t.acks;
-            total.rtt_sum += t.rtt_sum;
-        }
-    }
-    Ok(result(&p, &total, start.elapsed()))
 }

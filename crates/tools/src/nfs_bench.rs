@@ -1,0 +1,644 @@
+//! `nfs bench`: a self-contained NFSv3 benchmark. A fresh in-process server over a temporary
+//! directory; for each transport (RPC-over-RDMA, TCP) a client that WRITEs then READs a file
+//! sequentially at each I/O size, `depth` calls in flight (the WRITE pass ends with a COMMIT),
+//! then GETATTRs one at a time; then the raw TCP ceiling of the same loopback (the best of
+//! [`RAW_RUNS`] streams). Rows carry MB/s, ops/s and per-call p50/p99; the report also carries
+//! the READ 1 MiB ratios RDMA ÷ raw TCP and RDMA ÷ NFS over TCP.
+//!
+//! RFC 8267 §5.1: only NFS itself goes over RPC-over-RDMA; MOUNT stays on TCP (the server
+//! answers MOUNT on its NFS TCP port).
+//!
+//! Progress is reported through [`Progress`]; the CLI draws it and prints the report.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nfs::client::{ClientError, MountClient, Nfs3Client};
+use nfs::serve::ServeConfig;
+use oncrpc::{RpcTransport, TcpClient};
+use rpcrdma::{RdmaClient, TransportConfig};
+use serde::Serialize;
+
+/// Port NFS servers listen on (the MOUNT default for RPC-over-RDMA clients).
+pub const NFS_PORT: u16 = 2049;
+
+/// Why a bench or a mount failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    /// An NFS or MOUNT call failed.
+    #[error(transparent)]
+    Nfs(#[from] ClientError),
+    /// Local I/O (the export directory, the raw TCP stream) failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// A bench task ended without an answer.
+    #[error(transparent)]
+    Join(#[from] tokio::task::JoinError),
+    /// Anything else, in words.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<String> for BenchError {
+    fn from(s: String) -> Self {
+        BenchError::Failed(s)
+    }
+}
+
+impl From<&str> for BenchError {
+    fn from(s: &str) -> Self {
+        BenchError::Failed(s.to_string())
+    }
+}
+
+type BoxErr = BenchError;
+
+/// Where the bench says how far it got (a progress bar, or nothing).
+pub trait Progress: Send + Sync {
+    /// What is being measured now.
+    fn set_message(&self, msg: String);
+    /// `bytes` more moved.
+    fn inc(&self, bytes: u64);
+}
+
+/// No progress reports.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn set_message(&self, _: String) {}
+    fn inc(&self, _: u64) {}
+}
+
+/// An NFS transport the bench measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// RPC-over-RDMA (soft-iWARP).
+    Rdma,
+    /// TCP.
+    Tcp,
+}
+
+impl Transport {
+    /// Both, in the default order.
+    pub const ALL: [Transport; 2] = [Transport::Rdma, Transport::Tcp];
+
+    /// `rdma` or `tcp`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Rdma => "rdma",
+            Transport::Tcp => "tcp",
+        }
+    }
+}
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Make the temporary export under this directory.
+    pub dir: PathBuf,
+    /// Bytes moved per READ/WRITE measurement, in MiB (4 KiB I/O moves at most 16 MiB).
+    pub size_mb: u64,
+    /// GETATTR calls per transport.
+    pub getattrs: u64,
+    /// READ/WRITE calls kept in flight (GETATTR stays at one).
+    pub depth: u64,
+    /// READ/WRITE I/O sizes, bytes.
+    pub io: Vec<u32>,
+    /// NFS transports, in this order (the raw TCP stream is always measured).
+    pub transports: Vec<Transport>,
+}
+
+impl BenchConfig {
+    /// Bytes moved at I/O size `io` per pass.
+    fn pass_bytes(&self, io: u32) -> u64 {
+        let t = if io == 4096 {
+            (self.size_mb << 20).min(16 << 20)
+        } else {
+            self.size_mb << 20
+        };
+        t.div_ceil(u64::from(io)) * u64::from(io)
+    }
+
+    /// Bytes the whole run moves through [`Progress::inc`].
+    pub fn progress_total(&self) -> u64 {
+        let per_nfs: u64 = self.io.iter().map(|&io| 2 * self.pass_bytes(io)).sum();
+        self.transports.len() as u64 * per_nfs + RAW_RUNS * raw_bytes(self.size_mb << 20)
+    }
+}
+
+/// One measurement.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    /// `rdma`, `tcp` or `raw-tcp`.
+    pub transport: &'static str,
+    /// `WRITE`, `READ`, `GETATTR` or `STREAM`.
+    pub op: &'static str,
+    /// I/O size, bytes (none for GETATTR).
+    pub io: Option<u32>,
+    /// MB/s (10^6 bytes), for data ops.
+    #[serde(rename = "mb_per_s", serialize_with = "crate::json::opt3")]
+    pub mbs: Option<f64>,
+    /// Calls per second.
+    #[serde(rename = "ops_per_s", serialize_with = "crate::json::f3")]
+    pub ops: f64,
+    /// Median call latency, microseconds.
+    #[serde(serialize_with = "crate::json::opt3")]
+    pub p50_us: Option<f64>,
+    /// 99th percentile call latency, microseconds.
+    #[serde(serialize_with = "crate::json::opt3")]
+    pub p99_us: Option<f64>,
+}
+
+/// The whole run, as `oxrdma nfs bench --json` prints it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchReport {
+    /// MiB per READ/WRITE run.
+    pub size_mb: u64,
+    /// READ/WRITE calls in flight.
+    pub depth: u64,
+    /// GETATTRs per transport.
+    pub getattrs: u64,
+    /// Every measurement, in order.
+    pub rows: Vec<Row>,
+    /// READ 1 MiB over RDMA ÷ the raw TCP stream.
+    #[serde(
+        rename = "ratio_read_1mib_rdma_over_raw_tcp",
+        serialize_with = "crate::json::opt3"
+    )]
+    pub ratio_raw: Option<f64>,
+    /// READ 1 MiB over RDMA ÷ READ 1 MiB over NFS/TCP.
+    #[serde(
+        rename = "ratio_read_1mib_rdma_over_nfs_tcp",
+        serialize_with = "crate::json::opt3"
+    )]
+    pub ratio_nfs: Option<f64>,
+}
+
+fn localhost(port: u16) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+}
+
+fn hist() -> hdrhistogram::Histogram<u64> {
+    // 1 ns .. 100 s, 3 significant digits.
+    hdrhistogram::Histogram::new_with_bounds(1, 100_000_000_000, 3).unwrap_or_else(|_| {
+        hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!("3 digits is valid"))
+    })
+}
+
+fn row(
+    transport: &'static str,
+    op: &'static str,
+    io: Option<u32>,
+    bytes: Option<u64>,
+    n: u64,
+    el: Duration,
+    h: &hdrhistogram::Histogram<u64>,
+) -> Row {
+    let secs = el.as_secs_f64().max(1e-9);
+    Row {
+        transport,
+        op,
+        io,
+        mbs: bytes.map(|b| b as f64 / 1e6 / secs),
+        ops: n as f64 / secs,
+        p50_us: Some(h.value_at_quantile(0.5) as f64 / 1e3),
+        p99_us: Some(h.value_at_quantile(0.99) as f64 / 1e3),
+    }
+}
+
+/// One measured sequential pass over a file: `total` bytes in calls of `io`, `depth` at a time.
+struct Pass<'a> {
+    transport: &'static str,
+    io: u32,
+    total: u64,
+    depth: u64,
+    pb: &'a dyn Progress,
+}
+
+impl Pass<'_> {
+    /// The same calls untimed over the first part of the file (see `WARM_PASS`), then the
+    /// timed pass over all of it; `then` runs inside the timing (a WRITE pass's COMMIT).
+    async fn run<F, Fut, T, TFut>(&self, op: &'static str, call: F, then: T) -> Result<Row, BoxErr>
+    where
+        F: Fn(u64) -> Fut + Copy,
+        Fut: std::future::Future<Output = Result<(), BoxErr>> + Send + 'static,
+        T: FnOnce() -> TFut,
+        TFut: std::future::Future<Output = Result<(), BoxErr>>,
+    {
+        let (name, io, total) = (self.transport, self.io, self.total);
+        let warm = total.min(WARM_PASS).div_ceil(u64::from(io)) * u64::from(io);
+        self.pb.set_message(format!("{name} warm-up {}", human(io)));
+        windowed(warm, io, self.depth, &mut hist(), &NoProgress, call).await?;
+        self.pb.set_message(format!("{name} {op} {}", human(io)));
+        let mut h = hist();
+        let t0 = std::time::Instant::now();
+        windowed(total, io, self.depth, &mut h, self.pb, call).await?;
+        then().await?;
+        let el = t0.elapsed();
+        Ok(row(
+            name,
+            op,
+            Some(io),
+            Some(total),
+            total / u64::from(io),
+            el,
+            &h,
+        ))
+    }
+}
+
+/// Sequential WRITE then READ of `total` bytes at each I/O size, then GETATTR, on one client.
+async fn bench_nfs(
+    name: &'static str,
+    c: &Nfs3Client,
+    root: &nfs::nfs3::Fh3,
+    a: &BenchConfig,
+    pb: &dyn Progress,
+) -> Result<Vec<Row>, BoxErr> {
+    use nfs::nfs3::{CreateHow3, Sattr3, StableHow};
+    let mut rows = Vec::new();
+    for io in a.io.iter().copied() {
+        let total = a.pass_bytes(io);
+        let fname = format!("bench.{name}.{io}");
+        let fh = c
+            .create(
+                root,
+                fname.as_bytes(),
+                CreateHow3::Unchecked(Sattr3::default()),
+            )
+            .await?
+            .into_result()?
+            .obj
+            .ok_or("CREATE returned no handle")?;
+        let buf = bytes::Bytes::from(vec![0x5a_u8; io as usize]);
+        let write = |off: u64| {
+            let (c, fh, buf) = (c.clone(), fh.clone(), buf.clone());
+            async move {
+                let w = c
+                    .write(&fh, off, buf, StableHow::Unstable)
+                    .await?
+                    .into_result()?;
+                if w.count != io {
+                    return Err(format!("WRITE at {off} wrote {} of {io} bytes", w.count).into());
+                }
+                Ok(())
+            }
+        };
+        let read = |off: u64| {
+            let (c, fh) = (c.clone(), fh.clone());
+            async move {
+                let r = c.read(&fh, off, io).await?.into_result()?;
+                if r.data.0.len() != io as usize {
+                    return Err(
+                        format!("READ at {off} returned {} of {io} bytes", r.data.0.len()).into(),
+                    );
+                }
+                Ok(())
+            }
+        };
+        let pass = Pass {
+            transport: name,
+            io,
+            total,
+            depth: a.depth,
+            pb,
+        };
+        // The COMMIT is part of the WRITE pass's time.
+        rows.push(
+            pass.run("WRITE", write, || async {
+                Ok(c.commit(&fh).await?.into_result().map(drop)?)
+            })
+            .await?,
+        );
+        rows.push(pass.run("READ", read, || async { Ok(()) }).await?);
+        c.remove(root, fname.as_bytes()).await?.into_result()?;
+    }
+    pb.set_message(format!("{name} GETATTR"));
+    let mut h = hist();
+    let t0 = std::time::Instant::now();
+    for _ in 0..a.getattrs {
+        let t = std::time::Instant::now();
+        c.getattr(root).await?.into_result()?;
+        let _ = h.record(t.elapsed().as_nanos() as u64);
+    }
+    rows.push(row(
+        name,
+        "GETATTR",
+        None,
+        None,
+        a.getattrs,
+        t0.elapsed(),
+        &h,
+    ));
+    Ok(rows)
+}
+
+/// Calls `op(offset)` for every `io`-sized step of `total` bytes, at most `depth` at once,
+/// recording each call's latency.
+async fn windowed<F, Fut>(
+    total: u64,
+    io: u32,
+    depth: u64,
+    h: &mut hdrhistogram::Histogram<u64>,
+    pb: &dyn Progress,
+    op: F,
+) -> Result<(), BoxErr>
+where
+    F: Fn(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<(), BoxErr>> + Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    let mut next = 0u64;
+    loop {
+        while next < total && (set.len() as u64) < depth {
+            let f = op(next);
+            set.spawn(async move {
+                let t = std::time::Instant::now();
+                f.await.map(|()| t.elapsed())
+            });
+            next += u64::from(io);
+        }
+        let Some(done) = set.join_next().await else {
+            return Ok(());
+        };
+        let el = done.map_err(|e| format!("bench task: {e}"))??;
+        let _ = h.record(el.as_nanos() as u64);
+        pb.inc(u64::from(io));
+    }
+}
+
+/// Bytes of untimed calls before each timed WRITE or READ pass, on the same connection and file:
+/// a connection's first bulk transfer still uses FPDUs of half the MSS it grows to (loopback),
+/// and the first calls of a size fill the buffer pools (client sinks, server READ buffers) with
+/// fresh memory, whose page faults (transparent huge pages zeroed) were all of the 9 % of samples
+/// in `clear_page_erms` in the first 50 ms of a 250 ms READ 1 MiB phase (perf, depth 4). A
+/// server that has run a while has neither cost; both transports get the same warm-up.
+const WARM_PASS: u64 = 16 << 20;
+
+/// Write and remove one file of the run's size before measuring, so that whichever transport
+/// goes first does not pay alone for the page cache's first use of fresh memory (measured on
+/// this project's VM: the first 1 MiB WRITE run after boot or a long pause was 3-4x slower than
+/// the same run repeated, whichever transport it was).
+fn warm_up(dir: &std::path::Path, total: u64, pb: &dyn Progress) -> Result<(), BoxErr> {
+    use std::io::Write;
+    pb.set_message("warm-up".to_string());
+    let path = dir.join("bench.warm-up");
+    let mut f = std::fs::File::create(&path)?;
+    let buf = vec![0xa5_u8; 1 << 20];
+    for _ in 0..total.div_ceil(1 << 20) {
+        f.write_all(&buf)?;
+    }
+    drop(f);
+    std::fs::remove_file(&path)?;
+    Ok(())
+}
+
+/// Raw TCP streams per run; the best is the ceiling (single short streams on loopback varied
+/// 2x between runs here, with the two tasks sometimes sharing a worker thread).
+pub const RAW_RUNS: u64 = 3;
+
+/// The bytes each raw TCP stream moves: the run's size, at least 1 GiB.
+fn raw_bytes(size: u64) -> u64 {
+    size.max(1 << 30)
+}
+
+/// The raw TCP ceiling: the best of [`RAW_RUNS`] streams of `total` bytes over one loopback
+/// connection each, in 1 MiB writes.
+async fn bench_raw_tcp(total: u64, pb: &dyn Progress) -> Result<Row, BoxErr> {
+    pb.set_message("raw TCP stream 1 MiB".to_string());
+    let mut best = 0f64;
+    for _ in 0..RAW_RUNS {
+        best = best.max(raw_tcp_once(total, pb).await?);
+    }
+    Ok(Row {
+        transport: "raw-tcp",
+        op: "STREAM",
+        io: Some(1 << 20),
+        mbs: Some(best / 1e6),
+        ops: best / f64::from(1u32 << 20),
+        p50_us: None,
+        p99_us: None,
+    })
+}
+
+/// One raw TCP stream of `total` bytes; returns bytes per second.
+async fn raw_tcp_once(total: u64, pb: &dyn Progress) -> Result<f64, BoxErr> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind(localhost(0)).await?;
+    let at = l.local_addr()?;
+    let sink = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0u64;
+        loop {
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<u64, io::Error>(got);
+            }
+            got += n as u64;
+        }
+    });
+    let mut s = tokio::net::TcpStream::connect(at).await?;
+    s.set_nodelay(true)?;
+    let buf = vec![0x5a_u8; 1 << 20];
+    let t0 = std::time::Instant::now();
+    let mut sent = 0u64;
+    while sent < total {
+        s.write_all(&buf).await?;
+        sent += buf.len() as u64;
+        pb.inc(buf.len() as u64);
+    }
+    s.shutdown().await?;
+    drop(s);
+    let got = sink.await??;
+    let el = t0.elapsed();
+    if got != sent {
+        return Err(format!("raw TCP: {got} of {sent} bytes arrived").into());
+    }
+    Ok(sent as f64 / el.as_secs_f64().max(1e-9))
+}
+
+fn human(io: u32) -> String {
+    if io >= 1 << 20 {
+        format!("{}MiB", io >> 20)
+    } else {
+        format!("{}KiB", io >> 10)
+    }
+}
+
+fn find(rows: &[Row], t: &str, op: &str, io: Option<u32>) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.transport == t && r.op == op && r.io == io)
+        .and_then(|r| r.mbs)
+}
+
+/// Connect an NFS client (AUTH_SYS uid/gid) over RPC-over-RDMA to `rdma`, else over TCP to `tcp`,
+/// and MNT `export` over TCP on the NFS host (port `mount_port`, else the TCP port, else
+/// [`NFS_PORT`]); returns the client, the export's root handle and a description.
+pub async fn connect_client(
+    rdma: Option<SocketAddr>,
+    tcp: Option<SocketAddr>,
+    mount_port: Option<u16>,
+    export: &str,
+    uid: u32,
+    gid: u32,
+) -> Result<(Nfs3Client, nfs::nfs3::Fh3, String), BenchError> {
+    let (nfs_addr, transport): (SocketAddr, Arc<dyn RpcTransport>) = match (rdma, tcp) {
+        (Some(a), _) => {
+            // RFC 8267: the NFS binding makes READ/WRITE/READLINK data DDP-eligible.
+            let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> =
+                Arc::new(nfs::ulb::NfsBinding::new());
+            let c = RdmaClient::connect_with(a, TransportConfig::default(), vec![ulb], None)
+                .await
+                .map_err(|e| format!("cannot connect to rdma://{a}: {e}"))?;
+            (a, Arc::new(c))
+        }
+        (None, Some(a)) => {
+            let c = TcpClient::connect(a)
+                .await
+                .map_err(|e| format!("cannot connect to tcp://{a}: {e}"))?;
+            (a, Arc::new(c))
+        }
+        (None, None) => return Err("give --rdma ADDR or --tcp ADDR".into()),
+    };
+    let mport = mount_port.unwrap_or(match tcp {
+        Some(t) if rdma.is_none() => t.port(),
+        _ => NFS_PORT,
+    });
+    let maddr = SocketAddr::new(nfs_addr.ip(), mport);
+    let mrpc = TcpClient::connect(maddr)
+        .await
+        .map_err(|e| format!("cannot connect to MOUNT at tcp://{maddr}: {e}"))?;
+    let root = MountClient::new(Arc::new(mrpc))
+        .mnt(export)
+        .await
+        .map_err(|e| format!("MNT {export} at tcp://{maddr}: {e}"))?;
+    let scheme = if rdma.is_some() { "rdma" } else { "tcp" };
+    let desc = format!("{scheme}://{nfs_addr} (MOUNT tcp://{maddr}, export {export})");
+    Ok((
+        Nfs3Client::new(transport).with_auth_sys(uid, gid, vec![gid]),
+        root,
+        desc,
+    ))
+}
+
+/// Run the bench: a fresh server over a temporary directory under `a.dir`, every transport of
+/// `a`, then the raw TCP ceiling.
+pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, BenchError> {
+    let base = a.dir.clone();
+    let tmp = tempfile::Builder::new()
+        .prefix("oxrdma-nfs-bench.")
+        .tempdir_in(&base)
+        .map_err(|e| format!("cannot make a directory under {}: {e}", base.display()))?;
+    let mut cfg = ServeConfig::new(tmp.path());
+    cfg.tcp = Some(localhost(0));
+    cfg.rdma = Some(localhost(0));
+    cfg.portmap = None;
+    let served = nfs::serve::start(cfg)
+        .await
+        .map_err(|e| format!("cannot start the NFS server: {e}"))?;
+    let (tcp, rdma) = match (served.nfs_addr, served.rdma_addr) {
+        (Some(t), Some(r)) => (t, r),
+        _ => return Err("the server did not bind both listeners".into()),
+    };
+    let result = async {
+        let mut rows = Vec::new();
+        warm_up(tmp.path(), a.size_mb << 20, pb)?;
+        for tr in &a.transports {
+            let (r, t) = match tr {
+                Transport::Rdma => (Some(rdma), None),
+                Transport::Tcp => (None, Some(tcp)),
+            };
+            let name = tr.name();
+            let (c, root, _) = connect_client(r, t, Some(tcp.port()), "/", 0, 0).await?;
+            rows.extend(bench_nfs(name, &c, &root, a, pb).await?);
+        }
+        rows.push(bench_raw_tcp(raw_bytes(a.size_mb << 20), pb).await?);
+        Ok::<_, BoxErr>(rows)
+    }
+    .await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), served.shutdown()).await;
+    let rows = result?;
+    let io1m = Some(1 << 20);
+    let rd = find(&rows, "rdma", "READ", io1m);
+    let ratio_raw = rd
+        .zip(find(&rows, "raw-tcp", "STREAM", io1m))
+        .map(|(a, b)| a / b);
+    let ratio_nfs = rd.zip(find(&rows, "tcp", "READ", io1m)).map(|(a, b)| a / b);
+    Ok(BenchReport {
+        size_mb: a.size_mb,
+        depth: a.depth,
+        getattrs: a.getattrs,
+        rows,
+        ratio_raw,
+        ratio_nfs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_shape_is_the_cli_s() {
+        let r = BenchReport {
+            size_mb: 4,
+            depth: 2,
+            getattrs: 10,
+            rows: vec![
+                Row {
+                    transport: "rdma",
+                    op: "READ",
+                    io: Some(1 << 20),
+                    mbs: Some(1234.56789),
+                    ops: 1177.3456,
+                    p50_us: Some(800.0),
+                    p99_us: Some(f64::NAN),
+                },
+                Row {
+                    transport: "tcp",
+                    op: "GETATTR",
+                    io: None,
+                    mbs: None,
+                    ops: 20000.0,
+                    p50_us: Some(49.9996),
+                    p99_us: Some(61.0),
+                },
+            ],
+            ratio_raw: Some(0.81234),
+            ratio_nfs: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            concat!(
+                r#"{"size_mb":4,"depth":2,"getattrs":10,"rows":["#,
+                r#"{"transport":"rdma","op":"READ","io":1048576,"mb_per_s":1234.568,"#,
+                r#""ops_per_s":1177.346,"p50_us":800.0,"p99_us":null},"#,
+                r#"{"transport":"tcp","op":"GETATTR","io":null,"mb_per_s":null,"#,
+                r#""ops_per_s":20000.0,"p50_us":50.0,"p99_us":61.0}],"#,
+                r#""ratio_read_1mib_rdma_over_raw_tcp":0.812,"#,
+                r#""ratio_read_1mib_rdma_over_nfs_tcp":null}"#
+            )
+        );
+    }
+
+    #[test]
+    fn progress_total_counts_both_passes_and_the_raw_streams() {
+        let c = BenchConfig {
+            dir: std::env::temp_dir(),
+            size_mb: 64,
+            getattrs: 1,
+            depth: 1,
+            io: vec![4096, 1 << 20],
+            transports: Transport::ALL.to_vec(),
+        };
+        // 4 KiB moves at most 16 MiB; each transport WRITEs and READs.
+        let per_nfs = 2 * (16 << 20) + 2 * (64 << 20);
+        assert_eq!(c.progress_total(), 2 * per_nfs + RAW_RUNS * (1 << 30));
+    }
+}
