@@ -176,9 +176,8 @@ impl CqInner {
 #[derive(Clone, Default)]
 pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,
-    /// The rdma-core CQ feeding `inner` (or why it could not be created).
-    #[cfg(feature = "rdma-core")]
-    pub(crate) hw: Option<Result<Arc<crate::hw::HwCq>, crate::VerbsError>>,
+    /// The native CQ feeding `inner` (or why it could not be created).
+    pub(crate) native: Option<Result<Arc<dyn crate::provider::NativeCq>, crate::VerbsError>>,
 }
 
 impl fmt::Debug for CompletionQueue {

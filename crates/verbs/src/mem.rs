@@ -10,6 +10,7 @@ use bytes::Bytes;
 use rand::Rng;
 
 use crate::VerbsError;
+use crate::provider::{NativeMr, NativePd};
 
 /// Memory access rights (rdma-core `IBV_ACCESS_*`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -258,10 +259,9 @@ impl StagTable {
 pub struct ProtectionDomain {
     pub(crate) id: u32,
     pub(crate) table: Arc<StagTable>,
-    pub(crate) device: crate::cm::Device,
-    /// The rdma-core PD (or why it could not be allocated); `None` for soft providers.
-    #[cfg(feature = "rdma-core")]
-    pub(crate) hw: Option<Result<Arc<crate::hw::HwPd>, VerbsError>>,
+    pub(crate) device: crate::Device,
+    /// The native PD (or why it could not be allocated); `None` for soft providers.
+    pub(crate) native: Option<Result<Arc<dyn NativePd>, VerbsError>>,
 }
 
 impl fmt::Debug for ProtectionDomain {
@@ -273,22 +273,20 @@ impl fmt::Debug for ProtectionDomain {
 }
 
 impl ProtectionDomain {
-    pub(crate) fn new(device: crate::cm::Device) -> Self {
+    pub(crate) fn new(device: crate::Device) -> Self {
         let table = device.table();
         let id = table.next_pd.fetch_add(1, Ordering::Relaxed);
-        #[cfg(feature = "rdma-core")]
-        let hw = device.hw().map(|d| d.and_then(crate::hw::HwPd::alloc));
+        let native = device.native().map(|d| d.and_then(|d| d.alloc_pd()));
         Self {
             id,
             table,
             device,
-            #[cfg(feature = "rdma-core")]
-            hw,
+            native,
         }
     }
 
     /// The device this PD belongs to.
-    pub fn device(&self) -> &crate::cm::Device {
+    pub fn device(&self) -> &crate::Device {
         &self.device
     }
 
@@ -314,8 +312,7 @@ impl ProtectionDomain {
             ));
         }
         let inner = self.table.insert(self.id, v.into_boxed_slice(), access);
-        #[cfg(feature = "rdma-core")]
-        let hw = match &self.hw {
+        let native = match &self.native {
             None => None,
             Some(Err(e)) => {
                 self.table.remove(inner.index);
@@ -331,14 +328,13 @@ impl ProtectionDomain {
                 };
                 // SAFETY: the buffer is the region's boxed slice, which stays in place until
                 // the region is dropped or `take` moves it out, and both deregister first.
-                Some(unsafe { crate::hw::HwMr::new(pd, ptr, len, access)? })
+                Some(unsafe { pd.clone().register(ptr, len, access)? })
             }
         };
         Ok(MemoryRegion {
             inner,
             table: self.table.clone(),
-            #[cfg(feature = "rdma-core")]
-            hw,
+            native,
         })
     }
 }
@@ -347,9 +343,8 @@ impl ProtectionDomain {
 pub struct MemoryRegion {
     inner: Arc<MrInner>,
     table: Arc<StagTable>,
-    /// The rdma-core registration of the same buffer.
-    #[cfg(feature = "rdma-core")]
-    hw: Option<crate::hw::HwMr>,
+    /// The native registration of the same buffer.
+    native: Option<Box<dyn NativeMr>>,
 }
 
 impl fmt::Debug for MemoryRegion {
@@ -364,8 +359,7 @@ impl fmt::Debug for MemoryRegion {
 impl MemoryRegion {
     /// Local key (same as the STag on iWARP).
     pub fn lkey(&self) -> u32 {
-        #[cfg(feature = "rdma-core")]
-        if let Some(h) = &self.hw {
+        if let Some(h) = &self.native {
             return h.lkey();
         }
         self.inner.stag()
@@ -373,8 +367,7 @@ impl MemoryRegion {
 
     /// Remote key: the STag advertised to the peer.
     pub fn rkey(&self) -> u32 {
-        #[cfg(feature = "rdma-core")]
-        if let Some(h) = &self.hw {
+        if let Some(h) = &self.native {
             return h.rkey();
         }
         self.inner.stag()
@@ -383,8 +376,7 @@ impl MemoryRegion {
     /// Base address (tagged offset of byte 0). Soft providers use zero-based TOs; rdma-core
     /// uses the buffer's virtual address.
     pub fn addr(&self) -> u64 {
-        #[cfg(feature = "rdma-core")]
-        if let Some(h) = &self.hw {
+        if let Some(h) = &self.native {
             return h.addr();
         }
         self.inner.base
@@ -437,8 +429,7 @@ impl MemoryRegion {
     /// second call returns an empty buffer).
     pub fn take_vec(&self) -> Result<Vec<u8>, VerbsError> {
         lock(&self.inner.state).valid = false;
-        #[cfg(feature = "rdma-core")]
-        if let Some(h) = &self.hw {
+        if let Some(h) = &self.native {
             // The device must be done with the buffer before it moves.
             h.deregister();
         }
@@ -465,8 +456,7 @@ impl MemoryRegion {
     /// Invalidate the STag locally (the local equivalent of a Local Invalidate WR).
     pub fn invalidate(&self) {
         lock(&self.inner.state).valid = false;
-        #[cfg(feature = "rdma-core")]
-        if let Some(h) = &self.hw {
+        if let Some(h) = &self.native {
             h.deregister();
         }
     }
@@ -486,12 +476,10 @@ impl MemoryRegion {
             }
             st.access
         };
-        #[cfg(feature = "rdma-core")]
-        if let Some(Err(e)) = self.hw.as_ref().map(|h| h.reregister(access)) {
+        if let Some(Err(e)) = self.native.as_ref().map(|h| h.reregister(access)) {
             tracing::warn!("re-registration failed: {e}");
             lock(&self.inner.state).valid = false;
         }
-        let _ = access;
         self.rkey()
     }
 
@@ -511,8 +499,7 @@ impl MemoryRegion {
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         lock(&self.inner.state).valid = false;
-        #[cfg(feature = "rdma-core")]
-        if let Some(h) = &self.hw {
+        if let Some(h) = &self.native {
             h.deregister();
         }
         self.table.remove(self.inner.index);
@@ -522,7 +509,7 @@ impl Drop for MemoryRegion {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cm::{Device, Provider};
+    use crate::{Device, Provider};
 
     #[test]
     fn take_fences_the_region_and_moves_its_bytes_out() {

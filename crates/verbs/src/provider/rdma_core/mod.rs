@@ -57,6 +57,9 @@ use crate::cq::{Completion, CqInner, Payload, RecvWr, SendOp, SendWr, WcOpcode, 
 use crate::engine::QpState;
 use crate::mem::{Access, lock};
 
+mod dispatch;
+pub(crate) use dispatch::open;
+
 /// Settings of the rdma-core provider.
 #[derive(Debug, Clone)]
 pub struct RdmaCoreConfig {

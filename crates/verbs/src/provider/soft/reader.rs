@@ -1,0 +1,193 @@
+//! The receive side of a soft-iWARP connection: reads the stream, takes FPDUs apart
+//! ([`crate::wire::mpa::FpduDecoder`]) and hands their ULPDUs to the engine, or reads a large
+//! tagged payload from the socket straight into its region.
+
+use std::io;
+use std::sync::atomic::Ordering;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, DuplexStream, ReadHalf};
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedReadHalf;
+
+use super::cm::DriverCtx;
+use super::lock_engine;
+use super::tx::{transmit_batch, transmit_now};
+use crate::capture::Dir;
+use crate::mem::lock;
+use crate::wire::ddp::{TAGGED_HDR_LEN, term};
+use crate::wire::mpa::{FpduDecoder, fpdu_len, pad_len};
+
+/// Read half of a connection.
+pub(crate) enum In {
+    Tcp(OwnedReadHalf),
+    Mem(ReadHalf<DuplexStream>),
+}
+
+/// Below this payload size a tagged segment is not worth placing directly from the socket.
+const DIRECT_MIN: usize = 8192;
+
+pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -> io::Result<()> {
+    let mut dec = FpduDecoder::new(ctx.crc);
+    // Direct placement needs the raw socket, no CRC (the CRC must be checked before placing,
+    // RFC 5044 §4.1) and no capture (which records the bytes it reads).
+    let direct = matches!(r, In::Tcp(_)) && !ctx.crc && ctx.capture.is_none();
+    let mut skip = 0usize;
+    // The last FPDU taken was a large tagged segment with more of its message to come: the
+    // next one is most likely another, so read only its header and place it directly.
+    let mut bulk = false;
+    loop {
+        transmit_batch(&ctx.qp, || {
+            loop {
+                if direct && skip == 0 && buf.len() >= 3 {
+                    let ulen = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
+                    // DDP control (RFC 5041 §4.2): T = 0x80 tagged, L = 0x40 last segment.
+                    bulk = buf[2] & 0xc0 == 0x80 && ulen >= TAGGED_HDR_LEN + DIRECT_MIN;
+                }
+                // The engine lock is taken per FPDU, not per read: posters on other threads wait
+                // for one placement at most, and completion handlers run between FPDUs.
+                let decoded = dec.decode(&mut buf);
+                let mut eng = lock_engine(&ctx.qp.engine);
+                let more = !eng.closing
+                    && match decoded {
+                        Ok(Some(u)) => {
+                            ctx.stats.fpdus_rx.fetch_add(1, Ordering::Relaxed);
+                            eng.on_ulpdu(&u);
+                            true
+                        }
+                        Ok(None) => false,
+                        Err(_) => {
+                            // RFC 5044 §8: a CRC error is fatal; report it with a Terminate.
+                            eng.on_llp_error(term::MPA_CRC);
+                            false
+                        }
+                    };
+                if !more {
+                    ctx.drain(&mut eng);
+                    // Read Responses, Terminates and replies: out from this task when the queue
+                    // is idle.
+                    break (eng.has_tx() || eng.closing, ());
+                }
+            }
+        });
+        if let (true, In::Tcp(tcp)) = (direct, &r)
+            && let Some(s) = place_direct(tcp.as_ref(), &mut buf, ctx).await?
+        {
+            skip = s;
+            continue;
+        }
+        if buf.capacity() - buf.len() < ctx.rx_chunk {
+            buf.reserve(ctx.rx_chunk);
+        }
+        let before = buf.len();
+        let limit = if direct && bulk && buf.is_empty() && skip == 0 {
+            (2 + TAGGED_HDR_LEN) as u64
+        } else {
+            ctx.rx_chunk as u64
+        };
+        let n = match &mut r {
+            In::Tcp(t) => t.take(limit).read_buf(&mut buf).await?,
+            In::Mem(m) => m.take(limit).read_buf(&mut buf).await?,
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        ctx.qp.direct_armed.store(true, Ordering::Release);
+        ctx.stats.bytes_rx.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(c) = &ctx.capture {
+            let _ = lock(c).record(Dir::In, &buf[before..]);
+        }
+        if skip > 0 {
+            let k = skip.min(buf.len());
+            buf.advance(k);
+            skip -= k;
+        }
+        // After a Terminate nothing more is placed; keep reading until the peer closes.
+        if lock_engine(&ctx.qp.engine).closing {
+            buf.clear();
+        }
+    }
+}
+
+/// If `buf` starts with the header of a large tagged segment whose payload has not fully arrived,
+/// read that payload from the socket straight into the target region, and with it (one
+/// `readv`) the segment's trailer and the next FPDU's header, which is left in `buf`: in a
+/// stream of RDMA Write or Read Response segments every one after the first is then placed
+/// directly, one system call each. Returns the number of trailer bytes (pad + CRC) still to
+/// be skipped, or `None` if the normal path applies.
+async fn place_direct(
+    s: &TcpStream,
+    buf: &mut BytesMut,
+    ctx: &DriverCtx,
+) -> io::Result<Option<usize>> {
+    const H: usize = 2 + TAGGED_HDR_LEN;
+    if buf.len() < H || buf[2] & 0x80 == 0 {
+        return Ok(None);
+    }
+    let ulen = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
+    if ulen < TAGGED_HDR_LEN + DIRECT_MIN || buf.len() >= fpdu_len(ulen) {
+        return Ok(None);
+    }
+    let plen = ulen - TAGGED_HDR_LEN;
+    let have = (buf.len() - H).min(plen);
+    let hdr: [u8; TAGGED_HDR_LEN] = match buf[2..H].try_into() {
+        Ok(h) => h,
+        Err(_) => return Ok(None),
+    };
+    let Some((mr, off)) = lock_engine(&ctx.qp.engine).direct_target(&hdr, plen) else {
+        return Ok(None);
+    };
+    lock(&mr.data)[off..off + have].copy_from_slice(&buf[H..H + have]);
+    let trailer_have = buf.len() - H - have;
+    buf.clear();
+    // What follows the payload: the rest of the trailer (required), then up to one FPDU header
+    // of look-ahead (taken if it has arrived, never waited for).
+    let trailer = pad_len(ulen) + 4 - trailer_have;
+    let mut tail = [0u8; 8 + H];
+    let (mut at, mut left, mut tail_got) = (off + have, plen - have, 0usize);
+    while left > 0 || tail_got < trailer {
+        s.readable().await?;
+        loop {
+            let r = {
+                let mut d = lock(&mr.data);
+                let mut iov = [
+                    io::IoSliceMut::new(&mut d[at..at + left]),
+                    io::IoSliceMut::new(&mut tail[tail_got..trailer + H]),
+                ];
+                let first = usize::from(left == 0);
+                s.try_read_vectored(&mut iov[first..])
+            };
+            match r {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(k) => {
+                    let p = k.min(left);
+                    at += p;
+                    left -= p;
+                    tail_got += k - p;
+                    ctx.stats
+                        .direct_rx_bytes
+                        .fetch_add(p as u64, Ordering::Relaxed);
+                    ctx.stats.bytes_rx.fetch_add(k as u64, Ordering::Relaxed);
+                    if left == 0 && tail_got >= trailer {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    ctx.stats.fpdus_rx.fetch_add(1, Ordering::Relaxed);
+    ctx.qp.direct_armed.store(true, Ordering::Release);
+    let send = {
+        let mut eng = lock_engine(&ctx.qp.engine);
+        eng.on_placed(&hdr, plen);
+        ctx.drain(&mut eng);
+        eng.has_tx()
+    };
+    if send {
+        transmit_now(&ctx.qp);
+    }
+    buf.extend_from_slice(&tail[trailer..tail_got]);
+    Ok(Some(0))
+}
