@@ -1,9 +1,7 @@
 //! Completion queues and work requests.
 
-use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
@@ -81,8 +79,6 @@ pub(crate) struct CqInner {
     handler: OnceLock<CqHandler>,
     /// Held by the thread running the handler: completions are handed over in queue order.
     draining: Mutex<()>,
-    /// On some thread's list of queues whose handler runs once it releases its engine locks.
-    deferred: AtomicBool,
 }
 
 impl fmt::Debug for CqInner {
@@ -94,64 +90,22 @@ impl fmt::Debug for CqInner {
     }
 }
 
-thread_local! {
-    /// Provider locks (a soft-iWARP engine) this thread holds: a handler never runs under one,
-    /// since it may post work requests, which take them.
-    static HELD: Cell<u32> = const { Cell::new(0) };
-    /// Queues that got completions while `HELD` was non-zero.
-    static DEFERRED: RefCell<Vec<Arc<CqInner>>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Marks the calling thread as holding a provider lock until dropped; queue handlers deferred
-/// meanwhile run when the outermost mark goes (after the lock itself was released: drop the
-/// lock guard first).
-pub(crate) struct HeldMark(());
-
-impl HeldMark {
-    pub(crate) fn new() -> Self {
-        HELD.with(|h| h.set(h.get() + 1));
-        HeldMark(())
-    }
-}
-
-impl Drop for HeldMark {
-    fn drop(&mut self) {
-        let outermost = HELD.with(|h| {
-            h.set(h.get() - 1);
-            h.get() == 0
-        });
-        if !outermost {
-            return;
-        }
-        loop {
-            let Some(cq) = DEFERRED.with(|d| d.borrow_mut().pop()) else {
-                return;
-            };
-            cq.deferred.store(false, Ordering::Release);
-            cq.run_handler();
-        }
-    }
-}
-
 impl CqInner {
-    pub(crate) fn push(self: &Arc<Self>, c: Completion) {
+    /// Queue `c`; `true` if the queue has a handler, which the caller must then run
+    /// ([`CqInner::run_handler`]) once it holds no provider lock, since a handler may post
+    /// work requests. Without a handler a waiter is woken.
+    pub(crate) fn enqueue(&self, c: Completion) -> bool {
         lock(&self.q).push_back(c);
         if self.handler.get().is_none() {
             self.notify.notify_one();
-            return;
+            return false;
         }
-        if HELD.with(Cell::get) > 0 {
-            if !self.deferred.swap(true, Ordering::AcqRel) {
-                DEFERRED.with(|d| d.borrow_mut().push(self.clone()));
-            }
-            return;
-        }
-        self.run_handler();
+        true
     }
 
     /// Hands queued completions to the handler, in order, unless another thread (or an outer
     /// frame of this one) is doing so; that one then also takes what was queued meanwhile.
-    fn run_handler(&self) {
+    pub(crate) fn run_handler(&self) {
         let Some(h) = self.handler.get() else { return };
         loop {
             {

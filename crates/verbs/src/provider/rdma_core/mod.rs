@@ -572,8 +572,16 @@ fn deliver(wcs: &[sys::ibv_wc], sink: &Arc<CqInner>, dev: &Weak<HwDevice>) {
         if let Some((_, Some(core))) = &last
             && let Some(c) = core.complete(wc)
         {
-            sink.push(c);
+            push(sink, c);
         }
+    }
+}
+
+/// Queue `c` and run the queue's handler, if it has one: the polling thread and posters hold
+/// no lock a handler could need.
+fn push(cq: &CqInner, c: Completion) {
+    if cq.enqueue(c) {
+        cq.run_handler();
     }
 }
 
@@ -801,7 +809,7 @@ impl QpCore {
         let extra = self.pump(&mut st);
         drop(st);
         for c in extra {
-            self.send_cq.push(c);
+            push(&self.send_cq, c);
         }
         out
     }
@@ -846,8 +854,10 @@ impl QpCore {
             QpState::Init => return Err(VerbsError::InvalidState("QP not connected")),
             QpState::Error => {
                 drop(st);
-                self.send_cq
-                    .push(flushed(wr.wr_id, send_opcode(&wr.opcode), self.qp_num()));
+                push(
+                    &self.send_cq,
+                    flushed(wr.wr_id, send_opcode(&wr.opcode), self.qp_num()),
+                );
                 return Ok(());
             }
             QpState::Rts => {}
@@ -1021,8 +1031,10 @@ impl QpCore {
         let mut st = lock(&self.st);
         if st.state == QpState::Error {
             drop(st);
-            self.recv_cq
-                .push(flushed(wr.wr_id, WcOpcode::Recv, self.qp_num()));
+            push(
+                &self.recv_cq,
+                flushed(wr.wr_id, WcOpcode::Recv, self.qp_num()),
+            );
             Ok(())
         } else if st.qp.is_null() {
             // Kept until the QP exists.
@@ -1104,10 +1116,10 @@ impl QpCore {
             .collect();
         drop(st);
         for c in sends {
-            self.send_cq.push(c);
+            push(&self.send_cq, c);
         }
         for c in recvs {
-            self.recv_cq.push(c);
+            push(&self.recv_cq, c);
         }
     }
 }

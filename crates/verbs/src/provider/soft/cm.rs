@@ -12,12 +12,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-use super::engine::{Engine, EngineEvent, EngineParams};
+use super::engine::EngineParams;
 use super::handshake::{self, Negotiated};
 use super::reader::{In, reader_loop};
 use super::tx::{TxPath, fpdu_for_mss};
 use super::writer::{Out, mem_writer_loop, tcp_writer_loop};
-use super::{MAX_FPDU, SoftQp, SoftRequest, Transport, lock_engine};
+use super::{EngineGuard, MAX_FPDU, SoftQp, SoftRequest, Transport};
 use crate::VerbsError;
 use crate::capture::{Capture, Dir};
 use crate::conn::{CmEvent, ConnParams, ConnectRequest, Connection, Listener, ReqKind, StatsInner};
@@ -284,7 +284,7 @@ async fn start_connection(
     // computed over bytes the application may still change).
     let zero_copy_tx = matches!(t, Transport::Tcp(_)) && !neg.crc;
     {
-        let mut e = lock_engine(&soft.engine);
+        let mut e = soft.engine();
         e.start(EngineParams {
             ird: u32::from(neg.ird),
             ord: u32::from(neg.ord),
@@ -365,14 +365,10 @@ pub(crate) struct DriverCtx {
 }
 
 impl DriverCtx {
-    pub(crate) fn drain(&self, e: &mut Engine) {
-        for ev in e.events.drain(..) {
-            let _ = self.ev.send(match ev {
-                EngineEvent::Established => CmEvent::Established,
-                EngineEvent::TerminateSent(t) => CmEvent::TerminateSent(t),
-                EngineEvent::TerminateReceived(t) => CmEvent::TerminateReceived(t),
-            });
-        }
+    /// Lock the engine as the connection's driver: on release, its events go to the
+    /// connection too (after its completions, before the queue handlers run).
+    pub(crate) fn engine(&self) -> EngineGuard<'_> {
+        EngineGuard::new(&self.qp, Some(&self.ev))
     }
 }
 
@@ -397,9 +393,7 @@ fn spawn_driver(r: In, w: Out, leftover: BytesMut, ctx: Arc<DriverCtx>, done: wa
         if let Err(e) = res {
             tracing::debug!("writer ended: {e}");
             let _ = wctx.ev.send(CmEvent::Error(e.to_string()));
-            let mut eng = lock_engine(&wctx.qp.engine);
-            eng.on_disconnect();
-            wctx.drain(&mut eng);
+            wctx.engine().on_disconnect();
         }
     });
     tokio::spawn(async move {
@@ -407,11 +401,7 @@ fn spawn_driver(r: In, w: Out, leftover: BytesMut, ctx: Arc<DriverCtx>, done: wa
             tracing::debug!("reader ended: {e}");
             let _ = ctx.ev.send(CmEvent::Error(e.to_string()));
         }
-        {
-            let mut eng = lock_engine(&ctx.qp.engine);
-            eng.on_disconnect();
-            ctx.drain(&mut eng);
-        }
+        ctx.engine().on_disconnect();
         ctx.qp.wake.notify_one();
         // Let the writer send what is queued (e.g. a Terminate) and close its half.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;

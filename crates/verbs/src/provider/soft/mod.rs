@@ -8,6 +8,7 @@
 //! * [`reader`] and [`writer`]: the driver's receive and transmit tasks;
 //! * [`tx`]: transmit scheduling (who puts the engine's segments on the wire, and when).
 
+use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -18,13 +19,14 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 
 use crate::VerbsError;
-use crate::cq::{CompletionQueue, RecvWr, SendWr};
+use crate::conn::CmEvent;
+use crate::cq::{Completion, CompletionQueue, CqInner, RecvWr, SendWr};
 use crate::mem::{ProtectionDomain, lock};
 use crate::wire::mpa::MpaFrame;
-use engine::{Engine, QpState};
+use engine::{CqSide, Engine, EngineEvent, QpState};
 use handshake::SetupError;
 
 pub(crate) mod cm;
@@ -73,6 +75,12 @@ pub(crate) struct SoftQp {
     pub(crate) direct_tx: Mutex<Option<Arc<tx::TxPath>>>,
     /// Set when bytes arrive, taken by the first direct transmission after them.
     pub(crate) direct_armed: AtomicBool,
+    /// Set while the reader takes in a batch of FPDUs: what is posted meanwhile (by the
+    /// completion handlers it runs, mostly) leaves with the batch's output (see
+    /// [`tx::transmit_batch`]).
+    pub(crate) batching: AtomicBool,
+    send_cq: Arc<CqInner>,
+    recv_cq: Arc<CqInner>,
 }
 
 impl SoftQp {
@@ -82,27 +90,30 @@ impl SoftQp {
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
     ) -> Arc<Self> {
-        let engine = Engine::new(
-            qp_num,
-            pd.id,
-            pd.table.clone(),
-            send_cq.inner.clone(),
-            recv_cq.inner.clone(),
-        );
+        let engine = Engine::new(qp_num, pd.id, pd.table.clone());
         Arc::new(SoftQp {
             engine: Mutex::new(engine),
             wake: Notify::new(),
             direct_tx: Mutex::new(None),
             direct_armed: AtomicBool::new(true),
+            batching: AtomicBool::new(false),
+            send_cq: send_cq.inner.clone(),
+            recv_cq: recv_cq.inner.clone(),
         })
     }
 
+    /// Lock the engine; what it completes meanwhile is delivered on release (its events wait
+    /// for the driver's next lock).
+    pub(crate) fn engine(&self) -> EngineGuard<'_> {
+        EngineGuard::new(self, None)
+    }
+
     pub(crate) fn state(&self) -> QpState {
-        lock_engine(&self.engine).state
+        self.engine().state
     }
 
     pub(crate) fn post_recv(&self, wr: RecvWr) {
-        lock_engine(&self.engine).post_recv(wr);
+        self.engine().post_recv(wr);
     }
 }
 
@@ -112,7 +123,7 @@ pub(crate) fn post_send(
     wrs: impl IntoIterator<Item = SendWr>,
 ) -> Result<(), VerbsError> {
     {
-        let mut e = lock_engine(&qp.engine);
+        let mut e = qp.engine();
         for wr in wrs {
             e.post_send(wr)?;
         }
@@ -123,25 +134,88 @@ pub(crate) fn post_send(
 
 /// Move the QP to the error state (flushing its WRs) and let the writer close the stream.
 pub(crate) fn disconnect(qp: &SoftQp) {
-    lock_engine(&qp.engine).on_disconnect();
+    qp.engine().on_disconnect();
     qp.wake.notify_one();
 }
 
-/// The lock of a queue pair's engine. Completion queue handlers
-/// ([`CompletionQueue::set_handler`]) that completions made under it call for run when the
-/// last such lock this thread holds is released, since they may post work requests.
+/// The lock of a queue pair's engine ([`SoftQp::engine`], or [`cm::DriverCtx::engine`] for
+/// the connection's driver). When it is released, what the engine put in its [`Outbox`] is
+/// delivered, outside the lock: completions go to their queues, then (driver locks only)
+/// events to the connection, then the queues' handlers run — they may post work requests,
+/// which take the lock again. Other locks leave events queued for the driver's next one, so
+/// they reach the connection in order and from the driver's context.
 pub(crate) struct EngineGuard<'a> {
-    // Fields drop in declaration order: the mutex first, then the mark (whose drop may run
-    // handlers).
+    // Fields drop in declaration order: the mutex first, then the delivery.
     g: MutexGuard<'a, Engine>,
-    _held: crate::cq::HeldMark,
+    out: Delivery<'a>,
 }
 
-pub(crate) fn lock_engine(m: &Mutex<Engine>) -> EngineGuard<'_> {
-    let held = crate::cq::HeldMark::new();
-    EngineGuard {
-        g: lock(m),
-        _held: held,
+/// What a released [`EngineGuard`] delivers.
+struct Delivery<'a> {
+    qp: &'a SoftQp,
+    /// The connection's event channel, for the driver's locks.
+    events_tx: Option<&'a mpsc::UnboundedSender<CmEvent>>,
+    completions: VecDeque<(CqSide, Completion)>,
+    events: VecDeque<EngineEvent>,
+}
+
+impl<'a> EngineGuard<'a> {
+    fn new(qp: &'a SoftQp, events_tx: Option<&'a mpsc::UnboundedSender<CmEvent>>) -> Self {
+        EngineGuard {
+            g: lock(&qp.engine),
+            out: Delivery {
+                qp,
+                events_tx,
+                completions: VecDeque::new(),
+                events: VecDeque::new(),
+            },
+        }
+    }
+}
+
+impl Drop for EngineGuard<'_> {
+    /// Takes the outbox while the engine is still locked; [`Delivery`] hands it out after.
+    fn drop(&mut self) {
+        let outbox = &mut self.g.outbox;
+        self.out.completions = std::mem::take(&mut outbox.completions);
+        if self.out.events_tx.is_some() {
+            self.out.events = std::mem::take(&mut outbox.events);
+        }
+    }
+}
+
+impl Drop for Delivery<'_> {
+    fn drop(&mut self) {
+        if self.completions.is_empty() && self.events.is_empty() {
+            return;
+        }
+        let qp = self.qp;
+        // Completions first, in the order the engine made them: a waiter woken by an event
+        // finds the completions made before it (and with it) already queued.
+        let mut handlers: [Option<&Arc<CqInner>>; 2] = [None, None];
+        for (side, c) in self.completions.drain(..) {
+            let cq = match side {
+                CqSide::Send => &qp.send_cq,
+                CqSide::Recv => &qp.recv_cq,
+            };
+            if cq.enqueue(c) {
+                match &mut handlers {
+                    [Some(a), _] | [_, Some(a)] if Arc::ptr_eq(a, cq) => {}
+                    [slot @ None, _] | [_, slot @ None] => *slot = Some(cq),
+                    _ => {}
+                }
+            }
+        }
+        if let Some(tx) = self.events_tx {
+            for e in self.events.drain(..) {
+                let _ = tx.send(cm_event(e));
+            }
+        }
+        // Then the handlers; the queue that got its first completion last runs first, as
+        // queue handlers always have.
+        for cq in handlers.into_iter().rev().flatten() {
+            cq.run_handler();
+        }
     }
 }
 
@@ -155,6 +229,15 @@ impl std::ops::Deref for EngineGuard<'_> {
 impl std::ops::DerefMut for EngineGuard<'_> {
     fn deref_mut(&mut self) -> &mut Engine {
         &mut self.g
+    }
+}
+
+/// The connection event for an engine event.
+fn cm_event(e: EngineEvent) -> CmEvent {
+    match e {
+        EngineEvent::Established => CmEvent::Established,
+        EngineEvent::TerminateSent(t) => CmEvent::TerminateSent(t),
+        EngineEvent::TerminateReceived(t) => CmEvent::TerminateReceived(t),
     }
 }
 

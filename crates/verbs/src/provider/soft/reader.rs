@@ -11,7 +11,6 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedReadHalf;
 
 use super::cm::DriverCtx;
-use super::lock_engine;
 use super::tx::{transmit_batch, transmit_now};
 use crate::capture::Dir;
 use crate::mem::lock;
@@ -47,7 +46,7 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
                 // The engine lock is taken per FPDU, not per read: posters on other threads wait
                 // for one placement at most, and completion handlers run between FPDUs.
                 let decoded = dec.decode(&mut buf);
-                let mut eng = lock_engine(&ctx.qp.engine);
+                let mut eng = ctx.engine();
                 let more = !eng.closing
                     && match decoded {
                         Ok(Some(u)) => {
@@ -63,7 +62,6 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
                         }
                     };
                 if !more {
-                    ctx.drain(&mut eng);
                     // Read Responses, Terminates and replies: out from this task when the queue
                     // is idle.
                     break (eng.has_tx() || eng.closing, ());
@@ -103,7 +101,7 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
             skip -= k;
         }
         // After a Terminate nothing more is placed; keep reading until the peer closes.
-        if lock_engine(&ctx.qp.engine).closing {
+        if ctx.engine().closing {
             buf.clear();
         }
     }
@@ -134,7 +132,7 @@ async fn place_direct(
         Ok(h) => h,
         Err(_) => return Ok(None),
     };
-    let Some((mr, off)) = lock_engine(&ctx.qp.engine).direct_target(&hdr, plen) else {
+    let Some((mr, off)) = ctx.engine().direct_target(&hdr, plen) else {
         return Ok(None);
     };
     lock(&mr.data)[off..off + have].copy_from_slice(&buf[H..H + have]);
@@ -180,9 +178,8 @@ async fn place_direct(
     ctx.stats.fpdus_rx.fetch_add(1, Ordering::Relaxed);
     ctx.qp.direct_armed.store(true, Ordering::Release);
     let send = {
-        let mut eng = lock_engine(&ctx.qp.engine);
+        let mut eng = ctx.engine();
         eng.on_placed(&hdr, plen);
-        ctx.drain(&mut eng);
         eng.has_tx()
     };
     if send {

@@ -1,7 +1,6 @@
 //! Transmit scheduling of soft-iWARP: who puts what the engine has to send on the wire, and
 //! when — the poster's thread directly, the reader at the end of a batch, or the writer task.
 
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -9,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 
+use super::SoftQp;
 use super::cm::DriverCtx;
 use super::writer::{Piece, fill, try_write_pieces};
-use super::{SoftQp, lock_engine};
 use crate::mem::lock;
 
 /// The largest FPDU for the connection's current MSS, rounded down to a multiple of 8, as siw
@@ -30,7 +29,7 @@ pub(crate) fn fpdu_for_mss(s: &TcpStream, cap: usize) -> usize {
 pub(crate) fn refresh_fpdu(s: &TcpStream, ctx: &DriverCtx) {
     let fpdu = fpdu_for_mss(s, ctx.fpdu_cap);
     // ULPDU + 2-byte length + 4-byte CRC; a multiple of 8, so no pad.
-    lock_engine(&ctx.qp.engine).set_max_ulpdu(fpdu - 6);
+    ctx.engine().set_max_ulpdu(fpdu - 6);
 }
 
 /// The transmit side of a connection over TCP. Whoever holds `pieces` owns the stream's write
@@ -58,30 +57,30 @@ pub(crate) struct TxPath {
 /// wait for the end of the batch of FPDUs being taken in and leave together, directly
 /// ([`transmit_batch`]; `rpc bench` depth 64, RDMA ÷ TCP went from 0.96-1.06 to 1.04-1.24).
 pub(crate) fn transmit_now(qp: &SoftQp) {
-    if READER_BATCH.with(Cell::get) == qp as *const SoftQp as usize {
-        // Posted by a completion handler while this thread's reader takes in a batch: the
-        // reader sends it with the rest of the batch's output (`transmit_batch`).
+    if qp.batching.load(Ordering::Acquire) {
+        // The reader is taking in a batch (this is most likely one of the completion handlers
+        // it runs): it sends this with the rest of the batch's output (`transmit_batch`).
         return;
     }
     let armed = qp.direct_armed.swap(false, Ordering::AcqRel) || tx_mode() == TxMode::Always;
     transmit(qp, armed);
 }
 
-thread_local! {
-    /// The queue pair (its address) whose reader is taking in a batch of FPDUs on this thread,
-    /// or 0: what completion handlers post for it meanwhile waits for the end of the batch.
-    static READER_BATCH: Cell<usize> = const { Cell::new(0) };
-}
-
 /// Run `take` (the reader's pass over what one read brought) with posts for `qp` held back,
 /// then send everything it produced (replies that handlers posted, Read Responses, Terminates)
 /// from this thread in one vectored write. A server that read 64 calls at once answers them
 /// with one `writev` and no writer-task wake-up. `take` returns whether the engine has output.
+///
+/// The engine delivers the batch's completions through its outbox as each FPDU is taken in,
+/// so the handlers' posts happen inside `take`, while `batching` is set. A post from another
+/// thread in that window is held back too and leaves with the batch: `batching` is cleared
+/// before the engine is asked for output, and a poster that saw it set had already queued its
+/// work under the engine lock.
 pub(crate) fn transmit_batch<R>(qp: &SoftQp, take: impl FnOnce() -> (bool, R)) -> R {
-    let prev = READER_BATCH.with(|b| b.replace(qp as *const SoftQp as usize));
+    qp.batching.store(true, Ordering::Release);
     let (send, r) = take();
-    READER_BATCH.with(|b| b.set(prev));
-    if send || lock_engine(&qp.engine).has_tx() {
+    qp.batching.store(false, Ordering::Release);
+    if send || qp.engine().has_tx() {
         transmit(qp, true);
     }
     r
@@ -108,7 +107,7 @@ fn transmit(qp: &SoftQp, direct: bool) {
         return;
     }
     let before = tx.ctx.stats.fpdus_tx.load(Ordering::Relaxed);
-    let f = fill(&mut lock_engine(&qp.engine), &mut pieces, &tx.ctx);
+    let f = fill(&mut tx.ctx.engine(), &mut pieces, &tx.ctx);
     let n = tx.ctx.stats.fpdus_tx.load(Ordering::Relaxed) - before;
     tx.ctx.stats.direct_tx_fpdus.fetch_add(n, Ordering::Relaxed);
     // On an error the writer task meets the same error on its next write and tears down.

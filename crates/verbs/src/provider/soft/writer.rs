@@ -13,7 +13,6 @@ use tokio::net::tcp::OwnedWriteHalf;
 
 use super::cm::DriverCtx;
 use super::engine::Engine;
-use super::lock_engine;
 use super::tx::{TxPath, refresh_fpdu};
 use crate::capture::Dir;
 use crate::mem::{MrInner, lock};
@@ -130,7 +129,6 @@ pub(crate) fn fill(eng: &mut Engine, pieces: &mut VecDeque<Piece>, ctx: &DriverC
         let parts: Vec<&[u8]> = owned.iter().map(|b| &b[..]).collect();
         let _ = lock(c).record_parts(Dir::Out, &parts);
     }
-    ctx.drain(eng);
     Filled {
         closing: eng.closing,
         more: eng.has_tx(),
@@ -184,7 +182,7 @@ pub(crate) async fn tcp_writer_loop(tx: Arc<TxPath>) -> io::Result<()> {
         let notified = ctx.qp.wake.notified();
         let (f, empty) = {
             let mut pieces = lock(&tx.pieces);
-            let f = fill(&mut lock_engine(&ctx.qp.engine), &mut pieces, ctx);
+            let f = fill(&mut ctx.engine(), &mut pieces, ctx);
             let empty = try_write_pieces(s, &mut pieces)?;
             (f, empty)
         };
@@ -226,7 +224,7 @@ pub(crate) async fn mem_writer_loop(
     let mut pieces: VecDeque<Piece> = VecDeque::new();
     loop {
         let notified = ctx.qp.wake.notified();
-        let closing = fill(&mut lock_engine(&ctx.qp.engine), &mut pieces, ctx).closing;
+        let closing = fill(&mut ctx.engine(), &mut pieces, ctx).closing;
         if pieces.is_empty() {
             if closing {
                 w.shutdown().await?;
