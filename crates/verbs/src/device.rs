@@ -56,6 +56,7 @@ impl fmt::Debug for Device {
 impl Device {
     /// Open a device on `provider`.
     pub fn open(provider: Provider) -> Self {
+        let provider = provider::with_env_overrides(provider);
         let native = provider::open_native(&provider);
         Self {
             inner: Arc::new(DeviceInner {

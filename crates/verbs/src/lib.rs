@@ -117,7 +117,7 @@ pub mod cm {
     pub use crate::conn::{CmEvent, ConnParams, ConnStats, ConnectRequest, Connection, Listener};
     pub use crate::device::{Device, Provider};
     pub use crate::provider::loopback::{LOOPBACK_FPDU, LoopbackFabric};
-    pub use crate::provider::soft::{MAX_FPDU, SoftIwarpConfig};
+    pub use crate::provider::soft::{MAX_FPDU, SoftIwarpConfig, TxSchedule};
     pub use crate::qp::QueuePair;
 }
 
@@ -132,7 +132,7 @@ pub use engine::{QpState, RtrKind};
 pub use hw::{RdmaCoreConfig, RdmaCoreDevice, rdma_core_devices};
 pub use mem::{Access, MemoryRegion, ProtectionDomain};
 pub use provider::loopback::LoopbackFabric;
-pub use provider::soft::SoftIwarpConfig;
+pub use provider::soft::{SoftIwarpConfig, TxSchedule};
 pub use qp::QueuePair;
 pub use wire::ddp::Terminate;
 

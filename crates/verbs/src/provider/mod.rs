@@ -46,6 +46,17 @@ pub(crate) fn soft_config(provider: &Provider) -> &soft::SoftIwarpConfig {
     }
 }
 
+/// `provider` with the documented environment overrides of its soft-iWARP settings applied
+/// (once, when a device is opened).
+pub(crate) fn with_env_overrides(mut provider: Provider) -> Provider {
+    match &mut provider {
+        Provider::SoftIwarp(c) | Provider::Loopback(_, c) => soft::apply_env_overrides(c),
+        #[cfg(feature = "rdma-core")]
+        Provider::RdmaCore(_) => {}
+    }
+    provider
+}
+
 /// The provider `rdma-core` / `rdma-core:DEVICE` names.
 #[cfg(feature = "rdma-core")]
 pub(crate) fn native_provider(device: Option<String>) -> Result<Provider, VerbsError> {

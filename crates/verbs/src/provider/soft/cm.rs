@@ -19,7 +19,7 @@ use super::tx::{TxPath, fpdu_for_mss};
 use super::writer::{Out, mem_writer_loop, tcp_writer_loop};
 use super::{EngineGuard, MAX_FPDU, SoftQp, SoftRequest, Transport};
 use crate::VerbsError;
-use crate::capture::{Capture, Dir};
+use crate::capture::{Capture, Dir, Tee, Teed};
 use crate::conn::{CmEvent, ConnParams, ConnectRequest, Connection, Listener, ReqKind, StatsInner};
 use crate::device::Device;
 use crate::mem::lock;
@@ -295,25 +295,28 @@ async fn start_connection(
             zero_copy_tx,
         });
     }
-    let capture = capture.map(|c| Arc::new(Mutex::new(c)));
     let stats = Arc::new(StatsInner::default());
     let ctx = Arc::new(DriverCtx {
         qp: soft.clone(),
         ev: ev_tx,
-        capture,
+        tee: Tee::new(capture),
         crc: neg.crc,
         stats: stats.clone(),
         rx_chunk,
         fpdu_cap,
     });
+    // Both halves of the stream go through the tee.
+    let tee = ctx.tee.clone();
     match t {
         Transport::Tcp(s) => {
             let (r, w) = s.into_split();
-            spawn_driver(In::Tcp(r), Out::Tcp(w), leftover, ctx, done_tx);
+            let (r, w) = (Teed::new(In::Tcp(r), tee.clone()), Teed::new(w, tee));
+            spawn_driver(r, Out::Tcp(w), leftover, ctx, done_tx);
         }
         Transport::Mem(s) => {
             let (r, w) = tokio::io::split(s);
-            spawn_driver(In::Mem(r), Out::Mem(w), leftover, ctx, done_tx);
+            let (r, w) = (Teed::new(In::Mem(r), tee.clone()), Teed::new(w, tee));
+            spawn_driver(r, Out::Mem(w), leftover, ctx, done_tx);
         }
     }
     soft.wake.notify_one();
@@ -356,7 +359,8 @@ async fn start_connection(
 pub(crate) struct DriverCtx {
     pub(crate) qp: Arc<SoftQp>,
     pub(crate) ev: mpsc::UnboundedSender<CmEvent>,
-    pub(crate) capture: Option<Arc<Mutex<Capture>>>,
+    /// The tee on the stream: records it where a capture is on.
+    pub(crate) tee: Tee,
     pub(crate) crc: bool,
     pub(crate) stats: Arc<StatsInner>,
     pub(crate) rx_chunk: usize,
@@ -372,7 +376,13 @@ impl DriverCtx {
     }
 }
 
-fn spawn_driver(r: In, w: Out, leftover: BytesMut, ctx: Arc<DriverCtx>, done: watch::Sender<bool>) {
+fn spawn_driver(
+    r: Teed<In>,
+    w: Out,
+    leftover: BytesMut,
+    ctx: Arc<DriverCtx>,
+    done: watch::Sender<bool>,
+) {
     let wctx = ctx.clone();
     let writer = tokio::spawn(async move {
         let res = match w {
@@ -405,9 +415,7 @@ fn spawn_driver(r: In, w: Out, leftover: BytesMut, ctx: Arc<DriverCtx>, done: wa
         ctx.qp.wake.notify_one();
         // Let the writer send what is queued (e.g. a Terminate) and close its half.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
-        if let Some(c) = &ctx.capture {
-            let _ = lock(c).close();
-        }
+        ctx.tee.close();
         let _ = ctx.ev.send(CmEvent::Disconnected);
         let _ = done.send(true);
     });

@@ -52,6 +52,45 @@ pub struct SoftIwarpConfig {
     /// Most bytes taken from the stream per read (large tagged payloads that did not arrive
     /// in one read are then read straight into their region).
     pub rx_chunk: usize,
+    /// Who puts segments on the wire (over TCP): see [`TxSchedule`]. The environment variable
+    /// `OXRDMA_SIW_TX` (`task`, `always` or `reply`), read when a [`crate::Device`] is opened,
+    /// overrides it, for A/B measurements of programs that do not expose it.
+    pub tx: TxSchedule,
+}
+
+/// Transmit scheduling of soft-iWARP over TCP: whether what a post (or the reader) gives the
+/// engine is written from that context, or left to the connection's writer task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TxSchedule {
+    /// The first transmission after bytes arrived goes out from the posting (or receiving)
+    /// context when the queue is idle, like siw's `siw_post_send`; bursts leave from the
+    /// writer task, in few vectored writes (`OXRDMA_SIW_TX=reply`).
+    #[default]
+    FirstAfterReceive,
+    /// Everything from the writer task, as before direct transmission (`OXRDMA_SIW_TX=task`).
+    WriterTask,
+    /// Every post directly when the queue is idle (`OXRDMA_SIW_TX=always`).
+    Direct,
+}
+
+impl TxSchedule {
+    /// The `OXRDMA_SIW_TX` override, if it is set to one of its values.
+    fn from_env() -> Option<Self> {
+        match std::env::var("OXRDMA_SIW_TX").as_deref() {
+            Ok("task") => Some(Self::WriterTask),
+            Ok("always") => Some(Self::Direct),
+            Ok("reply") => Some(Self::FirstAfterReceive),
+            _ => None,
+        }
+    }
+}
+
+/// The documented environment overrides, applied once when a device is opened.
+pub(crate) fn apply_env_overrides(c: &mut SoftIwarpConfig) {
+    if let Some(t) = TxSchedule::from_env() {
+        c.tx = t;
+    }
 }
 
 impl Default for SoftIwarpConfig {
@@ -61,6 +100,7 @@ impl Default for SoftIwarpConfig {
             max_fpdu: MAX_FPDU,
             socket_buffer: 4 << 20,
             rx_chunk: 256 * 1024,
+            tx: TxSchedule::default(),
         }
     }
 }
@@ -79,6 +119,8 @@ pub(crate) struct SoftQp {
     /// completion handlers it runs, mostly) leaves with the batch's output (see
     /// [`tx::transmit_batch`]).
     pub(crate) batching: AtomicBool,
+    /// The device's transmit scheduling.
+    pub(crate) tx: TxSchedule,
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
 }
@@ -97,6 +139,7 @@ impl SoftQp {
             direct_tx: Mutex::new(None),
             direct_armed: AtomicBool::new(true),
             batching: AtomicBool::new(false),
+            tx: pd.device().config().tx,
             send_cq: send_cq.inner.clone(),
             recv_cq: recv_cq.inner.clone(),
         })

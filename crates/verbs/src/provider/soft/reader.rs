@@ -3,16 +3,18 @@
 //! tagged payload from the socket straight into its region.
 
 use std::io;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, DuplexStream, ReadHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, DuplexStream, ReadBuf, ReadHalf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedReadHalf;
 
 use super::cm::DriverCtx;
 use super::tx::{transmit_batch, transmit_now};
-use crate::capture::Dir;
+use crate::capture::Teed;
 use crate::mem::lock;
 use crate::wire::ddp::{TAGGED_HDR_LEN, term};
 use crate::wire::mpa::{FpduDecoder, fpdu_len, pad_len};
@@ -23,14 +25,31 @@ pub(crate) enum In {
     Mem(ReadHalf<DuplexStream>),
 }
 
+impl AsyncRead for In {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            In::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            In::Mem(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
 /// Below this payload size a tagged segment is not worth placing directly from the socket.
 const DIRECT_MIN: usize = 8192;
 
-pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -> io::Result<()> {
+pub(crate) async fn reader_loop(
+    mut r: Teed<In>,
+    mut buf: BytesMut,
+    ctx: &DriverCtx,
+) -> io::Result<()> {
     let mut dec = FpduDecoder::new(ctx.crc);
     // Direct placement needs the raw socket, no CRC (the CRC must be checked before placing,
     // RFC 5044 §4.1) and no capture (which records the bytes it reads).
-    let direct = matches!(r, In::Tcp(_)) && !ctx.crc && ctx.capture.is_none();
+    let direct = matches!(r.get_ref(), In::Tcp(_)) && !ctx.crc && !ctx.tee.is_on();
     let mut skip = 0usize;
     // The last FPDU taken was a large tagged segment with more of its message to come: the
     // next one is most likely another, so read only its header and place it directly.
@@ -68,7 +87,7 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
                 }
             }
         });
-        if let (true, In::Tcp(tcp)) = (direct, &r)
+        if let (true, In::Tcp(tcp)) = (direct, r.get_ref())
             && let Some(s) = place_direct(tcp.as_ref(), &mut buf, ctx).await?
         {
             skip = s;
@@ -77,24 +96,18 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
         if buf.capacity() - buf.len() < ctx.rx_chunk {
             buf.reserve(ctx.rx_chunk);
         }
-        let before = buf.len();
         let limit = if direct && bulk && buf.is_empty() && skip == 0 {
             (2 + TAGGED_HDR_LEN) as u64
         } else {
             ctx.rx_chunk as u64
         };
-        let n = match &mut r {
-            In::Tcp(t) => t.take(limit).read_buf(&mut buf).await?,
-            In::Mem(m) => m.take(limit).read_buf(&mut buf).await?,
-        };
+        // Through the tee: a capture records what is read.
+        let n = (&mut r).take(limit).read_buf(&mut buf).await?;
         if n == 0 {
             return Ok(());
         }
         ctx.qp.direct_armed.store(true, Ordering::Release);
         ctx.stats.bytes_rx.fetch_add(n as u64, Ordering::Relaxed);
-        if let Some(c) = &ctx.capture {
-            let _ = lock(c).record(Dir::In, &buf[before..]);
-        }
         if skip > 0 {
             let k = skip.min(buf.len());
             buf.advance(k);

@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 
-use super::SoftQp;
 use super::cm::DriverCtx;
 use super::writer::{Piece, fill, try_write_pieces};
+use super::{SoftQp, TxSchedule};
+use crate::capture::Teed;
 use crate::mem::lock;
 
 /// The largest FPDU for the connection's current MSS, rounded down to a multiple of 8, as siw
@@ -36,7 +37,7 @@ pub(crate) fn refresh_fpdu(s: &TcpStream, ctx: &DriverCtx) {
 /// order: the writer task, or a thread that posted a WR (or the reader, for Read Responses and
 /// Terminates) and found the queue idle.
 pub(crate) struct TxPath {
-    pub(crate) w: OwnedWriteHalf,
+    pub(crate) w: Teed<OwnedWriteHalf>,
     pub(crate) pieces: Mutex<VecDeque<Piece>>,
     pub(crate) ctx: Arc<DriverCtx>,
 }
@@ -62,7 +63,7 @@ pub(crate) fn transmit_now(qp: &SoftQp) {
         // it runs): it sends this with the rest of the batch's output (`transmit_batch`).
         return;
     }
-    let armed = qp.direct_armed.swap(false, Ordering::AcqRel) || tx_mode() == TxMode::Always;
+    let armed = qp.direct_armed.swap(false, Ordering::AcqRel) || qp.tx == TxSchedule::Direct;
     transmit(qp, armed);
 }
 
@@ -88,7 +89,7 @@ pub(crate) fn transmit_batch<R>(qp: &SoftQp, take: impl FnOnce() -> (bool, R)) -
 
 /// Transmit from this thread if `direct` and the queue is idle; otherwise wake the writer.
 fn transmit(qp: &SoftQp, direct: bool) {
-    let tx = if direct && tx_mode() != TxMode::Task {
+    let tx = if direct && qp.tx != TxSchedule::WriterTask {
         lock(&qp.direct_tx).clone()
     } else {
         None
@@ -111,32 +112,13 @@ fn transmit(qp: &SoftQp, direct: bool) {
     let n = tx.ctx.stats.fpdus_tx.load(Ordering::Relaxed) - before;
     tx.ctx.stats.direct_tx_fpdus.fetch_add(n, Ordering::Relaxed);
     // On an error the writer task meets the same error on its next write and tears down.
-    let done = try_write_pieces(tx.w.as_ref(), &mut pieces).unwrap_or_default();
+    let done = try_write_pieces(&tx.w, &mut pieces).unwrap_or_default();
     if f.bulk {
-        refresh_fpdu(tx.w.as_ref(), &tx.ctx);
+        refresh_fpdu(tx.w.get_ref().as_ref(), &tx.ctx);
     }
     // The rest of a large post (beyond one fill), a full socket, or the close: the writer
     // task's job, not the poster's.
     if !done || f.more || f.closing {
         qp.wake.notify_one();
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TxMode {
-    Task,
-    Reply,
-    Always,
-}
-
-/// `OXRDMA_SIW_TX=task` sends everything from the writer task (the behaviour before direct
-/// transmission) and `always` every post directly, for comparing them; the default sends the
-/// first transmission after each receive directly.
-fn tx_mode() -> TxMode {
-    static MODE: std::sync::OnceLock<TxMode> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("OXRDMA_SIW_TX").as_deref() {
-        Ok("task") => TxMode::Task,
-        Ok("always") => TxMode::Always,
-        _ => TxMode::Reply,
-    })
 }

@@ -14,14 +14,14 @@ use tokio::net::tcp::OwnedWriteHalf;
 use super::cm::DriverCtx;
 use super::engine::Engine;
 use super::tx::{TxPath, refresh_fpdu};
-use crate::capture::Dir;
+use crate::capture::Teed;
 use crate::mem::{MrInner, lock};
 use crate::wire::mpa::{frame_parts, pad_len};
 
 /// Write half of a connection.
 pub(crate) enum Out {
-    Tcp(OwnedWriteHalf),
-    Mem(WriteHalf<DuplexStream>),
+    Tcp(Teed<OwnedWriteHalf>),
+    Mem(Teed<WriteHalf<DuplexStream>>),
 }
 
 /// A piece of the outgoing byte stream: owned bytes, or bytes still in a registered region.
@@ -67,10 +67,8 @@ pub(crate) struct Filled {
     pub(crate) bulk: bool,
 }
 
-/// Moves what the engine has to send into `pieces` (at most ~2 MiB at a time) and records it in
-/// the capture.
+/// Moves what the engine has to send into `pieces` (at most ~2 MiB at a time).
 pub(crate) fn fill(eng: &mut Engine, pieces: &mut VecDeque<Piece>, ctx: &DriverCtx) -> Filled {
-    let first_new = pieces.len();
     let mut bytes = 0usize;
     while pieces.len() < 1000 && bytes < (2 << 20) {
         let Some(s) = eng.poll_transmit() else { break };
@@ -121,14 +119,6 @@ pub(crate) fn fill(eng: &mut Engine, pieces: &mut VecDeque<Piece>, ctx: &DriverC
         };
         pieces.push_back(Piece::B(trailer));
     }
-    if let Some(c) = &ctx.capture
-        && pieces.len() > first_new
-    {
-        // Recorded in stream order: `pieces` is only filled under its lock.
-        let owned: Vec<Bytes> = pieces.iter().skip(first_new).map(Piece::to_bytes).collect();
-        let parts: Vec<&[u8]> = owned.iter().map(|b| &b[..]).collect();
-        let _ = lock(c).record_parts(Dir::Out, &parts);
-    }
     Filled {
         closing: eng.closing,
         more: eng.has_tx(),
@@ -140,7 +130,10 @@ pub(crate) fn fill(eng: &mut Engine, pieces: &mut VecDeque<Piece>, ctx: &DriverC
 const BULK_FILL: usize = 256 << 10;
 
 /// Writes as much of `pieces` as the socket takes without waiting. `Ok(true)` when all went.
-pub(crate) fn try_write_pieces(s: &TcpStream, pieces: &mut VecDeque<Piece>) -> io::Result<bool> {
+pub(crate) fn try_write_pieces(
+    s: &Teed<OwnedWriteHalf>,
+    pieces: &mut VecDeque<Piece>,
+) -> io::Result<bool> {
     while !pieces.is_empty() {
         let res = {
             let region = pieces.iter().take(512).find_map(|p| match p {
@@ -177,13 +170,13 @@ pub(crate) fn try_write_pieces(s: &TcpStream, pieces: &mut VecDeque<Piece>) -> i
 /// region's lock is held only for one `try_write_vectored`, never across an await.
 pub(crate) async fn tcp_writer_loop(tx: Arc<TxPath>) -> io::Result<()> {
     let ctx = &tx.ctx;
-    let s: &TcpStream = tx.w.as_ref();
+    let s: &TcpStream = tx.w.get_ref().as_ref();
     loop {
         let notified = ctx.qp.wake.notified();
         let (f, empty) = {
             let mut pieces = lock(&tx.pieces);
             let f = fill(&mut ctx.engine(), &mut pieces, ctx);
-            let empty = try_write_pieces(s, &mut pieces)?;
+            let empty = try_write_pieces(&tx.w, &mut pieces)?;
             (f, empty)
         };
         if f.bulk {
@@ -196,7 +189,7 @@ pub(crate) async fn tcp_writer_loop(tx: Arc<TxPath>) -> io::Result<()> {
             tokio::task::yield_now().await;
         } else if f.closing {
             // Half-close the stream, as dropping the write half would.
-            return s_shutdown(&tx.w);
+            return s_shutdown(tx.w.get_ref());
         } else {
             notified.await;
             // Let the tasks that are ready to run post first (a batch of replies just woke
@@ -218,7 +211,7 @@ fn s_shutdown(w: &OwnedWriteHalf) -> io::Result<()> {
 
 /// The writer task of an in-memory (loopback provider) connection.
 pub(crate) async fn mem_writer_loop(
-    mut w: WriteHalf<DuplexStream>,
+    mut w: Teed<WriteHalf<DuplexStream>>,
     ctx: &DriverCtx,
 ) -> io::Result<()> {
     let mut pieces: VecDeque<Piece> = VecDeque::new();
