@@ -16,14 +16,13 @@ use std::io::{self, BufWriter, IoSlice, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::tcp::OwnedWriteHalf;
-
-use crate::mem::lock;
 
 /// Largest TCP payload per synthesized segment (65535 - 20 IPv4 - 20 TCP).
 pub const MAX_SEGMENT: usize = 65495;
@@ -276,7 +275,7 @@ impl Tee {
         if let Some(c) = &self.0
             && !data.is_empty()
         {
-            let _ = lock(c).record(dir, data);
+            let _ = c.lock().record(dir, data);
         }
     }
 
@@ -293,14 +292,14 @@ impl Tee {
             n -= take;
         }
         if !parts.is_empty() {
-            let _ = lock(c).record_parts(dir, &parts);
+            let _ = c.lock().record_parts(dir, &parts);
         }
     }
 
     /// End the capture (FINs) and flush it.
     pub(crate) fn close(&self) {
         if let Some(c) = &self.0 {
-            let _ = lock(c).close();
+            let _ = c.lock().close();
         }
     }
 }

@@ -6,16 +6,16 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::VerbsError;
 use crate::device::Device;
-use crate::mem::lock;
 use crate::provider::loopback::{self, LoopbackFabric};
 use crate::provider::soft::handshake::{self, LocalSetup, Negotiated};
 use crate::provider::soft::{self, SoftRequest};
@@ -360,7 +360,7 @@ impl Connection {
 
     /// Next connection event; `None` once the connection is gone and all events were read.
     pub async fn next_event(&self) -> Option<CmEvent> {
-        if let Some(e) = lock(&self.first).take() {
+        if let Some(e) = self.first.lock().take() {
             return Some(e);
         }
         self.events.lock().await.recv().await

@@ -2,12 +2,11 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tokio::sync::Notify;
-
-use crate::mem::lock;
 
 /// Completion status (rdma-core `ibv_wc_status`, the subset iWARP can produce).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,7 +83,7 @@ pub(crate) struct CqInner {
 impl fmt::Debug for CqInner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CqInner")
-            .field("pending", &lock(&self.q).len())
+            .field("pending", &self.q.lock().len())
             .field("handler", &self.handler.get().is_some())
             .finish()
     }
@@ -95,7 +94,7 @@ impl CqInner {
     /// ([`CqInner::run_handler`]) once it holds no provider lock, since a handler may post
     /// work requests. Without a handler a waiter is woken.
     pub(crate) fn enqueue(&self, c: Completion) -> bool {
-        lock(&self.q).push_back(c);
+        self.q.lock().push_back(c);
         if self.handler.get().is_none() {
             self.notify.notify_one();
             return false;
@@ -109,17 +108,17 @@ impl CqInner {
         let Some(h) = self.handler.get() else { return };
         loop {
             {
-                let Ok(_draining) = self.draining.try_lock() else {
+                let Some(_draining) = self.draining.try_lock() else {
                     return;
                 };
                 loop {
-                    let next = lock(&self.q).pop_front();
+                    let next = self.q.lock().pop_front();
                     let Some(c) = next else { break };
                     h(c);
                 }
             }
             // Pushed after the last pop but while `draining` was still held: take it too.
-            if lock(&self.q).is_empty() {
+            if self.q.lock().is_empty() {
                 return;
             }
         }
@@ -137,7 +136,7 @@ pub struct CompletionQueue {
 impl fmt::Debug for CompletionQueue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CompletionQueue")
-            .field("pending", &lock(&self.inner.q).len())
+            .field("pending", &self.inner.q.lock().len())
             .finish()
     }
 }
@@ -150,14 +149,14 @@ impl CompletionQueue {
 
     /// Non-blocking: take up to `max` completions (rdma-core `ibv_poll_cq`).
     pub fn poll(&self, max: usize) -> Vec<Completion> {
-        let mut q = lock(&self.inner.q);
+        let mut q = self.inner.q.lock();
         let n = max.min(q.len());
         q.drain(..n).collect()
     }
 
     /// Non-blocking: take one completion.
     pub fn try_next(&self) -> Option<Completion> {
-        lock(&self.inner.q).pop_front()
+        self.inner.q.lock().pop_front()
     }
 
     /// Hand every completion of this queue to `handler` from now on, in the context that

@@ -3,10 +3,11 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
 use rand::Rng;
 
 use crate::VerbsError;
@@ -84,15 +85,11 @@ pub(crate) struct MrState {
 
 impl MrInner {
     pub(crate) fn len(&self) -> usize {
-        lock(&self.data).len()
+        self.data.lock().len()
     }
     pub(crate) fn stag(&self) -> u32 {
-        (self.index << 8) | u32::from(lock(&self.state).key)
+        (self.index << 8) | u32::from(self.state.lock().key)
     }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Why an STag lookup failed; maps to Terminate codes.
@@ -106,14 +103,6 @@ pub(crate) enum AccessFault {
     Rights,
     /// Offset/length outside the region.
     Bounds,
-}
-
-fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Fibonacci hashing of 32-bit identifiers that this side chooses (STag indices here, the XIDs
@@ -163,11 +152,13 @@ impl StagTable {
         to: u64,
         len: u64,
     ) -> Result<Arc<MrInner>, AccessFault> {
-        let mr = read(&self.map)
+        let mr = self
+            .map
+            .read()
             .get(&(stag >> 8))
             .cloned()
             .ok_or(AccessFault::InvalidStag)?;
-        let st = *lock(&mr.state);
+        let st = *mr.state.lock();
         if !st.valid || st.key != (stag & 0xff) as u8 {
             return Err(AccessFault::InvalidStag);
         }
@@ -186,11 +177,13 @@ impl StagTable {
 
     /// Invalidate an STag (local or remote invalidation). It must belong to `pd`.
     pub(crate) fn invalidate(&self, stag: u32, pd: u32) -> Result<(), AccessFault> {
-        let mr = read(&self.map)
+        let mr = self
+            .map
+            .read()
             .get(&(stag >> 8))
             .cloned()
             .ok_or(AccessFault::InvalidStag)?;
-        let mut st = lock(&mr.state);
+        let mut st = mr.state.lock();
         if st.key != (stag & 0xff) as u8 || !st.valid {
             return Err(AccessFault::InvalidStag);
         }
@@ -203,7 +196,7 @@ impl StagTable {
 
     fn insert(&self, pd: u32, data: Box<[u8]>, access: Access) -> Arc<MrInner> {
         let mut rng = rand::rng();
-        let mut map = write(&self.map);
+        let mut map = self.map.write();
         // RFC 8166 §10.1.2 / RFC 5042: STags should not be predictable.
         let index = loop {
             let i = rng.random_range(1..(1u32 << 24));
@@ -245,12 +238,12 @@ impl StagTable {
                 access,
             }),
         });
-        write(&self.map).insert(index, inner.clone());
+        self.map.write().insert(index, inner.clone());
         inner
     }
 
     fn remove(&self, index: u32) {
-        write(&self.map).remove(&index);
+        self.map.write().remove(&index);
     }
 }
 
@@ -323,7 +316,7 @@ impl ProtectionDomain {
                 // device sees the hardware STag.
                 self.table.remove(inner.index);
                 let (ptr, len) = {
-                    let mut d = lock(&inner.data);
+                    let mut d = inner.data.lock();
                     (d.as_mut_ptr(), d.len())
                 };
                 // SAFETY: the buffer is the region's boxed slice, which stays in place until
@@ -394,17 +387,17 @@ impl MemoryRegion {
 
     /// Access rights.
     pub fn access(&self) -> Access {
-        lock(&self.inner.state).access
+        self.inner.state.lock().access
     }
 
     /// True until invalidated.
     pub fn is_valid(&self) -> bool {
-        lock(&self.inner.state).valid
+        self.inner.state.lock().valid
     }
 
     /// Copy bytes out of the region.
     pub fn read(&self, off: usize, len: usize) -> Result<Bytes, VerbsError> {
-        let d = lock(&self.inner.data);
+        let d = self.inner.data.lock();
         let end = off
             .checked_add(len)
             .filter(|e| *e <= d.len())
@@ -428,18 +421,18 @@ impl MemoryRegion {
     /// builds its result around the bytes the peer wrote (the region is left empty, so a
     /// second call returns an empty buffer).
     pub fn take_vec(&self) -> Result<Vec<u8>, VerbsError> {
-        lock(&self.inner.state).valid = false;
+        self.inner.state.lock().valid = false;
         if let Some(h) = &self.native {
             // The device must be done with the buffer before it moves.
             h.deregister();
         }
-        let mut d = lock(&self.inner.data);
+        let mut d = self.inner.data.lock();
         Ok(std::mem::take(&mut *d).into_vec())
     }
 
     /// Copy bytes into the region.
     pub fn write(&self, off: usize, src: &[u8]) -> Result<(), VerbsError> {
-        let mut d = lock(&self.inner.data);
+        let mut d = self.inner.data.lock();
         let end = off
             .checked_add(src.len())
             .filter(|e| *e <= d.len())
@@ -450,12 +443,12 @@ impl MemoryRegion {
 
     /// Run `f` over the whole region's bytes under its lock.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        f(&mut lock(&self.inner.data))
+        f(&mut self.inner.data.lock())
     }
 
     /// Invalidate the STag locally (the local equivalent of a Local Invalidate WR).
     pub fn invalidate(&self) {
-        lock(&self.inner.state).valid = false;
+        self.inner.state.lock().valid = false;
         if let Some(h) = &self.native {
             h.deregister();
         }
@@ -468,7 +461,7 @@ impl MemoryRegion {
     /// fails the region stays invalid and the returned rkey is the stale one.
     pub fn reregister(&self, access: Option<Access>) -> u32 {
         let access = {
-            let mut st = lock(&self.inner.state);
+            let mut st = self.inner.state.lock();
             st.key = st.key.wrapping_add(1);
             st.valid = true;
             if let Some(a) = access {
@@ -478,7 +471,7 @@ impl MemoryRegion {
         };
         if let Some(Err(e)) = self.native.as_ref().map(|h| h.reregister(access)) {
             tracing::warn!("re-registration failed: {e}");
-            lock(&self.inner.state).valid = false;
+            self.inner.state.lock().valid = false;
         }
         self.rkey()
     }
@@ -498,7 +491,7 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        lock(&self.inner.state).valid = false;
+        self.inner.state.lock().valid = false;
         if let Some(h) = &self.native {
             h.deregister();
         }

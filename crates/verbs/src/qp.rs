@@ -1,14 +1,15 @@
 //! [`QueuePair`]: a reliable-connected queue pair of either kind of provider.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::VerbsError;
 use crate::cq::{CompletionQueue, RecvWr, SendWr};
-use crate::mem::{ProtectionDomain, lock};
+use crate::mem::ProtectionDomain;
 use crate::provider::NativeQp;
 use crate::provider::soft::engine::QpState;
 use crate::provider::soft::{self, SoftQp};
+use parking_lot::Mutex;
 
 /// What carries a queue pair's work requests.
 pub(crate) enum QpKind {
@@ -107,7 +108,7 @@ impl QueuePair {
 
     /// Mark the QP as having its connection (a QP carries one connection in its life).
     pub(crate) fn claim_connection(&self) -> Result<(), VerbsError> {
-        let mut c = lock(&self.shared.connected);
+        let mut c = self.shared.connected.lock();
         if *c {
             return Err(VerbsError::InvalidState("QP already connected"));
         }

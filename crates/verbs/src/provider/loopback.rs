@@ -5,16 +5,16 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::{Arc, Mutex};
 
+use parking_lot::Mutex;
 use tokio::io::DuplexStream;
 use tokio::sync::mpsc;
 
 use crate::VerbsError;
 use crate::conn::Listener;
 use crate::device::Device;
-use crate::mem::lock;
 use crate::provider::soft::Transport;
 use crate::provider::soft::cm::incoming;
 
@@ -66,7 +66,7 @@ pub(crate) fn listen(
     }
     let (ltx, mut lrx) = mpsc::unbounded_channel();
     {
-        let mut m = lock(&fabric.inner.listeners);
+        let mut m = fabric.inner.listeners.lock();
         if m.contains_key(&local) {
             return Err(VerbsError::Io(
                 io::Error::from(io::ErrorKind::AddrInUse).to_string(),
@@ -86,7 +86,7 @@ pub(crate) fn listen(
 
 /// Free a listener's address.
 pub(crate) fn unlisten(fabric: &LoopbackFabric, addr: &SocketAddr) {
-    lock(&fabric.inner.listeners).remove(addr);
+    fabric.inner.listeners.lock().remove(addr);
 }
 
 /// Connect to the listener on `addr`: the stream and our address.
@@ -94,7 +94,7 @@ pub(crate) fn connect(
     fabric: &LoopbackFabric,
     addr: SocketAddr,
 ) -> Result<(Transport, SocketAddr), VerbsError> {
-    let l = lock(&fabric.inner.listeners).get(&addr).cloned();
+    let l = fabric.inner.listeners.lock().get(&addr).cloned();
     let Some(l) = l else {
         return Err(VerbsError::Io(
             io::Error::from(io::ErrorKind::ConnectionRefused).to_string(),

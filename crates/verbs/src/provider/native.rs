@@ -163,7 +163,7 @@ impl ConnectRequest {
 impl QueuePair {
     /// Give the QP back after a connection attempt that failed before it was established.
     pub(crate) fn release_connection(&self) {
-        *crate::mem::lock(&self.shared.connected) = false;
+        *self.shared.connected.lock() = false;
     }
 }
 
@@ -182,7 +182,7 @@ impl Connection {
                 local: e.local,
                 peer: e.peer,
                 events: tokio::sync::Mutex::new(e.events),
-                first: std::sync::Mutex::new(Some(CmEvent::Established)),
+                first: parking_lot::Mutex::new(Some(CmEvent::Established)),
                 done: e.done,
                 stats: Default::default(),
                 native: Some(e.conn),

@@ -44,18 +44,19 @@ use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use rdma_mummy_sys as sys;
 use tokio::io::unix::AsyncFd;
 
 use crate::VerbsError;
 use crate::cq::{Completion, CqInner, Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 use crate::engine::QpState;
-use crate::mem::{Access, lock};
+use crate::mem::Access;
 
 mod dispatch;
 pub(crate) use dispatch::open;
@@ -359,11 +360,11 @@ impl HwMr {
     }
 
     pub(crate) fn lkey(&self) -> u32 {
-        lock(&self.keys).0
+        self.keys.lock().0
     }
 
     pub(crate) fn rkey(&self) -> u32 {
-        lock(&self.keys).1
+        self.keys.lock().1
     }
 
     pub(crate) fn addr(&self) -> u64 {
@@ -372,18 +373,18 @@ impl HwMr {
 
     /// Stop all access by the device (ibv_dereg_mr).
     pub(crate) fn deregister(&self) {
-        lock(&self.reg).take();
+        self.reg.lock().take();
     }
 
     /// Register again with `access`; returns the new rkey.
     pub(crate) fn reregister(&self, access: Access) -> Result<u32, VerbsError> {
-        let mut reg = lock(&self.reg);
+        let mut reg = self.reg.lock();
         reg.take();
         // SAFETY: the buffer is still owned by the region and in place (HwMr::new contract).
         let raw = unsafe { RawMr::register(&self.pd, self.ptr, self.len, access)? };
         let keys = raw.keys();
         *reg = Some(raw);
-        *lock(&self.keys) = keys;
+        *self.keys.lock() = keys;
         Ok(keys.1)
     }
 }
@@ -420,7 +421,7 @@ impl Drop for HwCq {
         unsafe {
             libc::write(self.stop_fd, (&one as *const u64).cast(), 8);
         }
-        if let Some(t) = lock(&self.thread).take() {
+        if let Some(t) = self.thread.lock().take() {
             let _ = t.join();
         }
         // SAFETY: the thread is gone and every QP using the CQ holds an Arc to us, so none is
@@ -565,7 +566,7 @@ fn deliver(wcs: &[sys::ibv_wc], sink: &Arc<CqInner>, dev: &Weak<HwDevice>) {
     let mut last: Option<(u32, Option<Arc<QpCore>>)> = None;
     for wc in wcs {
         if last.as_ref().is_none_or(|(n, _)| *n != wc.qp_num) {
-            let core = lock(&dev.qps).get(&wc.qp_num).and_then(Weak::upgrade);
+            let core = dev.qps.lock().get(&wc.qp_num).and_then(Weak::upgrade);
             last = Some((wc.qp_num, core));
         }
         // None: a completion of a QP destroyed meanwhile.
@@ -764,7 +765,7 @@ impl QpCore {
     /// Translate one work completion; `None` for a successful WR the consumer did not signal.
     fn complete(&self, wc: &sys::ibv_wc) -> Option<Completion> {
         let status = wc_status(wc.status);
-        let mut st = lock(&self.st);
+        let mut st = self.st.lock();
         let out = if wc.wr_id & RECV_BIT != 0 {
             let wr_id = st.recvs.remove((wc.wr_id & !RECV_BIT) as usize)?.wr_id;
             let inv = if status == WcStatus::Success
@@ -849,7 +850,7 @@ impl QpCore {
                 }
             }
         }
-        let mut st = lock(&self.st);
+        let mut st = self.st.lock();
         match st.state {
             QpState::Init => return Err(VerbsError::InvalidState("QP not connected")),
             QpState::Error => {
@@ -1028,7 +1029,7 @@ impl QpCore {
     }
 
     fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
-        let mut st = lock(&self.st);
+        let mut st = self.st.lock();
         if st.state == QpState::Error {
             drop(st);
             push(
@@ -1086,7 +1087,7 @@ impl QpCore {
     /// The QP failed or was disconnected: move it to the error state so the device flushes
     /// everything posted, and flush what is still waiting in software.
     fn set_error(&self) {
-        let mut st = lock(&self.st);
+        let mut st = self.st.lock();
         if st.state == QpState::Error {
             return;
         }
@@ -1199,7 +1200,7 @@ impl HwQueuePair {
     }
 
     pub(crate) fn state(&self) -> QpState {
-        lock(&self.core.st).state
+        self.core.st.lock().state
     }
 
     pub(crate) fn post_send(&self, wr: SendWr) -> Result<(), VerbsError> {
@@ -1212,13 +1213,13 @@ impl HwQueuePair {
 
     /// Create the QP on `id` (rdma_create_qp) and post the receives that were waiting.
     fn instantiate(&self, id: &Arc<CmId>) -> Result<(), VerbsError> {
-        let mut slot = lock(&self.id);
+        let mut slot = self.id.lock();
         if slot.is_some() {
             return Err(VerbsError::InvalidState("QP already connected"));
         }
         let cfg = &self.dev.config;
         let cap_wr = |want: u32| want.clamp(1, self.dev.max_qp_wr.max(1));
-        let mut st = lock(&self.core.st);
+        let mut st = self.core.st.lock();
         if st.state == QpState::Error {
             return Err(VerbsError::InvalidState("QP is in the error state"));
         }
@@ -1257,7 +1258,7 @@ impl HwQueuePair {
         st.sq_depth = cap.max_send_wr.max(1) as usize;
         st.max_sge = cap.max_send_sge.max(1) as usize;
         st.max_inline = cap.max_inline_data as usize;
-        lock(&self.dev.qps).insert(num, Arc::downgrade(&self.core));
+        self.dev.qps.lock().insert(num, Arc::downgrade(&self.core));
         let early = std::mem::take(&mut st.early_recvs);
         for wr in early {
             QpCore::post_recv_locked(&mut st, wr)?;
@@ -1268,23 +1269,23 @@ impl HwQueuePair {
 
     /// The connection is established: sends may go.
     fn set_rts(&self) {
-        let mut st = lock(&self.core.st);
+        let mut st = self.core.st.lock();
         if st.state == QpState::Init {
             st.state = QpState::Rts;
         }
     }
 
     fn destroy_qp(&self) {
-        let Some(id) = lock(&self.id).take() else {
+        let Some(id) = self.id.lock().take() else {
             return;
         };
         let num = self.core.qp_num();
         {
-            let mut st = lock(&self.core.st);
+            let mut st = self.core.st.lock();
             st.qp = ptr::null_mut();
             st.state = QpState::Error;
         }
-        lock(&self.dev.qps).remove(&num);
+        self.dev.qps.lock().remove(&num);
         // SAFETY: the QP was created on this id by rdma_create_qp and nothing uses the pointer
         // any more (cleared above under the core's lock).
         unsafe {
@@ -1296,7 +1297,7 @@ impl HwQueuePair {
     /// to the destroyed QP go back to waiting for the next QP, in their order.
     fn abandon(&self) {
         self.destroy_qp();
-        let mut st = lock(&self.core.st);
+        let mut st = self.core.st.lock();
         let mut wrs: Vec<(usize, RecvWr)> = std::mem::take(&mut st.recvs)
             .items
             .into_iter()
@@ -1822,7 +1823,7 @@ async fn establish(
     .await;
     if result.is_err() {
         qp.abandon();
-        lock(&qp.core.st).state = QpState::Init;
+        qp.core.st.lock().state = QpState::Init;
     }
     result
 }

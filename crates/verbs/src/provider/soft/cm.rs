@@ -5,9 +5,10 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -22,7 +23,6 @@ use crate::VerbsError;
 use crate::capture::{Capture, Dir, Tee, Teed};
 use crate::conn::{CmEvent, ConnParams, ConnectRequest, Connection, Listener, ReqKind, StatsInner};
 use crate::device::Device;
-use crate::mem::lock;
 use crate::provider::loopback::LOOPBACK_FPDU;
 use crate::qp::QueuePair;
 use crate::wire::mpa::MpaFrame;
@@ -343,7 +343,7 @@ async fn start_connection(
     };
     match established {
         Ok(()) => {
-            *lock(&conn.first) = Some(CmEvent::Established);
+            *conn.first.lock() = Some(CmEvent::Established);
             Ok(conn)
         }
         Err(ev) => {
@@ -392,10 +392,10 @@ fn spawn_driver(
                     pieces: Mutex::new(VecDeque::new()),
                     ctx: wctx.clone(),
                 });
-                *lock(&wctx.qp.direct_tx) = Some(tx.clone());
+                *wctx.qp.direct_tx.lock() = Some(tx.clone());
                 let res = tcp_writer_loop(tx).await;
                 // Breaks the QP -> TxPath -> DriverCtx -> QP cycle; nobody writes any more.
-                lock(&wctx.qp.direct_tx).take();
+                wctx.qp.direct_tx.lock().take();
                 res
             }
             Out::Mem(w) => mem_writer_loop(w, &wctx).await,

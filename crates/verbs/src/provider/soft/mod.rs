@@ -12,11 +12,12 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
+use parking_lot::{Mutex, MutexGuard};
 use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc};
@@ -24,7 +25,7 @@ use tokio::sync::{Notify, mpsc};
 use crate::VerbsError;
 use crate::conn::CmEvent;
 use crate::cq::{Completion, CompletionQueue, CqInner, RecvWr, SendWr};
-use crate::mem::{ProtectionDomain, lock};
+use crate::mem::ProtectionDomain;
 use crate::wire::mpa::MpaFrame;
 use engine::{CqSide, Engine, EngineEvent, QpState};
 use handshake::SetupError;
@@ -205,7 +206,7 @@ struct Delivery<'a> {
 impl<'a> EngineGuard<'a> {
     fn new(qp: &'a SoftQp, events_tx: Option<&'a mpsc::UnboundedSender<CmEvent>>) -> Self {
         EngineGuard {
-            g: lock(&qp.engine),
+            g: qp.engine.lock(),
             out: Delivery {
                 qp,
                 events_tx,

@@ -15,7 +15,6 @@ use tokio::net::tcp::OwnedReadHalf;
 use super::cm::DriverCtx;
 use super::tx::{transmit_batch, transmit_now};
 use crate::capture::Teed;
-use crate::mem::lock;
 use crate::wire::ddp::{TAGGED_HDR_LEN, term};
 use crate::wire::mpa::{FpduDecoder, fpdu_len, pad_len};
 
@@ -148,7 +147,7 @@ async fn place_direct(
     let Some((mr, off)) = ctx.engine().direct_target(&hdr, plen) else {
         return Ok(None);
     };
-    lock(&mr.data)[off..off + have].copy_from_slice(&buf[H..H + have]);
+    mr.data.lock()[off..off + have].copy_from_slice(&buf[H..H + have]);
     let trailer_have = buf.len() - H - have;
     buf.clear();
     // What follows the payload: the rest of the trailer (required), then up to one FPDU header
@@ -160,7 +159,7 @@ async fn place_direct(
         s.readable().await?;
         loop {
             let r = {
-                let mut d = lock(&mr.data);
+                let mut d = mr.data.lock();
                 let mut iov = [
                     io::IoSliceMut::new(&mut d[at..at + left]),
                     io::IoSliceMut::new(&mut tail[tail_got..trailer + H]),

@@ -2,9 +2,10 @@
 //! when — the poster's thread directly, the reader at the end of a batch, or the writer task.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 
+use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 
@@ -12,7 +13,6 @@ use super::cm::DriverCtx;
 use super::writer::{Piece, fill, try_write_pieces};
 use super::{SoftQp, TxSchedule};
 use crate::capture::Teed;
-use crate::mem::lock;
 
 /// The largest FPDU for the connection's current MSS, rounded down to a multiple of 8, as siw
 /// sizes its FPDUs (RFC 5044 §5: an FPDU should fit the TCP segment; MULPDU follows the EMSS).
@@ -90,7 +90,7 @@ pub(crate) fn transmit_batch<R>(qp: &SoftQp, take: impl FnOnce() -> (bool, R)) -
 /// Transmit from this thread if `direct` and the queue is idle; otherwise wake the writer.
 fn transmit(qp: &SoftQp, direct: bool) {
     let tx = if direct && qp.tx != TxSchedule::WriterTask {
-        lock(&qp.direct_tx).clone()
+        qp.direct_tx.lock().clone()
     } else {
         None
     };
@@ -98,7 +98,7 @@ fn transmit(qp: &SoftQp, direct: bool) {
         qp.wake.notify_one();
         return;
     };
-    let Ok(mut pieces) = tx.pieces.try_lock() else {
+    let Some(mut pieces) = tx.pieces.try_lock() else {
         qp.wake.notify_one();
         return;
     };

@@ -15,7 +15,7 @@ use super::cm::DriverCtx;
 use super::engine::Engine;
 use super::tx::{TxPath, refresh_fpdu};
 use crate::capture::Teed;
-use crate::mem::{MrInner, lock};
+use crate::mem::MrInner;
 use crate::wire::mpa::{frame_parts, pad_len};
 
 /// Write half of a connection.
@@ -49,7 +49,7 @@ impl Piece {
     fn to_bytes(&self) -> Bytes {
         match self {
             Piece::B(b) => b.clone(),
-            Piece::M(m, off, len) => Bytes::copy_from_slice(&lock(&m.data)[*off..*off + *len]),
+            Piece::M(m, off, len) => Bytes::copy_from_slice(&m.data.lock()[*off..*off + *len]),
         }
     }
 }
@@ -140,7 +140,7 @@ pub(crate) fn try_write_pieces(
                 Piece::M(m, ..) => Some(m.clone()),
                 Piece::B(_) => None,
             });
-            let guard = region.as_ref().map(|m| lock(&m.data));
+            let guard = region.as_ref().map(|m| m.data.lock());
             let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(64);
             for p in pieces.iter().take(512) {
                 match p {
@@ -174,7 +174,7 @@ pub(crate) async fn tcp_writer_loop(tx: Arc<TxPath>) -> io::Result<()> {
     loop {
         let notified = ctx.qp.wake.notified();
         let (f, empty) = {
-            let mut pieces = lock(&tx.pieces);
+            let mut pieces = tx.pieces.lock();
             let f = fill(&mut ctx.engine(), &mut pieces, ctx);
             let empty = try_write_pieces(&tx.w, &mut pieces)?;
             (f, empty)

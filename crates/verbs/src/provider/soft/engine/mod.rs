@@ -15,7 +15,7 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::cq::{Completion, Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
-use crate::mem::{Access, AccessFault, MrInner, StagTable, lock};
+use crate::mem::{Access, AccessFault, MrInner, StagTable};
 use crate::wire::WireError;
 use crate::wire::ddp::{
     BufferModel, DdpHeader, Opcode, QN_READ_REQ, QN_SEND, QN_TERMINATE, READ_REQ_LEN, ReadRequest,
@@ -459,7 +459,7 @@ impl Engine {
                 Bytes::new()
             }
             Some((mr, off)) => {
-                let d = lock(&mr.data);
+                let d = mr.data.lock();
                 let s = off + r.sent as usize;
                 Bytes::copy_from_slice(&d[s..s + n])
             }
@@ -690,7 +690,7 @@ fn seg(h: &DdpHeader, body: &[u8], payload: Bytes) -> TxSegment {
 }
 
 fn place(mr: &MrInner, off: usize, data: &[u8]) {
-    let mut d = lock(&mr.data);
+    let mut d = mr.data.lock();
     d[off..off + data.len()].copy_from_slice(data);
 }
 
@@ -725,7 +725,7 @@ fn gather(sges: &[(Arc<MrInner>, usize, usize)], mut off: usize, mut n: usize) -
             continue;
         }
         let take = (len - off).min(n);
-        let d = lock(&mr.data);
+        let d = mr.data.lock();
         out.put_slice(&d[base + off..base + off + take]);
         n -= take;
         off = 0;
