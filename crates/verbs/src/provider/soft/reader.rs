@@ -15,8 +15,9 @@ use tokio::net::tcp::OwnedReadHalf;
 use super::cm::DriverCtx;
 use super::tx::{transmit_batch, transmit_now};
 use crate::capture::Teed;
+use crate::wire::ddp::Segment;
 use crate::wire::ddp::{TAGGED_HDR_LEN, term};
-use crate::wire::mpa::{FpduDecoder, fpdu_len, pad_len};
+use crate::wire::mpa::{Fpdu, FpduDecoder, pad_len};
 
 /// Read half of a connection.
 pub(crate) enum In {
@@ -56,10 +57,15 @@ pub(crate) async fn reader_loop(
     loop {
         transmit_batch(&ctx.qp, || {
             loop {
-                if direct && skip == 0 && buf.len() >= 3 {
-                    let ulen = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
-                    // DDP control (RFC 5041 §4.2): T = 0x80 tagged, L = 0x40 last segment.
-                    bulk = buf[2] & 0xc0 == 0x80 && ulen >= TAGGED_HDR_LEN + DIRECT_MIN;
+                if direct
+                    && skip == 0
+                    && let Ok(f) = Fpdu::new_checked(&buf[..])
+                    && let Ok(seg) = Segment::new_checked(f.ulpdu())
+                {
+                    // A tagged segment with more of its message to come (RFC 5041 §4.2).
+                    bulk = seg.is_tagged()
+                        && !seg.is_last()
+                        && f.ulpdu_len() >= TAGGED_HDR_LEN + DIRECT_MIN;
                 }
                 // The engine lock is taken per FPDU, not per read: posters on other threads wait
                 // for one placement at most, and completion handlers run between FPDUs.
@@ -131,19 +137,25 @@ async fn place_direct(
     ctx: &DriverCtx,
 ) -> io::Result<Option<usize>> {
     const H: usize = 2 + TAGGED_HDR_LEN;
-    if buf.len() < H || buf[2] & 0x80 == 0 {
+    let Ok(f) = Fpdu::new_checked(&buf[..]) else {
+        return Ok(None);
+    };
+    let ulen = f.ulpdu_len();
+    if ulen < TAGGED_HDR_LEN + DIRECT_MIN || f.is_complete() {
         return Ok(None);
     }
-    let ulen = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
-    if ulen < TAGGED_HDR_LEN + DIRECT_MIN || buf.len() >= fpdu_len(ulen) {
-        return Ok(None);
-    }
+    // A tagged segment whose whole header (RFC 5041 §4.2) has arrived.
+    let hdr: [u8; TAGGED_HDR_LEN] = match Segment::new_checked(f.ulpdu()).map(|s| {
+        s.is_tagged()
+            .then(|| s.header())
+            .flatten()
+            .map(<[u8; TAGGED_HDR_LEN]>::try_from)
+    }) {
+        Ok(Some(Ok(h))) => h,
+        _ => return Ok(None),
+    };
     let plen = ulen - TAGGED_HDR_LEN;
     let have = (buf.len() - H).min(plen);
-    let hdr: [u8; TAGGED_HDR_LEN] = match buf[2..H].try_into() {
-        Ok(h) => h,
-        Err(_) => return Ok(None),
-    };
     let Some((mr, off)) = ctx.engine().direct_target(&hdr, plen) else {
         return Ok(None);
     };

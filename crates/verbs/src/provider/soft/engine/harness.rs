@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{Engine, EngineEvent, EngineParams, QpState, place};
 use crate::cq::RecvWr;
 use crate::mem::{Access, MrInner, StagTable};
-use crate::wire::ddp::{TAGGED_HDR_LEN, Terminate, term};
+use crate::wire::ddp::{Segment, TAGGED_HDR_LEN, Terminate, term};
 
 /// A self-contained receive path (MPA FPDU decoding + this engine) over a few registered
 /// regions, for fuzzing and property tests: feed it arbitrary bytes, it must never panic.
@@ -74,7 +74,8 @@ impl RxHarness {
             }
             match self.dec.decode(&mut self.buf) {
                 Ok(Some(u)) => {
-                    let tagged = u.len() >= TAGGED_HDR_LEN && u[0] & 0x80 != 0;
+                    let tagged = u.len() >= TAGGED_HDR_LEN
+                        && Segment::new_checked(&u[..]).is_ok_and(|s| s.is_tagged());
                     let target = if self.direct && tagged {
                         self.engine
                             .direct_target(&u[..TAGGED_HDR_LEN], u.len() - TAGGED_HDR_LEN)

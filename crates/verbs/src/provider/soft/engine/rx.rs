@@ -2,6 +2,7 @@
 //! placement, and the Terminates that malformed or forbidden segments draw.
 
 use super::*;
+use crate::wire::ddp::Segment;
 
 impl Engine {
     /// Process one received ULPDU (one DDP segment).
@@ -13,7 +14,9 @@ impl Engine {
             Ok(x) => x,
             Err(e) => {
                 let (layer, etype, code) = match e {
-                    WireError::BadDdpVersion(_) if u.first().is_some_and(|b| b & 0x80 != 0) => {
+                    WireError::BadDdpVersion(_)
+                        if Segment::new_checked(u).is_ok_and(|s| s.is_tagged()) =>
+                    {
                         (1, term::DDP_ETYPE_TAGGED, term::DDP_T_VERSION)
                     }
                     WireError::BadDdpVersion(_) => {
