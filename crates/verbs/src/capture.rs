@@ -5,7 +5,7 @@
 //! are recorded alone), splits writes into segments of at most 65495 bytes and ends with FINs.
 //! IPv6 endpoints are written as IPv4 loopback addresses.
 //!
-//! A connection's driver records through a [`Tee`] on its byte stream ([`Teed`] wraps each
+//! A connection's driver records through a tee (`Tee`) on its byte stream (`Teed` wraps each
 //! half): every read and every write passes through it and is recorded as it happens, like
 //! smoltcp's `PcapWriter` around a device. The MPA Request and Reply, exchanged before the
 //! driver starts (and, at a listener, before anyone knows whether to capture), are recorded
