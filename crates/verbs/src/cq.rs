@@ -1,15 +1,12 @@
 //! Completion queues and work requests.
 
-use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tokio::sync::Notify;
-
-use crate::mem::lock;
 
 /// Completion status (rdma-core `ibv_wc_status`, the subset iWARP can produce).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,91 +78,47 @@ pub(crate) struct CqInner {
     handler: OnceLock<CqHandler>,
     /// Held by the thread running the handler: completions are handed over in queue order.
     draining: Mutex<()>,
-    /// On some thread's list of queues whose handler runs once it releases its engine locks.
-    deferred: AtomicBool,
 }
 
 impl fmt::Debug for CqInner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CqInner")
-            .field("pending", &lock(&self.q).len())
+            .field("pending", &self.q.lock().len())
             .field("handler", &self.handler.get().is_some())
             .finish()
     }
 }
 
-thread_local! {
-    /// Provider locks (a soft-iWARP engine) this thread holds: a handler never runs under one,
-    /// since it may post work requests, which take them.
-    static HELD: Cell<u32> = const { Cell::new(0) };
-    /// Queues that got completions while `HELD` was non-zero.
-    static DEFERRED: RefCell<Vec<Arc<CqInner>>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Marks the calling thread as holding a provider lock until dropped; queue handlers deferred
-/// meanwhile run when the outermost mark goes (after the lock itself was released: drop the
-/// lock guard first).
-pub(crate) struct HeldMark(());
-
-impl HeldMark {
-    pub(crate) fn new() -> Self {
-        HELD.with(|h| h.set(h.get() + 1));
-        HeldMark(())
-    }
-}
-
-impl Drop for HeldMark {
-    fn drop(&mut self) {
-        let outermost = HELD.with(|h| {
-            h.set(h.get() - 1);
-            h.get() == 0
-        });
-        if !outermost {
-            return;
-        }
-        loop {
-            let Some(cq) = DEFERRED.with(|d| d.borrow_mut().pop()) else {
-                return;
-            };
-            cq.deferred.store(false, Ordering::Release);
-            cq.run_handler();
-        }
-    }
-}
-
 impl CqInner {
-    pub(crate) fn push(self: &Arc<Self>, c: Completion) {
-        lock(&self.q).push_back(c);
+    /// Queue `c`; `true` if the queue has a handler, which the caller must then run
+    /// ([`CqInner::run_handler`]) once it holds no provider lock, since a handler may post
+    /// work requests. Without a handler a waiter is woken.
+    pub(crate) fn enqueue(&self, c: Completion) -> bool {
+        self.q.lock().push_back(c);
         if self.handler.get().is_none() {
             self.notify.notify_one();
-            return;
+            return false;
         }
-        if HELD.with(Cell::get) > 0 {
-            if !self.deferred.swap(true, Ordering::AcqRel) {
-                DEFERRED.with(|d| d.borrow_mut().push(self.clone()));
-            }
-            return;
-        }
-        self.run_handler();
+        true
     }
 
     /// Hands queued completions to the handler, in order, unless another thread (or an outer
     /// frame of this one) is doing so; that one then also takes what was queued meanwhile.
-    fn run_handler(&self) {
+    pub(crate) fn run_handler(&self) {
         let Some(h) = self.handler.get() else { return };
         loop {
             {
-                let Ok(_draining) = self.draining.try_lock() else {
+                let Some(_draining) = self.draining.try_lock() else {
                     return;
                 };
                 loop {
-                    let next = lock(&self.q).pop_front();
+                    let next = self.q.lock().pop_front();
                     let Some(c) = next else { break };
                     h(c);
                 }
             }
             // Pushed after the last pop but while `draining` was still held: take it too.
-            if lock(&self.q).is_empty() {
+            if self.q.lock().is_empty() {
                 return;
             }
         }
@@ -176,15 +129,14 @@ impl CqInner {
 #[derive(Clone, Default)]
 pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,
-    /// The rdma-core CQ feeding `inner` (or why it could not be created).
-    #[cfg(feature = "rdma-core")]
-    pub(crate) hw: Option<Result<Arc<crate::hw::HwCq>, crate::VerbsError>>,
+    /// The native CQ feeding `inner` (or why it could not be created).
+    pub(crate) native: Option<Result<Arc<dyn crate::provider::NativeCq>, crate::VerbsError>>,
 }
 
 impl fmt::Debug for CompletionQueue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CompletionQueue")
-            .field("pending", &lock(&self.inner.q).len())
+            .field("pending", &self.inner.q.lock().len())
             .finish()
     }
 }
@@ -197,14 +149,14 @@ impl CompletionQueue {
 
     /// Non-blocking: take up to `max` completions (rdma-core `ibv_poll_cq`).
     pub fn poll(&self, max: usize) -> Vec<Completion> {
-        let mut q = lock(&self.inner.q);
+        let mut q = self.inner.q.lock();
         let n = max.min(q.len());
         q.drain(..n).collect()
     }
 
     /// Non-blocking: take one completion.
     pub fn try_next(&self) -> Option<Completion> {
-        lock(&self.inner.q).pop_front()
+        self.inner.q.lock().pop_front()
     }
 
     /// Hand every completion of this queue to `handler` from now on, in the context that

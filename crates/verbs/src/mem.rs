@@ -3,13 +3,15 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
 use rand::Rng;
 
 use crate::VerbsError;
+use crate::provider::{NativeMr, NativePd};
 
 /// Memory access rights (rdma-core `IBV_ACCESS_*`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -83,15 +85,11 @@ pub(crate) struct MrState {
 
 impl MrInner {
     pub(crate) fn len(&self) -> usize {
-        lock(&self.data).len()
+        self.data.lock().len()
     }
     pub(crate) fn stag(&self) -> u32 {
-        (self.index << 8) | u32::from(lock(&self.state).key)
+        (self.index << 8) | u32::from(self.state.lock().key)
     }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Why an STag lookup failed; maps to Terminate codes.
@@ -105,14 +103,6 @@ pub(crate) enum AccessFault {
     Rights,
     /// Offset/length outside the region.
     Bounds,
-}
-
-fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Fibonacci hashing of 32-bit identifiers that this side chooses (STag indices here, the XIDs
@@ -162,11 +152,13 @@ impl StagTable {
         to: u64,
         len: u64,
     ) -> Result<Arc<MrInner>, AccessFault> {
-        let mr = read(&self.map)
+        let mr = self
+            .map
+            .read()
             .get(&(stag >> 8))
             .cloned()
             .ok_or(AccessFault::InvalidStag)?;
-        let st = *lock(&mr.state);
+        let st = *mr.state.lock();
         if !st.valid || st.key != (stag & 0xff) as u8 {
             return Err(AccessFault::InvalidStag);
         }
@@ -185,11 +177,13 @@ impl StagTable {
 
     /// Invalidate an STag (local or remote invalidation). It must belong to `pd`.
     pub(crate) fn invalidate(&self, stag: u32, pd: u32) -> Result<(), AccessFault> {
-        let mr = read(&self.map)
+        let mr = self
+            .map
+            .read()
             .get(&(stag >> 8))
             .cloned()
             .ok_or(AccessFault::InvalidStag)?;
-        let mut st = lock(&mr.state);
+        let mut st = mr.state.lock();
         if st.key != (stag & 0xff) as u8 || !st.valid {
             return Err(AccessFault::InvalidStag);
         }
@@ -202,7 +196,7 @@ impl StagTable {
 
     fn insert(&self, pd: u32, data: Box<[u8]>, access: Access) -> Arc<MrInner> {
         let mut rng = rand::rng();
-        let mut map = write(&self.map);
+        let mut map = self.map.write();
         // RFC 8166 §10.1.2 / RFC 5042: STags should not be predictable.
         let index = loop {
             let i = rng.random_range(1..(1u32 << 24));
@@ -244,12 +238,12 @@ impl StagTable {
                 access,
             }),
         });
-        write(&self.map).insert(index, inner.clone());
+        self.map.write().insert(index, inner.clone());
         inner
     }
 
     fn remove(&self, index: u32) {
-        write(&self.map).remove(&index);
+        self.map.write().remove(&index);
     }
 }
 
@@ -258,10 +252,9 @@ impl StagTable {
 pub struct ProtectionDomain {
     pub(crate) id: u32,
     pub(crate) table: Arc<StagTable>,
-    pub(crate) device: crate::cm::Device,
-    /// The rdma-core PD (or why it could not be allocated); `None` for soft providers.
-    #[cfg(feature = "rdma-core")]
-    pub(crate) hw: Option<Result<Arc<crate::hw::HwPd>, VerbsError>>,
+    pub(crate) device: crate::Device,
+    /// The native PD (or why it could not be allocated); `None` for soft providers.
+    pub(crate) native: Option<Result<Arc<dyn NativePd>, VerbsError>>,
 }
 
 impl fmt::Debug for ProtectionDomain {
@@ -273,22 +266,20 @@ impl fmt::Debug for ProtectionDomain {
 }
 
 impl ProtectionDomain {
-    pub(crate) fn new(device: crate::cm::Device) -> Self {
+    pub(crate) fn new(device: crate::Device) -> Self {
         let table = device.table();
         let id = table.next_pd.fetch_add(1, Ordering::Relaxed);
-        #[cfg(feature = "rdma-core")]
-        let hw = device.hw().map(|d| d.and_then(crate::hw::HwPd::alloc));
+        let native = device.native().map(|d| d.and_then(|d| d.alloc_pd()));
         Self {
             id,
             table,
             device,
-            #[cfg(feature = "rdma-core")]
-            hw,
+            native,
         }
     }
 
     /// The device this PD belongs to.
-    pub fn device(&self) -> &crate::cm::Device {
+    pub fn device(&self) -> &crate::Device {
         &self.device
     }
 
@@ -314,8 +305,7 @@ impl ProtectionDomain {
             ));
         }
         let inner = self.table.insert(self.id, v.into_boxed_slice(), access);
-        #[cfg(feature = "rdma-core")]
-        let hw = match &self.hw {
+        let native = match &self.native {
             None => None,
             Some(Err(e)) => {
                 self.table.remove(inner.index);
@@ -326,19 +316,18 @@ impl ProtectionDomain {
                 // device sees the hardware STag.
                 self.table.remove(inner.index);
                 let (ptr, len) = {
-                    let mut d = lock(&inner.data);
+                    let mut d = inner.data.lock();
                     (d.as_mut_ptr(), d.len())
                 };
                 // SAFETY: the buffer is the region's boxed slice, which stays in place until
                 // the region is dropped or `take` moves it out, and both deregister first.
-                Some(unsafe { crate::hw::HwMr::new(pd, ptr, len, access)? })
+                Some(unsafe { pd.clone().register(ptr, len, access)? })
             }
         };
         Ok(MemoryRegion {
             inner,
             table: self.table.clone(),
-            #[cfg(feature = "rdma-core")]
-            hw,
+            native,
         })
     }
 }
@@ -347,9 +336,8 @@ impl ProtectionDomain {
 pub struct MemoryRegion {
     inner: Arc<MrInner>,
     table: Arc<StagTable>,
-    /// The rdma-core registration of the same buffer.
-    #[cfg(feature = "rdma-core")]
-    hw: Option<crate::hw::HwMr>,
+    /// The native registration of the same buffer.
+    native: Option<Box<dyn NativeMr>>,
 }
 
 impl fmt::Debug for MemoryRegion {
@@ -364,8 +352,7 @@ impl fmt::Debug for MemoryRegion {
 impl MemoryRegion {
     /// Local key (same as the STag on iWARP).
     pub fn lkey(&self) -> u32 {
-        #[cfg(feature = "rdma-core")]
-        if let Some(h) = &self.hw {
+        if let Some(h) = &self.native {
             return h.lkey();
         }
         self.inner.stag()
@@ -373,8 +360,7 @@ impl MemoryRegion {
 
     /// Remote key: the STag advertised to the peer.
     pub fn rkey(&self) -> u32 {
-        #[cfg(feature = "rdma-core")]
-        if let Some(h) = &self.hw {
+        if let Some(h) = &self.native {
             return h.rkey();
         }
         self.inner.stag()
@@ -383,8 +369,7 @@ impl MemoryRegion {
     /// Base address (tagged offset of byte 0). Soft providers use zero-based TOs; rdma-core
     /// uses the buffer's virtual address.
     pub fn addr(&self) -> u64 {
-        #[cfg(feature = "rdma-core")]
-        if let Some(h) = &self.hw {
+        if let Some(h) = &self.native {
             return h.addr();
         }
         self.inner.base
@@ -402,17 +387,17 @@ impl MemoryRegion {
 
     /// Access rights.
     pub fn access(&self) -> Access {
-        lock(&self.inner.state).access
+        self.inner.state.lock().access
     }
 
     /// True until invalidated.
     pub fn is_valid(&self) -> bool {
-        lock(&self.inner.state).valid
+        self.inner.state.lock().valid
     }
 
     /// Copy bytes out of the region.
     pub fn read(&self, off: usize, len: usize) -> Result<Bytes, VerbsError> {
-        let d = lock(&self.inner.data);
+        let d = self.inner.data.lock();
         let end = off
             .checked_add(len)
             .filter(|e| *e <= d.len())
@@ -436,19 +421,18 @@ impl MemoryRegion {
     /// builds its result around the bytes the peer wrote (the region is left empty, so a
     /// second call returns an empty buffer).
     pub fn take_vec(&self) -> Result<Vec<u8>, VerbsError> {
-        lock(&self.inner.state).valid = false;
-        #[cfg(feature = "rdma-core")]
-        if let Some(h) = &self.hw {
+        self.inner.state.lock().valid = false;
+        if let Some(h) = &self.native {
             // The device must be done with the buffer before it moves.
             h.deregister();
         }
-        let mut d = lock(&self.inner.data);
+        let mut d = self.inner.data.lock();
         Ok(std::mem::take(&mut *d).into_vec())
     }
 
     /// Copy bytes into the region.
     pub fn write(&self, off: usize, src: &[u8]) -> Result<(), VerbsError> {
-        let mut d = lock(&self.inner.data);
+        let mut d = self.inner.data.lock();
         let end = off
             .checked_add(src.len())
             .filter(|e| *e <= d.len())
@@ -459,14 +443,13 @@ impl MemoryRegion {
 
     /// Run `f` over the whole region's bytes under its lock.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        f(&mut lock(&self.inner.data))
+        f(&mut self.inner.data.lock())
     }
 
     /// Invalidate the STag locally (the local equivalent of a Local Invalidate WR).
     pub fn invalidate(&self) {
-        lock(&self.inner.state).valid = false;
-        #[cfg(feature = "rdma-core")]
-        if let Some(h) = &self.hw {
+        self.inner.state.lock().valid = false;
+        if let Some(h) = &self.native {
             h.deregister();
         }
     }
@@ -478,7 +461,7 @@ impl MemoryRegion {
     /// fails the region stays invalid and the returned rkey is the stale one.
     pub fn reregister(&self, access: Option<Access>) -> u32 {
         let access = {
-            let mut st = lock(&self.inner.state);
+            let mut st = self.inner.state.lock();
             st.key = st.key.wrapping_add(1);
             st.valid = true;
             if let Some(a) = access {
@@ -486,12 +469,10 @@ impl MemoryRegion {
             }
             st.access
         };
-        #[cfg(feature = "rdma-core")]
-        if let Some(Err(e)) = self.hw.as_ref().map(|h| h.reregister(access)) {
+        if let Some(Err(e)) = self.native.as_ref().map(|h| h.reregister(access)) {
             tracing::warn!("re-registration failed: {e}");
-            lock(&self.inner.state).valid = false;
+            self.inner.state.lock().valid = false;
         }
-        let _ = access;
         self.rkey()
     }
 
@@ -510,9 +491,8 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        lock(&self.inner.state).valid = false;
-        #[cfg(feature = "rdma-core")]
-        if let Some(h) = &self.hw {
+        self.inner.state.lock().valid = false;
+        if let Some(h) = &self.native {
             h.deregister();
         }
         self.table.remove(self.inner.index);
@@ -522,7 +502,7 @@ impl Drop for MemoryRegion {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cm::{Device, Provider};
+    use crate::{Device, Provider};
 
     #[test]
     fn take_fences_the_region_and_moves_its_bytes_out() {

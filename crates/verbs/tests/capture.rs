@@ -155,3 +155,53 @@ async fn tshark_decodes_every_opcode() {
         }
     }
 }
+
+/// The TCP payloads of a capture written by the initiator, as (outgoing, incoming) streams.
+fn streams(file: &Path) -> (Vec<u8>, Vec<u8>) {
+    let b = std::fs::read(file).unwrap();
+    assert_eq!(&b[..4], &0xa1b2_c3d4u32.to_le_bytes(), "pcap magic");
+    let (mut out, mut inc) = (Vec::new(), Vec::new());
+    let mut at = 24;
+    let mut client_port = None;
+    // Bounded: every record advances `at` by at least its 16-byte header.
+    while at + 16 <= b.len() {
+        let len = u32::from_le_bytes(b[at + 8..at + 12].try_into().unwrap()) as usize;
+        let pkt = &b[at + 16..at + 16 + len];
+        at += 16 + len;
+        // Ethernet 14, IPv4 20, TCP 20: no options are written.
+        let src = u16::from_be_bytes([pkt[34], pkt[35]]);
+        let payload = &pkt[54..];
+        // The first packet is the initiator's SYN.
+        let client = *client_port.get_or_insert(src);
+        if src == client {
+            out.extend_from_slice(payload);
+        } else {
+            inc.extend_from_slice(payload);
+        }
+    }
+    (out, inc)
+}
+
+/// Without tshark: the capture holds both directions of the stream as they were written and
+/// read (the tee on the driver's byte stream), from the MPA Request and Reply on.
+#[tokio::test]
+async fn capture_records_both_directions() {
+    for crc in [false, true] {
+        let dir = std::env::temp_dir().join(format!("oxrdma-tee-{}-{crc}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let file = within(session(&dir, crc)).await;
+        let (out, inc) = streams(&file);
+        assert!(out.starts_with(b"MPA ID Req Frame"), "crc {crc}");
+        assert!(inc.starts_with(b"MPA ID Rep Frame"), "crc {crc}");
+        // The 100,000-byte RDMA Write and the 20,000-byte Send went out; the Read Response
+        // (100,000 bytes of the server's zeroed target) came in.
+        let fives = out.iter().filter(|&&x| x == 0x5a).count();
+        assert!(
+            fives >= 100_000,
+            "crc {crc}: {fives} bytes of the Write payload"
+        );
+        assert!(out.len() > 120_000, "crc {crc}: {} bytes out", out.len());
+        assert!(inc.len() > 100_000, "crc {crc}: {} bytes in", inc.len());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -81,8 +81,7 @@ pub async fn tcp_baseline_client(
                     break;
                 };
                 permit.forget();
-                sa.lock()
-                    .push_back(Instant::now());
+                sa.lock().push_back(Instant::now());
                 if w.write_all(&frame).await.is_err() {
                     break;
                 }
@@ -108,10 +107,7 @@ pub async fn tcp_baseline_client(
                 if r.read_exact(&mut buf).await.is_err() {
                     break;
                 }
-                if let Some(t0) = sent_at
-                    .lock()
-                    .pop_front()
-                {
+                if let Some(t0) = sent_at.lock().pop_front() {
                     t.rtt_sum += t0.elapsed();
                 }
                 t.acks += 1;

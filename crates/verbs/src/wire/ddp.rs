@@ -167,11 +167,11 @@ impl DdpHeader {
                 have: b.len(),
             });
         }
-        let tagged = b[0] & T_FLAG != 0;
-        let last = b[0] & L_FLAG != 0;
+        let seg = Segment::new_unchecked(b);
+        let (tagged, last) = (seg.is_tagged(), seg.is_last());
         // RFC 5041 §4.1: DV must be 1.
-        if b[0] & 0x03 != DDP_VERSION {
-            return Err(WireError::BadDdpVersion(b[0] & 0x03));
+        if seg.ddp_version() != DDP_VERSION {
+            return Err(WireError::BadDdpVersion(seg.ddp_version()));
         }
         // RFC 5040 §4.2: RV must be 1.
         if b[1] >> 6 != RDMAP_VERSION {
@@ -182,11 +182,7 @@ impl DdpHeader {
         if opcode.is_tagged() != tagged {
             return Err(WireError::BadOpcode(op));
         }
-        let need = if tagged {
-            TAGGED_HDR_LEN
-        } else {
-            UNTAGGED_HDR_LEN
-        };
+        let need = seg.header_len();
         if b.len() < need {
             return Err(WireError::Truncated {
                 need,
@@ -215,6 +211,64 @@ impl DdpHeader {
             },
             need,
         ))
+    }
+}
+
+/// A view of the DDP segment at the head of a ULPDU (RFC 5041 §4.1-§4.3): its control byte
+/// (T, L, DV) and, once present, its whole header. Used by [`DdpHeader::decode`] and by the
+/// drivers' peeks at segments not yet complete.
+#[derive(Debug, Clone, Copy)]
+pub struct Segment<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Segment<T> {
+    /// A view without checking that the control byte is there (accessors may then panic).
+    pub fn new_unchecked(buffer: T) -> Self {
+        Segment { buffer }
+    }
+
+    /// A view of `buffer` once it holds the DDP control byte.
+    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
+        let have = buffer.as_ref().len();
+        if have < 1 {
+            return Err(WireError::Truncated { need: 1, have });
+        }
+        Ok(Segment { buffer })
+    }
+
+    /// T: the tagged buffer model (RFC 5041 §4.2).
+    pub fn is_tagged(&self) -> bool {
+        self.buffer.as_ref()[0] & T_FLAG != 0
+    }
+
+    /// L: the last segment of its message (RFC 5041 §4.2).
+    pub fn is_last(&self) -> bool {
+        self.buffer.as_ref()[0] & L_FLAG != 0
+    }
+
+    /// DV, the DDP version (RFC 5041 §4.2: 1).
+    pub fn ddp_version(&self) -> u8 {
+        self.buffer.as_ref()[0] & 0x03
+    }
+
+    /// Length of the header the T flag announces (RDMAP control byte included).
+    pub fn header_len(&self) -> usize {
+        if self.is_tagged() {
+            TAGGED_HDR_LEN
+        } else {
+            UNTAGGED_HDR_LEN
+        }
+    }
+
+    /// The whole header, once it is in the buffer.
+    pub fn header(&self) -> Option<&[u8]> {
+        self.buffer.as_ref().get(..self.header_len())
+    }
+
+    /// The buffer back.
+    pub fn into_inner(self) -> T {
+        self.buffer
     }
 }
 
@@ -454,6 +508,25 @@ pub mod term {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn segment_view_agrees_with_the_decoder() {
+        assert!(Segment::new_checked(&[][..]).is_err());
+        let h = DdpHeader {
+            last: false,
+            opcode: Opcode::Write,
+            model: BufferModel::Tagged { stag: 7, to: 9 },
+        };
+        let mut b = BytesMut::new();
+        h.encode(&mut b);
+        let seg = Segment::new_checked(&b[..1]).unwrap();
+        assert!(seg.is_tagged() && !seg.is_last());
+        assert_eq!((seg.ddp_version(), seg.header_len()), (1, TAGGED_HDR_LEN));
+        assert!(seg.header().is_none());
+        let seg = Segment::new_checked(&b[..]).unwrap();
+        assert_eq!(seg.header(), Some(&b[..TAGGED_HDR_LEN]));
+        assert_eq!(DdpHeader::decode(&b).unwrap(), (h, seg.header_len()));
+    }
 
     #[test]
     fn control_bytes_match_the_facts() {

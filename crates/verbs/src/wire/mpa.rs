@@ -209,6 +209,57 @@ impl MpaFrame {
     }
 }
 
+/// A view of the FPDU at the head of a buffer (RFC 5044 §4.1: the 2-byte ULPDU length, the
+/// ULPDU, pad to a multiple of 4, CRC-32C), whose tail may not have arrived yet. Used by
+/// [`FpduDecoder`] and by the drivers' peeks at what a read brought.
+#[derive(Debug, Clone, Copy)]
+pub struct Fpdu<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Fpdu<T> {
+    /// A view without checking that the length field is there (accessors may then panic).
+    pub fn new_unchecked(buffer: T) -> Self {
+        Fpdu { buffer }
+    }
+
+    /// A view of `buffer` once it holds the length field.
+    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
+        let have = buffer.as_ref().len();
+        if have < 2 {
+            return Err(WireError::Truncated { need: 2, have });
+        }
+        Ok(Fpdu { buffer })
+    }
+
+    /// The ULPDU length field.
+    pub fn ulpdu_len(&self) -> usize {
+        let b = self.buffer.as_ref();
+        usize::from(u16::from_be_bytes([b[0], b[1]]))
+    }
+
+    /// Length of the whole FPDU, pad and CRC included.
+    pub fn total_len(&self) -> usize {
+        fpdu_len(self.ulpdu_len())
+    }
+
+    /// True once the whole FPDU is in the buffer.
+    pub fn is_complete(&self) -> bool {
+        self.buffer.as_ref().len() >= self.total_len()
+    }
+
+    /// The part of the ULPDU in the buffer (all of it once complete).
+    pub fn ulpdu(&self) -> &[u8] {
+        let b = self.buffer.as_ref();
+        &b[2..b.len().min(2 + self.ulpdu_len())]
+    }
+
+    /// The buffer back.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+}
+
 /// Bytes of FPDU overhead: length field + CRC.
 pub const FPDU_OVERHEAD: usize = 2 + 4;
 
@@ -277,14 +328,13 @@ impl FpduDecoder {
     ///
     /// RFC 5044 §8: a CRC mismatch is fatal for the stream.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, WireError> {
-        if buf.len() < 2 {
+        let Ok(f) = Fpdu::new_checked(&buf[..]) else {
+            return Ok(None);
+        };
+        if !f.is_complete() {
             return Ok(None);
         }
-        let len = u16::from_be_bytes([buf[0], buf[1]]) as usize;
-        let total = fpdu_len(len);
-        if buf.len() < total {
-            return Ok(None);
-        }
+        let (len, total) = (f.ulpdu_len(), f.total_len());
         let fpdu = buf.split_to(total).freeze();
         if self.crc {
             let body = total - 4;
@@ -300,6 +350,21 @@ impl FpduDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fpdu_view_of_a_partial_fpdu() {
+        assert!(Fpdu::new_checked(&[0u8][..]).is_err());
+        let mut b = BytesMut::new();
+        encode_fpdu(b"hello", false, &mut b);
+        let part = &b[..4];
+        let f = Fpdu::new_checked(part).unwrap();
+        assert_eq!((f.ulpdu_len(), f.total_len()), (5, fpdu_len(5)));
+        assert!(!f.is_complete());
+        assert_eq!(f.ulpdu(), b"he");
+        let f = Fpdu::new_checked(&b[..]).unwrap();
+        assert!(f.is_complete());
+        assert_eq!(f.ulpdu(), b"hello");
+    }
 
     #[test]
     fn fpdu_lengths_are_multiples_of_four() {

@@ -4,12 +4,26 @@
 //! sees the whole stream, keeps each recorded write as its own segment (the MPA Request and Reply
 //! are recorded alone), splits writes into segments of at most 65495 bytes and ends with FINs.
 //! IPv6 endpoints are written as IPv4 loopback addresses.
+//!
+//! A connection's driver records through a tee (`Tee`) on its byte stream (`Teed` wraps each
+//! half): every read and every write passes through it and is recorded as it happens, like
+//! smoltcp's `PcapWriter` around a device. The MPA Request and Reply, exchanged before the
+//! driver starts (and, at a listener, before anyone knows whether to capture), are recorded
+//! by the connection manager as whole frames.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, IoSlice, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use inet_checksum::{checksum, sum16};
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::tcp::OwnedWriteHalf;
 
 /// Largest TCP payload per synthesized segment (65535 - 20 IPv4 - 20 TCP).
 pub const MAX_SEGMENT: usize = 65495;
@@ -221,20 +235,134 @@ impl Drop for Capture {
     }
 }
 
-fn sum16(mut acc: u32, data: &[u8]) -> u32 {
-    let mut it = data.chunks_exact(2);
-    for w in &mut it {
-        acc += u32::from(u16::from_be_bytes([w[0], w[1]]));
+/// A tee on one connection's byte stream: where a capture is on, what passes through is
+/// recorded in it (a recording error is ignored: the capture is a diagnostic, never a reason
+/// to fail the connection). Clones share the capture; stream order is the order of the calls,
+/// which the driver makes in stream order for each direction.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tee(Option<Arc<Mutex<Capture>>>);
+
+impl Tee {
+    /// A tee into `capture`, or a plain pass-through.
+    pub(crate) fn new(capture: Option<Capture>) -> Self {
+        Tee(capture.map(|c| Arc::new(Mutex::new(c))))
     }
-    if let [b] = it.remainder() {
-        acc += u32::from(*b) << 8;
+
+    /// True if bytes are being recorded.
+    pub(crate) fn is_on(&self) -> bool {
+        self.0.is_some()
     }
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
+
+    /// Record `data` that went `dir` (also for bytes that passed before the tee existed).
+    pub(crate) fn record(&self, dir: Dir, data: &[u8]) {
+        if let Some(c) = &self.0
+            && !data.is_empty()
+        {
+            let _ = c.lock().record(dir, data);
+        }
     }
-    acc
+
+    /// Record the first `n` bytes of `slices`, which went `dir`.
+    fn record_slices(&self, dir: Dir, slices: &[IoSlice<'_>], mut n: usize) {
+        let Some(c) = &self.0 else { return };
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(slices.len());
+        for s in slices {
+            if n == 0 {
+                break;
+            }
+            let take = s.len().min(n);
+            parts.push(&s[..take]);
+            n -= take;
+        }
+        if !parts.is_empty() {
+            let _ = c.lock().record_parts(dir, &parts);
+        }
+    }
+
+    /// End the capture (FINs) and flush it.
+    pub(crate) fn close(&self) {
+        if let Some(c) = &self.0 {
+            let _ = c.lock().close();
+        }
+    }
 }
 
-fn checksum(partial: u32, data: &[u8]) -> u16 {
-    !(sum16(partial, data) as u16)
+/// One half of a byte stream with a [`Tee`] on it: reads are recorded as [`Dir::In`], writes
+/// as [`Dir::Out`].
+#[derive(Debug)]
+pub(crate) struct Teed<S> {
+    inner: S,
+    tee: Tee,
+}
+
+impl<S> Teed<S> {
+    pub(crate) fn new(inner: S, tee: Tee) -> Self {
+        Teed { inner, tee }
+    }
+
+    /// The stream under the tee (for what does not move bytes: readiness, socket options).
+    pub(crate) fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl Teed<OwnedWriteHalf> {
+    /// `TcpStream::try_write_vectored` through the tee.
+    pub(crate) fn try_write_vectored(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+        let n = self.inner.as_ref().try_write_vectored(slices)?;
+        self.tee.record_slices(Dir::Out, slices, n);
+        Ok(n)
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Teed<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = r {
+            this.tee.record(Dir::In, &buf.filled()[before..]);
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Teed<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            this.tee.record(Dir::Out, &buf[..n]);
+        }
+        r
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            this.tee.record_slices(Dir::Out, bufs, n);
+        }
+        r
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
 }

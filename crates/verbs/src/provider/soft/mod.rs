@@ -1,0 +1,365 @@
+//! The soft-iWARP provider: MPA (RFC 5044, with RFC 6581's enhanced setup), DDP (RFC 5041)
+//! and RDMAP (RFC 5040) over a byte stream, after Linux `siw`.
+//!
+//! * [`engine`]: the sans-IO RDMAP/DDP state machine of one QP;
+//! * [`handshake`]: the sans-IO MPA connection setup;
+//! * [`cm`]: the connection manager (listen, connect, accept, reject) and the start of a
+//!   connection's driver;
+//! * [`reader`] and [`writer`]: the driver's receive and transmit tasks;
+//! * [`tx`]: transmit scheduling (who puts the engine's segments on the wire, and when).
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::{Mutex, MutexGuard};
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, mpsc};
+
+use crate::VerbsError;
+use crate::conn::CmEvent;
+use crate::cq::{Completion, CompletionQueue, CqInner, RecvWr, SendWr};
+use crate::mem::ProtectionDomain;
+use crate::wire::mpa::MpaFrame;
+use engine::{CqSide, Engine, EngineEvent, QpState};
+use handshake::SetupError;
+
+pub(crate) mod cm;
+pub mod engine;
+pub mod handshake;
+pub(crate) mod reader;
+pub(crate) mod tx;
+pub(crate) mod writer;
+
+/// Largest FPDU we ever transmit: the 16-bit ULPDU length bounds it (multiple of 8).
+pub const MAX_FPDU: usize = 65528;
+
+/// Soft-iWARP provider settings.
+#[derive(Debug, Clone)]
+pub struct SoftIwarpConfig {
+    /// Write a pcap of every connection into this directory. `None` falls back to the
+    /// `OXRDMA_PCAP_DIR` environment variable.
+    pub capture_dir: Option<PathBuf>,
+    /// Cap on transmitted FPDU size (bytes); the TCP MSS rounded down to 8 applies too.
+    pub max_fpdu: usize,
+    /// SO_SNDBUF / SO_RCVBUF to request (0 = kernel default).
+    pub socket_buffer: usize,
+    /// Most bytes taken from the stream per read (large tagged payloads that did not arrive
+    /// in one read are then read straight into their region).
+    pub rx_chunk: usize,
+    /// Who puts segments on the wire (over TCP): see [`TxSchedule`]. The environment variable
+    /// `OXRDMA_SIW_TX` (`task`, `always` or `reply`), read when a [`crate::Device`] is opened,
+    /// overrides it, for A/B measurements of programs that do not expose it.
+    pub tx: TxSchedule,
+}
+
+/// Transmit scheduling of soft-iWARP over TCP: whether what a post (or the reader) gives the
+/// engine is written from that context, or left to the connection's writer task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TxSchedule {
+    /// The first transmission after bytes arrived goes out from the posting (or receiving)
+    /// context when the queue is idle, like siw's `siw_post_send`; bursts leave from the
+    /// writer task, in few vectored writes (`OXRDMA_SIW_TX=reply`).
+    #[default]
+    FirstAfterReceive,
+    /// Everything from the writer task, as before direct transmission (`OXRDMA_SIW_TX=task`).
+    WriterTask,
+    /// Every post directly when the queue is idle (`OXRDMA_SIW_TX=always`).
+    Direct,
+}
+
+impl TxSchedule {
+    /// The `OXRDMA_SIW_TX` override, if it is set to one of its values.
+    fn from_env() -> Option<Self> {
+        match std::env::var("OXRDMA_SIW_TX").as_deref() {
+            Ok("task") => Some(Self::WriterTask),
+            Ok("always") => Some(Self::Direct),
+            Ok("reply") => Some(Self::FirstAfterReceive),
+            _ => None,
+        }
+    }
+}
+
+/// The documented environment overrides, applied once when a device is opened.
+pub(crate) fn apply_env_overrides(c: &mut SoftIwarpConfig) {
+    if let Some(t) = TxSchedule::from_env() {
+        c.tx = t;
+    }
+}
+
+impl Default for SoftIwarpConfig {
+    fn default() -> Self {
+        Self {
+            capture_dir: None,
+            max_fpdu: MAX_FPDU,
+            socket_buffer: 4 << 20,
+            rx_chunk: 256 * 1024,
+            tx: TxSchedule::default(),
+        }
+    }
+}
+
+/// The soft-iWARP side of a queue pair: its engine and what the driver shares with posters.
+pub(crate) struct SoftQp {
+    pub(crate) engine: Mutex<Engine>,
+    /// Wakes the writer task.
+    pub(crate) wake: Notify,
+    /// The transmit path of a connection over TCP, while it runs: lets `post_send` and the
+    /// reader put segments on the wire from the caller's context (see [`tx::transmit_now`]).
+    pub(crate) direct_tx: Mutex<Option<Arc<tx::TxPath>>>,
+    /// Set when bytes arrive, taken by the first direct transmission after them.
+    pub(crate) direct_armed: AtomicBool,
+    /// Set while the reader takes in a batch of FPDUs: what is posted meanwhile (by the
+    /// completion handlers it runs, mostly) leaves with the batch's output (see
+    /// [`tx::transmit_batch`]).
+    pub(crate) batching: AtomicBool,
+    /// The device's transmit scheduling.
+    pub(crate) tx: TxSchedule,
+    send_cq: Arc<CqInner>,
+    recv_cq: Arc<CqInner>,
+}
+
+impl SoftQp {
+    pub(crate) fn new(
+        qp_num: u32,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> Arc<Self> {
+        let engine = Engine::new(qp_num, pd.id, pd.table.clone());
+        Arc::new(SoftQp {
+            engine: Mutex::new(engine),
+            wake: Notify::new(),
+            direct_tx: Mutex::new(None),
+            direct_armed: AtomicBool::new(true),
+            batching: AtomicBool::new(false),
+            tx: pd.device().config().tx,
+            send_cq: send_cq.inner.clone(),
+            recv_cq: recv_cq.inner.clone(),
+        })
+    }
+
+    /// Lock the engine; what it completes meanwhile is delivered on release (its events wait
+    /// for the driver's next lock).
+    pub(crate) fn engine(&self) -> EngineGuard<'_> {
+        EngineGuard::new(self, None)
+    }
+
+    pub(crate) fn state(&self) -> QpState {
+        self.engine().state
+    }
+
+    pub(crate) fn post_recv(&self, wr: RecvWr) {
+        self.engine().post_recv(wr);
+    }
+}
+
+/// Post send WRs in order, then put them on the wire (or wake the writer).
+pub(crate) fn post_send(
+    qp: &SoftQp,
+    wrs: impl IntoIterator<Item = SendWr>,
+) -> Result<(), VerbsError> {
+    {
+        let mut e = qp.engine();
+        for wr in wrs {
+            e.post_send(wr)?;
+        }
+    }
+    tx::transmit_now(qp);
+    Ok(())
+}
+
+/// Move the QP to the error state (flushing its WRs) and let the writer close the stream.
+pub(crate) fn disconnect(qp: &SoftQp) {
+    qp.engine().on_disconnect();
+    qp.wake.notify_one();
+}
+
+/// The lock of a queue pair's engine ([`SoftQp::engine`], or [`cm::DriverCtx::engine`] for
+/// the connection's driver). When it is released, what the engine put in its [`Outbox`] is
+/// delivered, outside the lock: completions go to their queues, then (driver locks only)
+/// events to the connection, then the queues' handlers run — they may post work requests,
+/// which take the lock again. Other locks leave events queued for the driver's next one, so
+/// they reach the connection in order and from the driver's context.
+pub(crate) struct EngineGuard<'a> {
+    // Fields drop in declaration order: the mutex first, then the delivery.
+    g: MutexGuard<'a, Engine>,
+    out: Delivery<'a>,
+}
+
+/// What a released [`EngineGuard`] delivers.
+struct Delivery<'a> {
+    qp: &'a SoftQp,
+    /// The connection's event channel, for the driver's locks.
+    events_tx: Option<&'a mpsc::UnboundedSender<CmEvent>>,
+    completions: VecDeque<(CqSide, Completion)>,
+    events: VecDeque<EngineEvent>,
+}
+
+impl<'a> EngineGuard<'a> {
+    fn new(qp: &'a SoftQp, events_tx: Option<&'a mpsc::UnboundedSender<CmEvent>>) -> Self {
+        EngineGuard {
+            g: qp.engine.lock(),
+            out: Delivery {
+                qp,
+                events_tx,
+                completions: VecDeque::new(),
+                events: VecDeque::new(),
+            },
+        }
+    }
+}
+
+impl Drop for EngineGuard<'_> {
+    /// Takes the outbox while the engine is still locked; [`Delivery`] hands it out after.
+    fn drop(&mut self) {
+        let outbox = &mut self.g.outbox;
+        self.out.completions = std::mem::take(&mut outbox.completions);
+        if self.out.events_tx.is_some() {
+            self.out.events = std::mem::take(&mut outbox.events);
+        }
+    }
+}
+
+impl Drop for Delivery<'_> {
+    fn drop(&mut self) {
+        if self.completions.is_empty() && self.events.is_empty() {
+            return;
+        }
+        let qp = self.qp;
+        // Completions first, in the order the engine made them: a waiter woken by an event
+        // finds the completions made before it (and with it) already queued.
+        let mut handlers: [Option<&Arc<CqInner>>; 2] = [None, None];
+        for (side, c) in self.completions.drain(..) {
+            let cq = match side {
+                CqSide::Send => &qp.send_cq,
+                CqSide::Recv => &qp.recv_cq,
+            };
+            if cq.enqueue(c) {
+                match &mut handlers {
+                    [Some(a), _] | [_, Some(a)] if Arc::ptr_eq(a, cq) => {}
+                    [slot @ None, _] | [_, slot @ None] => *slot = Some(cq),
+                    _ => {}
+                }
+            }
+        }
+        if let Some(tx) = self.events_tx {
+            for e in self.events.drain(..) {
+                let _ = tx.send(cm_event(e));
+            }
+        }
+        // Then the handlers; the queue that got its first completion last runs first, as
+        // queue handlers always have.
+        for cq in handlers.into_iter().rev().flatten() {
+            cq.run_handler();
+        }
+    }
+}
+
+impl std::ops::Deref for EngineGuard<'_> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.g
+    }
+}
+
+impl std::ops::DerefMut for EngineGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Engine {
+        &mut self.g
+    }
+}
+
+/// The connection event for an engine event.
+fn cm_event(e: EngineEvent) -> CmEvent {
+    match e {
+        EngineEvent::Established => CmEvent::Established,
+        EngineEvent::TerminateSent(t) => CmEvent::TerminateSent(t),
+        EngineEvent::TerminateReceived(t) => CmEvent::TerminateReceived(t),
+    }
+}
+
+/// An MPA Request received by a listener, and the stream it came on.
+pub(crate) struct SoftRequest {
+    pub(crate) t: Transport,
+    pub(crate) req: MpaFrame,
+    /// The Request's bytes, for the capture.
+    pub(crate) raw: Bytes,
+    /// Bytes that followed the Request.
+    pub(crate) leftover: BytesMut,
+}
+
+/// Byte stream under a connection.
+pub(crate) enum Transport {
+    Tcp(TcpStream),
+    Mem(DuplexStream),
+}
+
+impl AsyncRead for Transport {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Mem(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Transport {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Transport::Mem(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        b: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_write_vectored(cx, b),
+            Transport::Mem(s) => Pin::new(s).poll_write_vectored(cx, b),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Transport::Mem(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Transport::Mem(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+impl From<SetupError> for VerbsError {
+    fn from(e: SetupError) -> Self {
+        match e {
+            SetupError::Rejected(pd) => VerbsError::Rejected(pd),
+            SetupError::PrivateDataTooLong => {
+                VerbsError::InvalidArgument("private data longer than 256 bytes")
+            }
+            SetupError::Invalid(s) => VerbsError::Protocol(s),
+        }
+    }
+}

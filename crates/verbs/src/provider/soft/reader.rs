@@ -1,0 +1,214 @@
+//! The receive side of a soft-iWARP connection: reads the stream, takes FPDUs apart
+//! ([`crate::wire::mpa::FpduDecoder`]) and hands their ULPDUs to the engine, or reads a large
+//! tagged payload from the socket straight into its region.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, DuplexStream, ReadBuf, ReadHalf};
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedReadHalf;
+
+use super::cm::DriverCtx;
+use super::tx::{transmit_batch, transmit_now};
+use crate::capture::Teed;
+use crate::wire::ddp::Segment;
+use crate::wire::ddp::{TAGGED_HDR_LEN, term};
+use crate::wire::mpa::{Fpdu, FpduDecoder, pad_len};
+
+/// Read half of a connection.
+pub(crate) enum In {
+    Tcp(OwnedReadHalf),
+    Mem(ReadHalf<DuplexStream>),
+}
+
+impl AsyncRead for In {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            In::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            In::Mem(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+/// Below this payload size a tagged segment is not worth placing directly from the socket.
+const DIRECT_MIN: usize = 8192;
+
+pub(crate) async fn reader_loop(
+    mut r: Teed<In>,
+    mut buf: BytesMut,
+    ctx: &DriverCtx,
+) -> io::Result<()> {
+    let mut dec = FpduDecoder::new(ctx.crc);
+    // Direct placement needs the raw socket, no CRC (the CRC must be checked before placing,
+    // RFC 5044 §4.1) and no capture (which records the bytes it reads).
+    let direct = matches!(r.get_ref(), In::Tcp(_)) && !ctx.crc && !ctx.tee.is_on();
+    let mut skip = 0usize;
+    // The last FPDU taken was a large tagged segment with more of its message to come: the
+    // next one is most likely another, so read only its header and place it directly.
+    let mut bulk = false;
+    loop {
+        transmit_batch(&ctx.qp, || {
+            loop {
+                if direct
+                    && skip == 0
+                    && let Ok(f) = Fpdu::new_checked(&buf[..])
+                    && let Ok(seg) = Segment::new_checked(f.ulpdu())
+                {
+                    // A tagged segment with more of its message to come (RFC 5041 §4.2).
+                    bulk = seg.is_tagged()
+                        && !seg.is_last()
+                        && f.ulpdu_len() >= TAGGED_HDR_LEN + DIRECT_MIN;
+                }
+                // The engine lock is taken per FPDU, not per read: posters on other threads wait
+                // for one placement at most, and completion handlers run between FPDUs.
+                let decoded = dec.decode(&mut buf);
+                let mut eng = ctx.engine();
+                let more = !eng.closing
+                    && match decoded {
+                        Ok(Some(u)) => {
+                            ctx.stats.fpdus_rx.fetch_add(1, Ordering::Relaxed);
+                            eng.on_ulpdu(&u);
+                            true
+                        }
+                        Ok(None) => false,
+                        Err(_) => {
+                            // RFC 5044 §8: a CRC error is fatal; report it with a Terminate.
+                            eng.on_llp_error(term::MPA_CRC);
+                            false
+                        }
+                    };
+                if !more {
+                    // Read Responses, Terminates and replies: out from this task when the queue
+                    // is idle.
+                    break (eng.has_tx() || eng.closing, ());
+                }
+            }
+        });
+        if let (true, In::Tcp(tcp)) = (direct, r.get_ref())
+            && let Some(s) = place_direct(tcp.as_ref(), &mut buf, ctx).await?
+        {
+            skip = s;
+            continue;
+        }
+        if buf.capacity() - buf.len() < ctx.rx_chunk {
+            buf.reserve(ctx.rx_chunk);
+        }
+        let limit = if direct && bulk && buf.is_empty() && skip == 0 {
+            (2 + TAGGED_HDR_LEN) as u64
+        } else {
+            ctx.rx_chunk as u64
+        };
+        // Through the tee: a capture records what is read.
+        let n = (&mut r).take(limit).read_buf(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        ctx.qp.direct_armed.store(true, Ordering::Release);
+        ctx.stats.bytes_rx.fetch_add(n as u64, Ordering::Relaxed);
+        if skip > 0 {
+            let k = skip.min(buf.len());
+            buf.advance(k);
+            skip -= k;
+        }
+        // After a Terminate nothing more is placed; keep reading until the peer closes.
+        if ctx.engine().closing {
+            buf.clear();
+        }
+    }
+}
+
+/// If `buf` starts with the header of a large tagged segment whose payload has not fully arrived,
+/// read that payload from the socket straight into the target region, and with it (one
+/// `readv`) the segment's trailer and the next FPDU's header, which is left in `buf`: in a
+/// stream of RDMA Write or Read Response segments every one after the first is then placed
+/// directly, one system call each. Returns the number of trailer bytes (pad + CRC) still to
+/// be skipped, or `None` if the normal path applies.
+async fn place_direct(
+    s: &TcpStream,
+    buf: &mut BytesMut,
+    ctx: &DriverCtx,
+) -> io::Result<Option<usize>> {
+    const H: usize = 2 + TAGGED_HDR_LEN;
+    let Ok(f) = Fpdu::new_checked(&buf[..]) else {
+        return Ok(None);
+    };
+    let ulen = f.ulpdu_len();
+    if ulen < TAGGED_HDR_LEN + DIRECT_MIN || f.is_complete() {
+        return Ok(None);
+    }
+    // A tagged segment whose whole header (RFC 5041 §4.2) has arrived.
+    let hdr: [u8; TAGGED_HDR_LEN] = match Segment::new_checked(f.ulpdu()).map(|s| {
+        s.is_tagged()
+            .then(|| s.header())
+            .flatten()
+            .map(<[u8; TAGGED_HDR_LEN]>::try_from)
+    }) {
+        Ok(Some(Ok(h))) => h,
+        _ => return Ok(None),
+    };
+    let plen = ulen - TAGGED_HDR_LEN;
+    let have = (buf.len() - H).min(plen);
+    let Some((mr, off)) = ctx.engine().direct_target(&hdr, plen) else {
+        return Ok(None);
+    };
+    mr.data.lock()[off..off + have].copy_from_slice(&buf[H..H + have]);
+    let trailer_have = buf.len() - H - have;
+    buf.clear();
+    // What follows the payload: the rest of the trailer (required), then up to one FPDU header
+    // of look-ahead (taken if it has arrived, never waited for).
+    let trailer = pad_len(ulen) + 4 - trailer_have;
+    let mut tail = [0u8; 8 + H];
+    let (mut at, mut left, mut tail_got) = (off + have, plen - have, 0usize);
+    while left > 0 || tail_got < trailer {
+        s.readable().await?;
+        loop {
+            let r = {
+                let mut d = mr.data.lock();
+                let mut iov = [
+                    io::IoSliceMut::new(&mut d[at..at + left]),
+                    io::IoSliceMut::new(&mut tail[tail_got..trailer + H]),
+                ];
+                let first = usize::from(left == 0);
+                s.try_read_vectored(&mut iov[first..])
+            };
+            match r {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(k) => {
+                    let p = k.min(left);
+                    at += p;
+                    left -= p;
+                    tail_got += k - p;
+                    ctx.stats
+                        .direct_rx_bytes
+                        .fetch_add(p as u64, Ordering::Relaxed);
+                    ctx.stats.bytes_rx.fetch_add(k as u64, Ordering::Relaxed);
+                    if left == 0 && tail_got >= trailer {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    ctx.stats.fpdus_rx.fetch_add(1, Ordering::Relaxed);
+    ctx.qp.direct_armed.store(true, Ordering::Release);
+    let send = {
+        let mut eng = ctx.engine();
+        eng.on_placed(&hdr, plen);
+        eng.has_tx()
+    };
+    if send {
+        transmit_now(&ctx.qp);
+    }
+    buf.extend_from_slice(&tail[trailer..tail_got]);
+    Ok(Some(0))
+}
