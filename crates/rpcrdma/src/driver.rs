@@ -600,7 +600,9 @@ impl ServerConnection {
     }
 
     /// Make a backward-direction call and wait for its results. Fails with
-    /// [`RpcError::Transport`] before [`ServerConnection::enable_backchannel`].
+    /// [`RpcError::Transport`] before [`ServerConnection::enable_backchannel`]. `timeout`
+    /// bounds the whole call, sending included (a client that reads nothing never completes
+    /// the Send), after which the call is forgotten.
     pub async fn back_call(
         &self,
         prog: u32,
@@ -632,14 +634,29 @@ impl ServerConnection {
                 return Err(RpcError::Transport(err.to_string()));
             }
         };
-        run_server_actions(actions, &c.link, &c.resp, None).await;
-        let msg = match tokio::time::timeout(timeout, rx).await {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let sent = tokio::time::timeout_at(
+            deadline,
+            run_server_actions(actions, &c.link, &c.resp, None),
+        );
+        let msg = match sent.await {
+            Ok(()) => tokio::time::timeout_at(deadline, rx).await,
+            Err(elapsed) => Err(elapsed),
+        };
+        let msg = match msg {
             Ok(Ok(m)) => m,
             Ok(Err(_)) => return Err(RpcError::Closed),
             Err(_) => {
                 lock(&c.back_waiters).remove(&xid);
                 let a = lock(&c.resp).cancel_back(xid);
-                run_server_actions(a, &c.link, &c.resp, None).await;
+                // Queued backward calls that may go now are sent by a task of their own, so
+                // this caller's wait ends at its deadline whatever the Sends do.
+                if !a.is_empty() {
+                    let c = c.clone();
+                    tokio::spawn(
+                        async move { run_server_actions(a, &c.link, &c.resp, None).await },
+                    );
+                }
                 return Err(RpcError::Timeout);
             }
         };
