@@ -26,7 +26,8 @@ const REPLY: usize = 64 << 10;
 /// absorb, so the server has to hold (or refuse to produce) the rest.
 const CALLS: u32 = 400;
 const IN_FLIGHT: usize = 4;
-const MAX_QUEUED: usize = 256 << 10;
+/// Below `IN_FLIGHT` replies: the byte bound, not the call count, stops the reader.
+const MAX_QUEUED: usize = 128 << 10;
 
 struct BigReplies;
 
