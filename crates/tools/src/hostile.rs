@@ -164,6 +164,8 @@ pub struct Hostiles {
     proxy: FaultProxy,
     /// The proxied connections of the clients that connected.
     conns: Vec<ProxyConn>,
+    /// Connections made through the proxy so far (its accept order).
+    made: usize,
     refused: usize,
     rdma: Vec<Arc<RdmaClient>>,
     tcp: Vec<Arc<TcpClient>>,
@@ -191,6 +193,7 @@ impl Hostiles {
             kind,
             proxy: FaultProxy::start(listen, upstream).await?,
             conns: Vec::new(),
+            made: 0,
             refused: 0,
             rdma: Vec::new(),
             tcp: Vec::new(),
@@ -199,11 +202,13 @@ impl Hostiles {
         })
     }
 
-    /// The proxied connection of the client that connected last.
-    async fn last_conn(&self) -> Result<ProxyConn, TortureError> {
-        let n = self.proxy.connections().len();
+    /// The proxied connection of the client that connected last (a TCP client is connected
+    /// before the proxy has reached the server and listed the connection: wait for it).
+    async fn last_conn(&mut self) -> Result<ProxyConn, TortureError> {
+        let index = self.made;
+        self.made += 1;
         self.proxy
-            .connection(n.saturating_sub(1), ACCEPT_LIMIT)
+            .connection(index, ACCEPT_LIMIT)
             .await
             .ok_or_else(|| other("proxied connection not seen"))
     }
@@ -219,6 +224,8 @@ impl Hostiles {
             Ok(c) => Arc::new(c),
             Err(e) => {
                 tracing::info!(error = %e, "hostile connection refused");
+                // It went through the proxy all the same.
+                self.made += 1;
                 self.refused += 1;
                 return Ok(None);
             }
