@@ -299,6 +299,18 @@ impl Reservation {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// Give back all but `keep` bytes now (nothing if it holds no more than that): a server
+    /// that reserved for the largest reply a call could have keeps what the reply it built
+    /// needs.
+    pub fn shrink(&mut self, keep: usize) {
+        if keep < self.bytes {
+            let give = self.bytes - keep;
+            self.conn.used.fetch_sub(give, Ordering::AcqRel);
+            self.conn.server.give(give);
+            self.bytes = keep;
+        }
+    }
 }
 
 impl Drop for Reservation {
@@ -394,6 +406,19 @@ mod tests {
             .collect();
         assert_eq!(other.headroom(), 20);
         assert!(other.under_pressure());
+    }
+
+    #[test]
+    fn a_shrunk_reservation_gives_the_rest_back_at_once() {
+        let b = MemoryBudget::new(100, 100);
+        let c = b.connection();
+        let mut r = c.try_reserve(80).unwrap();
+        r.shrink(30);
+        assert_eq!((r.bytes(), c.used(), b.used()), (30, 30, 30));
+        r.shrink(50);
+        assert_eq!(r.bytes(), 30, "shrinking never grows");
+        drop(r);
+        assert_eq!((c.used(), b.used(), b.peak()), (0, 0, 80));
     }
 
     #[test]

@@ -57,6 +57,17 @@ pub struct EngineConfig {
     pub gen_num: Option<u32>,
     /// Receive buffer per bound port, bytes.
     pub default_rcvbuf: usize,
+    /// Hard limit of a port's receive queue: `rcvbuf_hard_factor × rcvbuf +
+    /// rcvbuf_hard_slack` bytes. Past its receive buffer a port is congested, and messages
+    /// still arrive from senders that had them in flight before they saw the congestion map
+    /// (spec 3.1 "Congestion control": they must be accepted); the slack is room for one
+    /// well-behaved sender's whole send buffer of them. What comes beyond the hard limit is
+    /// from senders that ignore the map: dropped and counted ([`PortInfo::dropped`]), so a
+    /// port's queue cannot grow without bound. Linux 6.1 has no such limit (rds_recv_incoming
+    /// queues whatever arrives); this bound is ours, for memory.
+    pub rcvbuf_hard_factor: usize,
+    /// See [`EngineConfig::rcvbuf_hard_factor`].
+    pub rcvbuf_hard_slack: usize,
     /// Send buffer per bound port, bytes: a port may queue a new message only while less than
     /// this is queued and unconfirmed (Linux `rds_sk_sndbuf`: half of SO_SNDBUF, whose default
     /// `net.core.wmem_default` is 212992).
@@ -78,6 +89,8 @@ impl EngineConfig {
             transport: TransportKind::Tcp,
             gen_num: None,
             default_rcvbuf: 256 * 1024,
+            rcvbuf_hard_factor: 2,
+            rcvbuf_hard_slack: DEFAULT_SNDBUF,
             default_sndbuf: DEFAULT_SNDBUF,
             backoff_max: Duration::from_secs(1),
             seed: None,
@@ -320,6 +333,8 @@ struct Port {
     queue: VecDeque<(Bytes, SocketAddrV4, Vec<Extension>)>,
     queued: usize,
     congested: bool,
+    /// Messages dropped because the queue was past its hard limit.
+    dropped: u64,
     hash_seed: u32,
 }
 
@@ -403,6 +418,9 @@ pub struct PortInfo {
     pub queued: usize,
     /// Whether the port is marked congested.
     pub congested: bool,
+    /// Messages dropped because the receive queue was past its hard limit
+    /// ([`EngineConfig::rcvbuf_hard_factor`]): a sender that ignores the congestion map.
+    pub dropped: u64,
     /// Send buffer, bytes.
     pub sndbuf: usize,
     /// Payload bytes of this port's messages queued or not yet confirmed.
@@ -531,6 +549,7 @@ impl Engine {
                 queue: VecDeque::new(),
                 queued: 0,
                 congested: false,
+                dropped: 0,
                 hash_seed,
             },
         );
@@ -1360,7 +1379,21 @@ impl Engine {
             // No socket bound: dropped, as Linux does.
             return Ok(());
         };
-        // Spec 3.1: messages for a congested port must still be accepted.
+        // Spec 3.1: messages for a congested port must still be accepted — up to the hard
+        // limit (see `EngineConfig::rcvbuf_hard_factor`); an empty queue takes any message.
+        let hard = port
+            .rcvbuf
+            .saturating_mul(self.cfg.rcvbuf_hard_factor)
+            .saturating_add(self.cfg.rcvbuf_hard_slack);
+        if port.queued > 0 && port.queued.saturating_add(payload.len()) > hard {
+            port.dropped += 1;
+            if port.dropped.is_power_of_two() {
+                tracing::warn!(port = h.dport, from = %src, queued = port.queued, hard,
+                    dropped = port.dropped,
+                    "RDS receive queue past its hard limit: message dropped (sender ignores congestion)");
+            }
+            return Ok(());
+        }
         port.queued += payload.len();
         // RDMA / RDMA_DEST extensions go up with the datagram (RDS over RDMA operations).
         let ext = h
@@ -1491,6 +1524,7 @@ impl Engine {
                 rcvbuf: p.rcvbuf,
                 queued: p.queued,
                 congested: p.congested,
+                dropped: p.dropped,
                 sndbuf: p.sndbuf,
                 snd_bytes: p.snd_bytes,
             })
@@ -1652,5 +1686,70 @@ mod tests {
             }
         }
         assert_eq!(pongs, vec![4000]);
+    }
+
+    /// A sender that ignores the congestion map: its messages are accepted past the receive
+    /// buffer (spec 3.1), up to the hard limit, then dropped and counted; the queue never
+    /// holds more than the limit plus nothing, and drains normally.
+    #[test]
+    fn a_sender_that_ignores_congestion_is_dropped_past_the_hard_limit() {
+        let now = Instant::now();
+        let mut c = EngineConfig::tcp(Ipv4Addr::new(10, 0, 0, 2));
+        c.seed = Some(5);
+        c.rcvbuf_hard_factor = 2;
+        c.rcvbuf_hard_slack = 0;
+        let mut e = Engine::new(c);
+        e.bind(4000).unwrap();
+        e.set_rcvbuf(4000, 10_000);
+        let AcceptOutcome::Accept(tok) = e.accept(now, Ipv4Addr::new(10, 0, 0, 1)) else {
+            panic!("accept");
+        };
+        let mut stream = Vec::new();
+        stream.extend_from_slice(&CongMap::header().encode().unwrap());
+        stream.extend_from_slice(&CongMap::new().encode());
+        e.on_recv(now, tok, &stream).unwrap();
+        // 100 messages of 1000 bytes, sent at once whatever the map says.
+        let mut stream = Vec::new();
+        for seq in 1..=100u64 {
+            let m = Message {
+                header: Header {
+                    seq,
+                    sport: 1234,
+                    dport: 4000,
+                    ..Header::default()
+                },
+                payload: Bytes::from(vec![seq as u8; 1000]),
+            };
+            stream.extend_from_slice(&m.encode().unwrap());
+        }
+        e.on_recv(now, tok, &stream).unwrap();
+        let port = |e: &Engine| e.info().ports.into_iter().find(|p| p.port == 4000).unwrap();
+        let p = port(&e);
+        // Congested past 10,000 bytes, accepted up to 2 × 10,000, the other 80 dropped.
+        assert!(p.congested);
+        assert_eq!(p.queued, 20_000);
+        assert_eq!(p.dropped, 80);
+        // Our map went out with the port marked.
+        assert!(e.local_cong.get(4000));
+        // What was accepted is delivered in order; then the port takes messages again.
+        for seq in 1..=20u8 {
+            let d = e.recv(4000).expect("queued");
+            assert_eq!(d.payload[0], seq);
+        }
+        assert!(e.recv(4000).is_none());
+        let p = port(&e);
+        assert!(!p.congested && p.queued == 0);
+        let m = Message {
+            header: Header {
+                seq: 101,
+                sport: 1234,
+                dport: 4000,
+                ..Header::default()
+            },
+            payload: Bytes::from_static(b"after"),
+        };
+        e.on_recv(now, tok, &m.encode().unwrap()).unwrap();
+        assert_eq!(&e.recv(4000).expect("accepted again").payload[..], b"after");
+        assert_eq!(port(&e).dropped, 80);
     }
 }

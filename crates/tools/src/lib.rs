@@ -18,6 +18,10 @@
 //!   connection drops from either side, checked against a model of the file tree.
 //! - [`soak`]: `nfs torture --soak`, many RPC-over-RDMA connections at full credits, sampled
 //!   (ops/s, server RSS, open registrations, credits in use).
+//! - [`hostile`]: `nfs torture --hostile`, hostile clients (Long Calls never answered, stalled
+//!   connections, replies never read) through [`proxy`] beside a well-behaved client.
+//! - [`proxy`]: a fault-injecting TCP relay (stall a direction, stop reading a side, drop the
+//!   connection) that turns any client, soft-iWARP or ONC RPC over TCP, into a hostile one.
 //!
 //! Results are plain structs; those the CLI prints as `--json` derive `serde::Serialize` (field
 //! names and shape as the CLI has always printed them, figures rounded to the same decimals).
@@ -27,10 +31,12 @@
 //! What it does not do: implement any of the real protocols (those stay in `xdr`, `oncrpc`,
 //! `verbs`, `rpcrdma`, `rds` and `nfs`), parse command lines or print (the CLI does).
 
+pub mod hostile;
 pub mod iwpeer;
 mod json;
 pub mod nfs_bench;
 pub mod perf;
+pub mod proxy;
 pub mod rds;
 pub mod rpc_bench;
 pub mod soak;

@@ -7,7 +7,10 @@ mod client;
 mod server;
 
 pub use client::{ClientConfig, TcpClient};
-pub use server::{ServerConfig, TcpServer, serve_connection, serve_tcp};
+pub use server::{
+    DEFAULT_MAX_QUEUED_REPLY_BYTES, ServerConfig, TcpServer, TcpServerStats, serve_connection,
+    serve_tcp,
+};
 
 use bytes::BytesMut;
 

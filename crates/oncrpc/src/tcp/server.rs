@@ -5,12 +5,13 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use xdr::DdpPolicy;
 
@@ -28,13 +29,24 @@ pub struct ServerConfig {
     /// reader stops reading until a reply has been written (TCP flow control then pushes back
     /// on the client).
     pub max_in_flight: usize,
+    /// Reply bytes waiting to be written, per connection, beyond which the connection's
+    /// reader stops reading new calls until the peer has taken some of them. Calls still
+    /// executing count as the largest reply the connection has produced so far, so once one
+    /// reply was seen a client that never reads its replies cannot make the server hold much
+    /// more than this (one reply over); before any reply, only `max_in_flight` bounds the
+    /// first burst.
+    pub max_queued_reply_bytes: usize,
 }
+
+/// Default of [`ServerConfig::max_queued_reply_bytes`]: eight 1 MiB NFS READ replies.
+pub const DEFAULT_MAX_QUEUED_REPLY_BYTES: usize = 8 << 20;
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             max_record: DEFAULT_MAX_RECORD,
             max_in_flight: 128,
+            max_queued_reply_bytes: DEFAULT_MAX_QUEUED_REPLY_BYTES,
         }
     }
 }
@@ -51,6 +63,121 @@ impl ServerConfig {
         self.max_in_flight = n.max(1);
         self
     }
+
+    /// Set the per-connection bound on reply bytes waiting to be written (at least 1).
+    pub fn with_max_queued_reply_bytes(mut self, n: usize) -> Self {
+        self.max_queued_reply_bytes = n.max(1);
+        self
+    }
+}
+
+/// What a server's connections hold for their peers, over all connections.
+#[derive(Debug, Default)]
+pub struct TcpServerStats {
+    queued_reply_bytes: AtomicUsize,
+    peak_queued_reply_bytes: AtomicUsize,
+    read_pauses: AtomicU64,
+}
+
+impl TcpServerStats {
+    /// Reply bytes produced and not yet written to their sockets, now.
+    pub fn queued_reply_bytes(&self) -> usize {
+        self.queued_reply_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The most reply bytes ever waiting at once.
+    pub fn peak_queued_reply_bytes(&self) -> usize {
+        self.peak_queued_reply_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Times a connection's reader stopped reading calls because its replies were not drained.
+    pub fn read_pauses(&self) -> u64 {
+        self.read_pauses.load(Ordering::Relaxed)
+    }
+}
+
+/// One connection's replies waiting to be written.
+#[derive(Debug)]
+struct ReplyQueue {
+    bytes: AtomicUsize,
+    /// Calls admitted whose reply is not queued yet.
+    executing: AtomicUsize,
+    /// The largest reply of this connection so far.
+    largest: AtomicUsize,
+    drained: Notify,
+    server: Arc<TcpServerStats>,
+}
+
+impl ReplyQueue {
+    /// A call's reply (of `n` bytes) is queued; `None`: the call has none.
+    fn done(self: &Arc<Self>, n: Option<usize>) -> Option<Queued> {
+        let q = n.map(|n| self.add(n));
+        self.executing.fetch_sub(1, Ordering::AcqRel);
+        if q.is_none() {
+            self.drained.notify_waiters();
+        }
+        q
+    }
+
+    fn add(self: &Arc<Self>, n: usize) -> Queued {
+        self.largest.fetch_max(n, Ordering::Relaxed);
+        self.bytes.fetch_add(n, Ordering::AcqRel);
+        let total = self
+            .server
+            .queued_reply_bytes
+            .fetch_add(n, Ordering::AcqRel)
+            + n;
+        self.server
+            .peak_queued_reply_bytes
+            .fetch_max(total, Ordering::Relaxed);
+        Queued {
+            queue: self.clone(),
+            bytes: n,
+        }
+    }
+
+    /// Wait until the replies queued and those the executing calls will add (estimated at the
+    /// largest so far) are under `limit`, then count one more executing call.
+    async fn admit(&self, limit: usize) {
+        let mut paused = false;
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            let executing = self.executing.load(Ordering::Acquire);
+            let expected = self
+                .bytes
+                .load(Ordering::Acquire)
+                .saturating_add(executing.saturating_mul(self.largest.load(Ordering::Relaxed)));
+            if expected < limit || (executing == 0 && self.bytes.load(Ordering::Acquire) == 0) {
+                self.executing.fetch_add(1, Ordering::AcqRel);
+                return;
+            }
+            if !paused {
+                paused = true;
+                self.server.read_pauses.fetch_add(1, Ordering::Relaxed);
+            }
+            drained.await;
+        }
+    }
+}
+
+/// Reply bytes counted in a [`ReplyQueue`] until written (or dropped with the connection).
+#[derive(Debug)]
+struct Queued {
+    queue: Arc<ReplyQueue>,
+    bytes: usize,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.queue.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.queue
+            .server
+            .queued_reply_bytes
+            .fetch_sub(self.bytes, Ordering::AcqRel);
+        self.queue.drained.notify_waiters();
+    }
 }
 
 /// A running TCP server. Dropping it stops accepting and lets open connections finish in the
@@ -61,6 +188,7 @@ pub struct TcpServer {
     shutdown: watch::Sender<bool>,
     /// Bumped by [`TcpServer::disconnect_all`].
     cut: watch::Sender<u64>,
+    stats: Arc<TcpServerStats>,
     task: JoinHandle<()>,
 }
 
@@ -84,11 +212,20 @@ impl TcpServer {
         let local_addr = listener.local_addr()?;
         let (shutdown, rx) = watch::channel(false);
         let (cut, cut_rx) = watch::channel(0);
-        let task = tokio::spawn(accept_loop(listener, dispatcher, config, rx, cut_rx));
+        let stats = Arc::new(TcpServerStats::default());
+        let task = tokio::spawn(accept_loop(
+            listener,
+            dispatcher,
+            config,
+            rx,
+            cut_rx,
+            stats.clone(),
+        ));
         Ok(TcpServer {
             local_addr,
             shutdown,
             cut,
+            stats,
             task,
         })
     }
@@ -105,6 +242,11 @@ impl TcpServer {
         self.local_addr
     }
 
+    /// What the connections hold for their peers (replies not yet written).
+    pub fn stats(&self) -> &Arc<TcpServerStats> {
+        &self.stats
+    }
+
     /// Graceful shutdown: stop accepting, stop reading new calls, let calls already read finish
     /// and their replies be written, close every connection, and wait for all of it.
     pub async fn shutdown(self) {
@@ -118,7 +260,15 @@ impl TcpServer {
 pub async fn serve_tcp(listener: TcpListener, dispatcher: Arc<Dispatcher>) -> io::Result<()> {
     let (_keep, rx) = watch::channel(false);
     let (_cut, cut_rx) = watch::channel(0);
-    accept_loop(listener, dispatcher, ServerConfig::default(), rx, cut_rx).await;
+    accept_loop(
+        listener,
+        dispatcher,
+        ServerConfig::default(),
+        rx,
+        cut_rx,
+        Arc::new(TcpServerStats::default()),
+    )
+    .await;
     Ok(())
 }
 
@@ -128,6 +278,7 @@ async fn accept_loop(
     config: ServerConfig,
     mut shutdown: watch::Receiver<bool>,
     cut: watch::Receiver<u64>,
+    stats: Arc<TcpServerStats>,
 ) {
     let mut conns = JoinSet::new();
     loop {
@@ -142,8 +293,9 @@ async fn accept_loop(
                     let s = shutdown.clone();
                     let mut k = cut.clone();
                     k.mark_unchanged();
+                    let st = stats.clone();
                     conns.spawn(async move {
-                        if let Err(e) = serve_conn(stream, d, &c, s, Some(k)).await {
+                        if let Err(e) = serve_conn(stream, d, &c, s, Some(k), st).await {
                             tracing::debug!(%peer, error = %e, "RPC/TCP connection ended");
                         }
                     });
@@ -170,7 +322,8 @@ pub async fn serve_connection(
     config: &ServerConfig,
     shutdown: watch::Receiver<bool>,
 ) -> io::Result<()> {
-    serve_conn(stream, dispatcher, config, shutdown, None).await
+    let stats = Arc::new(TcpServerStats::default());
+    serve_conn(stream, dispatcher, config, shutdown, None, stats).await
 }
 
 /// Resolves when `cut` changes ([`TcpServer::disconnect_all`]); never without one.
@@ -189,6 +342,7 @@ async fn serve_conn(
     config: &ServerConfig,
     mut shutdown: watch::Receiver<bool>,
     mut cut: Option<watch::Receiver<u64>>,
+    stats: Arc<TcpServerStats>,
 ) -> io::Result<()> {
     let _ = stream.set_nodelay(true);
     let context = Arc::new(CallContext {
@@ -200,6 +354,14 @@ async fn serve_conn(
     let (tx, rx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(writer_task(wr, rx));
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
+    let queue = Arc::new(ReplyQueue {
+        bytes: AtomicUsize::new(0),
+        executing: AtomicUsize::new(0),
+        largest: AtomicUsize::new(0),
+        drained: Notify::new(),
+        server: stats,
+    });
+    let max_queued = config.max_queued_reply_bytes.max(1);
     let mut decoder = RecordDecoder::new(config.max_record);
     let mut buf = BytesMut::new();
     let mut result = Ok(());
@@ -226,7 +388,17 @@ async fn serve_conn(
                     return Ok(());
                 }
             };
-            spawn_call(record, &dispatcher, &context, &tx, permit);
+            // Backpressure on a peer that does not read its replies: no new call from it
+            // while its replies are not drained (TCP flow control then holds the rest).
+            tokio::select! {
+                _ = queue.admit(max_queued) => {}
+                _ = shutdown.changed() => break 'conn,
+                _ = cut_fired(&mut cut) => {
+                    writer.abort();
+                    return Ok(());
+                }
+            }
+            spawn_call(record, &dispatcher, &context, &tx, permit, &queue);
         }
         reserve_for_read(&mut buf, &decoder);
         tokio::select! {
@@ -254,7 +426,7 @@ async fn serve_conn(
     }
 }
 
-type ReplyItem = (ReplyMessage, OwnedSemaphorePermit);
+type ReplyItem = (ReplyMessage, OwnedSemaphorePermit, Queued);
 
 fn spawn_call(
     record: Bytes,
@@ -262,16 +434,22 @@ fn spawn_call(
     context: &Arc<CallContext>,
     tx: &mpsc::UnboundedSender<ReplyItem>,
     permit: OwnedSemaphorePermit,
+    queue: &Arc<ReplyQueue>,
 ) {
     let d = dispatcher.clone();
     let ctx = context.clone();
     let tx = tx.clone();
+    let queue = queue.clone();
     tokio::spawn(async move {
         // TCP carries every result inline: no Write chunks exist.
-        if let Some(reply) = d.dispatch(record, ctx, DdpPolicy::Inline).await {
-            // The permit travels with the reply and is released once it has been written,
-            // so replies the peer is slow to read also count against the limit.
-            let _ = tx.send((reply, permit));
+        let reply = d.dispatch(record, ctx, DdpPolicy::Inline).await;
+        // The permit travels with the reply and is released once it has been written, so
+        // replies the peer is slow to read also count against the limit; their bytes count
+        // until written (or dropped with the connection).
+        if let Some(queued) = queue.done(reply.as_ref().map(|r| r.message.len()))
+            && let Some(reply) = reply
+        {
+            let _ = tx.send((reply, permit, queued));
         }
     });
 }
@@ -283,15 +461,15 @@ async fn writer_task(
     const BATCH: usize = 64;
     let mut parts = VecDeque::new();
     let mut permits = Vec::with_capacity(BATCH);
-    while let Some((reply, permit)) = rx.recv().await {
+    while let Some((reply, permit, queued)) = rx.recv().await {
         parts.extend(frame(&reply.message, MAX_FRAGMENT_LEN));
-        permits.push(permit);
+        permits.push((permit, queued));
         // Coalesce replies that are already waiting into one vectored write.
         while permits.len() < BATCH {
             match rx.try_recv() {
-                Ok((reply, permit)) => {
+                Ok((reply, permit, queued)) => {
                     parts.extend(frame(&reply.message, MAX_FRAGMENT_LEN));
-                    permits.push(permit);
+                    permits.push((permit, queued));
                 }
                 Err(_) => break,
             }

@@ -462,13 +462,13 @@ fn print_info(i: &EngineInfo) {
         }
     }
     println!(
-        "  {:<6} {:>8} {:>8} {:>9} {:>8} {:>10}",
-        "port", "rcvbuf", "queued", "congested", "sndbuf", "snd_bytes"
+        "  {:<6} {:>8} {:>8} {:>9} {:>8} {:>8} {:>10}",
+        "port", "rcvbuf", "queued", "congested", "dropped", "sndbuf", "snd_bytes"
     );
     for p in &i.ports {
         println!(
-            "  {:<6} {:>8} {:>8} {:>9} {:>8} {:>10}",
-            p.port, p.rcvbuf, p.queued, p.congested, p.sndbuf, p.snd_bytes
+            "  {:<6} {:>8} {:>8} {:>9} {:>8} {:>8} {:>10}",
+            p.port, p.rcvbuf, p.queued, p.congested, p.dropped, p.sndbuf, p.snd_bytes
         );
     }
 }

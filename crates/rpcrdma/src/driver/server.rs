@@ -173,7 +173,10 @@ impl ServerConnection {
                 return Err(RpcError::Transport(err.to_string()));
             }
         };
-        perform(actions, &c.link, &c.resp, None).await;
+        // A client that reads nothing may never complete the Send: the Sends go from a task
+        // of their own, and this call waits only for its reply or the Responder's deadline.
+        let conn = c.clone();
+        tokio::spawn(async move { perform(actions, &conn.link, &conn.resp, None).await });
         let msg = match rx.await {
             Ok(r) => r?,
             Err(_) => return Err(RpcError::Closed),
@@ -470,10 +473,14 @@ fn on_server_receive(
 
 /// Reserve the bytes of a reply's Sends and RDMA Writes in `budget` and tie the reservation to
 /// those buffers, so it is given back when the transport has sent (and dropped) the last one.
+///
+/// `pre` is what the call reserved before its reply was built: shrunk to the reply when it
+/// covers it, so that the reply never waits for memory while it is held outside the budget.
 async fn hold_in_budget(
     actions: Vec<responder::Action>,
     budget: &Arc<oncrpc::ConnBudget>,
     wait: Duration,
+    pre: Option<oncrpc::Reservation>,
 ) -> Result<Vec<responder::Action>, oncrpc::BudgetError> {
     use responder::Action;
     let total: usize = actions
@@ -487,7 +494,16 @@ async fn hold_in_budget(
     if total == 0 {
         return Ok(actions);
     }
-    let held = Arc::new(budget.reserve(total, wait).await?);
+    let held = match pre {
+        Some(mut r) if r.bytes() >= total => {
+            r.shrink(total);
+            Arc::new(r)
+        }
+        other => {
+            drop(other);
+            Arc::new(budget.reserve(total, wait).await?)
+        }
+    };
     struct Held {
         data: Bytes,
         _reservation: Arc<oncrpc::Reservation>,
@@ -535,7 +551,15 @@ async fn handle_incoming(
 ) {
     let (link, resp) = (&*sc.link, &*sc.resp);
     let timeout = sh.cfg.rdma_timeout;
-    // Memory this call holds (its Read-chunk sinks), given back when the call is done.
+    // The reply a call may produce: one inline message and what the client offered for it,
+    // reserved before the call runs, so that a client that never takes its replies cannot
+    // make the server build more of them than its budget holds (capped at the connection's
+    // share: a reply beyond it reserves again when it is built).
+    let reply_estimate = |offered: usize| {
+        (offered.saturating_add(sh.cfg.rpc.inline_send as usize)).min(sc.budget.limit())
+    };
+    // Memory this call holds (its Read-chunk sinks and its reply), given back when the call
+    // is done.
     let mut held = Vec::new();
     loop {
         match inc {
@@ -563,7 +587,10 @@ async fn handle_incoming(
                     .map(|c| c.segments.iter().map(|s| s.length as usize).sum::<usize>())
                     .sum::<usize>()
                     + p.frame()
-                        .map_or(0, |(_, pre, post)| pre.len() + post.len() + 3);
+                        .map_or(0, |(_, pre, post)| pre.len() + post.len() + 3)
+                    // With them, the call's reply (one reservation: a call never holds part
+                    // of its memory while it waits for the rest).
+                    + reply_estimate(p.reply_offered_len());
                 match sc.budget.reserve(want, timeout).await {
                     Ok(r) => held.push(r),
                     Err(e) => {
@@ -625,6 +652,24 @@ async fn handle_incoming(
                 };
             }
             Incoming::Call(call) => {
+                if held.is_empty() {
+                    match sc
+                        .budget
+                        .reserve(reply_estimate(call.token.offered_len()), timeout)
+                        .await
+                    {
+                        Ok(r) => held.push(r),
+                        Err(e) => {
+                            tracing::warn!(peer = %sc.peer, error = %e,
+                                "no memory for a call's reply; closing the connection");
+                            // 5666bis §5.5.4: a reply that cannot be sent closes the connection.
+                            let xid = call.token.xid;
+                            let a = resp.lock().send_failed(Some(xid), false);
+                            perform(a, link, resp, Some(xid)).await;
+                            return;
+                        }
+                    }
+                }
                 {
                     let r = resp.lock();
                     let s = r.stats();
@@ -643,13 +688,13 @@ async fn handle_incoming(
                 let xid = call.token.xid;
                 let actions = resp.lock().reply(call.token, reply);
                 // The call's sinks are done with (what the reply still uses of them is counted
-                // with the reply): give their share back first, so that calls waiting for reply
-                // memory never wait on each other's sinks.
+                // with the reply): what the call reserved shrinks to the reply.
+                let pre = held.pop();
                 held.clear();
                 // A reply's buffers stay in the send queue until the peer takes them (one that
                 // never reads keeps them there): they come out of the connection's budget, and
                 // are given back when the transport drops the last of them.
-                let actions = match hold_in_budget(actions, &sc.budget, timeout).await {
+                let actions = match hold_in_budget(actions, &sc.budget, timeout, pre).await {
                     Ok(a) => a,
                     Err(e) => {
                         tracing::warn!(peer = %sc.peer, error = %e,

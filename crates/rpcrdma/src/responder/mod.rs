@@ -84,7 +84,27 @@ pub struct PendingCall {
     id: u64,
 }
 
+/// The most bytes a reply can put on the wire beyond one inline message: what the requester
+/// offered in its Write chunks and Reply chunk (the Responder writes no more than a chunk
+/// offers, RFC 8166 §3.4.6, §3.4.7). A server reserves memory for it before it builds the reply.
+fn offered_len(writes: &[WriteChunk], reply: Option<&WriteChunk>) -> usize {
+    writes
+        .iter()
+        .flatten()
+        .chain(reply.into_iter().flatten())
+        .map(|s| s.length as usize)
+        .fold(0, usize::saturating_add)
+}
+
 impl PendingCall {
+    /// See [`ReplyToken::offered_len`].
+    pub fn reply_offered_len(&self) -> usize {
+        self.header
+            .body
+            .chunks()
+            .map_or(0, |c| offered_len(&c.writes, c.reply.as_ref()))
+    }
+
     /// For a call with one Read chunk at a non-zero Position (an NFS WRITE's data): its
     /// Position and the inline bytes that go before and after its contents. A driver can pull
     /// the chunk into memory with room for both and hand the whole call to
@@ -124,6 +144,14 @@ pub struct ReplyToken {
     reply_chunk: Option<WriteChunk>,
     /// Handle usable for Send With Invalidate (every segment of the call shares it).
     swi_handle: Option<u32>,
+}
+
+impl ReplyToken {
+    /// Bytes the requester offered for the reply in Write chunks and its Reply chunk: with
+    /// one inline message, the most the reply can take.
+    pub fn offered_len(&self) -> usize {
+        offered_len(&self.writes, self.reply_chunk.as_ref())
+    }
 }
 
 /// Counters a test or a monitor can read.

@@ -1,0 +1,135 @@
+//! A TCP client that sends calls and never reads its replies (issue 20): the reply bytes the
+//! server holds for it stay under `ServerConfig::max_queued_reply_bytes` plus the replies of
+//! the calls already executing, its reader stops taking new calls, another client is served
+//! meanwhile, and everything drains once the client reads. Over 127.0.0.1; no timing
+//! assertions (waits are on the server's counters, bounded).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use oncrpc::record::{RecordDecoder, write_record};
+use oncrpc::service::BoxFuture;
+use oncrpc::{
+    Call, Dispatcher, OpaqueAuth, Outcome, Program, ReplyExpectation, RpcClient, ServerConfig,
+    TcpClient, TcpServer,
+};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use xdr::Encoder;
+
+const PROG: u32 = 0x2000_00b1;
+const BIG: u32 = 1;
+/// Reply payload of a BIG call.
+const REPLY: usize = 64 << 10;
+/// Calls the hostile client sends: 25 MiB of replies, more than loopback's socket buffers
+/// absorb, so the server has to hold (or refuse to produce) the rest.
+const CALLS: u32 = 400;
+const IN_FLIGHT: usize = 4;
+/// Below `IN_FLIGHT` replies: the byte bound, not the call count, stops the reader.
+const MAX_QUEUED: usize = 128 << 10;
+
+struct BigReplies;
+
+impl Program for BigReplies {
+    fn program(&self) -> u32 {
+        PROG
+    }
+    fn versions(&self) -> (u32, u32) {
+        (1, 1)
+    }
+    fn call(&self, call: Call) -> BoxFuture<'_, Outcome> {
+        Box::pin(async move {
+            match call.header.proc_ {
+                0 => Outcome::Success(call.reply_encoder().finish()),
+                BIG => {
+                    let mut e = call.reply_encoder();
+                    e.put_opaque_bytes(Bytes::from(vec![0xa5; REPLY]));
+                    Outcome::Success(e.finish())
+                }
+                _ => Outcome::ProcUnavail,
+            }
+        })
+    }
+}
+
+fn call(xid: u32) -> xdr::Encoded {
+    let mut enc = Encoder::new();
+    for v in [xid, 0, 2, PROG, 1, BIG] {
+        enc.put_u32(v);
+    }
+    OpaqueAuth::none().encode(&mut enc);
+    OpaqueAuth::none().encode(&mut enc);
+    enc.finish()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_its_replies_holds_bounded_memory() {
+    let config = ServerConfig::default()
+        .with_max_in_flight(IN_FLIGHT)
+        .with_max_queued_reply_bytes(MAX_QUEUED);
+    let server = TcpServer::bind(
+        "127.0.0.1:0",
+        Arc::new(Dispatcher::new().with(Arc::new(BigReplies))),
+        config,
+    )
+    .await
+    .unwrap();
+    let stats = server.stats().clone();
+    let mut hostile = TcpStream::connect(server.local_addr()).await.unwrap();
+    for xid in 0..CALLS {
+        write_record(&mut hostile, &call(xid)).await.unwrap();
+    }
+    // The server stops reading this client's calls once its replies pile up.
+    for _ in 0..3000 {
+        if stats.read_pauses() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(stats.read_pauses() > 0, "the reader paused within 30 s");
+    // Largest reply on the wire: payload, its length, the reply header.
+    let reply_len = REPLY + 64;
+    let bound = MAX_QUEUED + IN_FLIGHT * reply_len;
+    assert!(
+        stats.peak_queued_reply_bytes() <= bound,
+        "peak {} over {bound}",
+        stats.peak_queued_reply_bytes()
+    );
+    // Another client is served meanwhile.
+    let polite = Arc::new(TcpClient::connect(server.local_addr()).await.unwrap());
+    let rpc = RpcClient::new(polite.clone(), PROG, 1);
+    for _ in 0..3 {
+        let got = rpc
+            .call(BIG, |_| {}, ReplyExpectation::default())
+            .await
+            .expect("the well-behaved client is served");
+        assert_eq!(got.len(), 4 + REPLY);
+    }
+    // The hostile client reads at last: every reply comes, and the server holds nothing.
+    let mut dec = RecordDecoder::default();
+    let mut buf = BytesMut::new();
+    let mut replies = 0;
+    while replies < CALLS {
+        while let Some(_rec) = dec.decode(&mut buf).unwrap() {
+            replies += 1;
+        }
+        if replies == CALLS {
+            break;
+        }
+        let n = tokio::time::timeout(Duration::from_secs(60), hostile.read_buf(&mut buf))
+            .await
+            .expect("replies keep coming")
+            .unwrap();
+        assert_ne!(n, 0, "server closed");
+    }
+    assert!(stats.peak_queued_reply_bytes() <= bound);
+    for _ in 0..3000 {
+        if stats.queued_reply_bytes() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(stats.queued_reply_bytes(), 0);
+    server.shutdown().await;
+}
