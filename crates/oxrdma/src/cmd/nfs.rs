@@ -95,6 +95,10 @@ pub struct ServeArgs {
     /// connection that does not fit is refused, calls that do not fit wait for memory.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_memory: Option<usize>,
+    /// How long an RPC-over-RDMA client may take to answer the server's RDMA Read of its
+    /// Read chunks before its connection is closed and its memory given back [default: 30].
+    #[arg(long, value_name = "SECS")]
+    rdma_timeout: Option<u64>,
 }
 
 /// `1048576`, `512K`, `64M`, `2G` (powers of 1024).
@@ -160,10 +164,12 @@ async fn serve(a: ServeArgs) -> CmdResult {
         Some(a.rdma.unwrap_or(localhost(nfs::ulb::NFS_RDMA_PORT)))
     };
     cfg.mount = a.mount_port.map(|p| SocketAddr::new(tcp.ip(), p));
-    if let Some(n) = a.max_memory {
+    if a.max_memory.is_some() || a.rdma_timeout.is_some() {
+        let d = rpcrdma::TransportConfig::default();
         cfg.rdma_config = Some(rpcrdma::TransportConfig {
-            budget: Some(oncrpc::MemoryBudget::with_limit(n)),
-            ..rpcrdma::TransportConfig::default()
+            budget: a.max_memory.map(oncrpc::MemoryBudget::with_limit),
+            rdma_timeout: a.rdma_timeout.map_or(d.rdma_timeout, Duration::from_secs),
+            ..d
         });
     }
     let mut pm_warning = None;

@@ -1,10 +1,11 @@
-//! `oxrdma nfs torture`: the fault-injection campaign and the soak of `tools::torture` and
-//! `tools::soak`. Parses and prints only.
+//! `oxrdma nfs torture`: the fault-injection campaign, the soak and the hostile clients of
+//! `tools::torture`, `tools::soak` and `tools::hostile`. Parses and prints only.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use tools::hostile::{HostileConfig, HostileKind, KindReport};
 use tools::soak::{SoakConfig, SoakSample};
 use tools::torture::{TortureConfig, TortureReport, Transport};
 
@@ -60,6 +61,84 @@ pub struct TortureArgs {
     /// Soak: the running server's PID, whose RSS is sampled.
     #[arg(long, value_name = "PID", requires = "rdma")]
     server_pid: Option<u32>,
+    /// Hostile clients instead, through a fault-injecting proxy, against the running server
+    /// of --rdma/--tcp while a well-behaved client runs: long-calls (Read chunks never
+    /// delivered), stalled (connections that connect and stall), unread (RPC-over-RDMA
+    /// replies never read), unread-tcp (NFS over TCP replies never read), or all of them.
+    /// Prints the server's resident memory (--server-pid) per kind and its peak (VmHWM).
+    #[arg(long, value_name = "KIND", requires = "rdma")]
+    hostile: Option<String>,
+    /// Hostile: connections of the stalled kind (the other kinds use --connections).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    stalled: usize,
+    /// Hostile: how long the stalled and unread clients hold their connections (the
+    /// long-calls ones are held until the server closes them, at most this long).
+    #[arg(long, value_name = "SECS", default_value_t = 40)]
+    hold: u64,
+    /// Hostile: the server's --max-memory, to print beside its memory (not sent anywhere).
+    #[arg(long, value_name = "SIZE")]
+    max_memory: Option<String>,
+}
+
+fn parse_kinds(s: &str) -> Result<Vec<HostileKind>, String> {
+    if s == "all" {
+        return Ok(HostileKind::ALL.to_vec());
+    }
+    s.split(',')
+        .map(|k| {
+            HostileKind::parse(k.trim()).ok_or_else(|| {
+                format!("{k:?}: one of long-calls, stalled, unread, unread-tcp, all")
+            })
+        })
+        .collect()
+}
+
+fn kib(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".to_string(), |k| format!("{k} KiB"))
+}
+
+fn print_kind(k: &KindReport) {
+    println!(
+        "hostile {}: connected {} refused {} closed by the server {} hostile calls completed {} \
+         | well-behaved client: {} ok, {} failed | server RSS before {} max {} | {:.1}s",
+        k.kind,
+        k.connected,
+        k.refused,
+        k.closed_by_server,
+        k.hostile_calls_ok,
+        k.polite_ok,
+        k.polite_failed,
+        kib(k.rss_before_kib),
+        kib(k.rss_max_kib),
+        k.elapsed.as_secs_f64()
+    );
+}
+
+async fn hostile(a: &TortureArgs, kinds: Vec<HostileKind>) -> CmdResult {
+    let (Some(rdma), Some(tcp)) = (a.rdma, a.tcp) else {
+        return Err("--hostile needs --rdma and --tcp (a running `oxrdma nfs serve`)".into());
+    };
+    let cfg = HostileConfig {
+        kinds,
+        rdma,
+        tcp,
+        pid: a.server_pid,
+        connections: a.connections,
+        stalled_connections: a.stalled,
+        hold: Duration::from_secs(a.hold),
+        ..HostileConfig::default()
+    };
+    let r = tools::hostile::run(&cfg, print_kind).await?;
+    println!(
+        "hostile: server budget {} | peak RSS (VmHWM) {} | RSS at the end {}",
+        a.max_memory.as_deref().unwrap_or("(not given)"),
+        kib(r.hwm_kib),
+        kib(r.rss_end_kib)
+    );
+    if r.kinds.iter().any(|k| k.polite_failed > 0) {
+        return Err("the well-behaved client was not served".into());
+    }
+    Ok(())
 }
 
 fn print_report(t: Transport, r: &TortureReport) {
@@ -106,6 +185,9 @@ fn print_sample(s: &SoakSample) {
 }
 
 pub async fn torture(a: TortureArgs) -> CmdResult {
+    if let Some(kinds) = &a.hostile {
+        return hostile(&a, parse_kinds(kinds)?).await;
+    }
     if let Some(secs) = a.soak {
         let cfg = SoakConfig {
             server: a.rdma.zip(a.tcp).map(|(r, t)| (r, t, a.server_pid)),
