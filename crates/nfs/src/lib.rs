@@ -47,6 +47,7 @@ pub mod exports;
 pub mod gate;
 pub mod mount;
 pub mod nfs3;
+pub mod nfs4;
 pub mod nfsacl;
 pub mod portmap;
 pub mod serve;

@@ -1,0 +1,25 @@
+//! NFSv4.1 and NFSv4.2 (RFC 8881, RFC 7862): the protocol types, checked decoders and exact
+//! encoders the server's COMPOUND executor is built on.
+//!
+//! - [`consts`]: operation, attribute and flag numbers; [`status`]: `nfsstat4`.
+//! - [`types`]: the shared types (stateids, bitmaps, `fattr4`, channel attributes, owners),
+//!   each bounded on decode.
+//! - [`args`]: one decoder per operation's arguments; [`res`]: one encoder per result;
+//!   [`compound`]: the COMPOUND envelope.
+//! - [`attrs`]: the supported attributes, their encoding from a file's status, and the
+//!   settable ones read back.
+//!
+//! What it does not do: NFSv4.0 (minor version 0 is answered NFS4ERR_MINOR_VERS_MISMATCH),
+//! RPCSEC_GSS-only features (SP4_MACH_CRED, SP4_SSV, SET_SSV), pNFS layouts, delegations,
+//! named attributes, ACLs.
+
+pub mod args;
+pub mod attrs;
+pub mod compound;
+pub mod consts;
+pub mod res;
+pub mod state;
+pub mod status;
+pub mod types;
+
+pub use status::{Nfsstat4, Res4};
