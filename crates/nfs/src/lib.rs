@@ -44,6 +44,7 @@ mod xdr_util;
 pub mod client;
 pub mod drc;
 pub mod exports;
+pub mod fsops;
 pub mod gate;
 pub mod mount;
 pub mod nfs3;
