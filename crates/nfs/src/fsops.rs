@@ -253,6 +253,61 @@ impl<'a> FsOps<'a> {
         Ok(data.len() as u32)
     }
 
+    /// The permission checks of an NFSv4 OPEN of an existing object (RFC 8881 §18.16.3):
+    /// ISDIR for a directory, SYMLINK for a symbolic link, WRONG_TYPE-like INVAL for other
+    /// non-regular files (the caller maps it), read and write rights as asked, ROFS for write
+    /// access to a read-only export. The owner may always (knfsd's owner override).
+    pub fn may_open(&self, cred: &Cred, n: &Node, read: bool, write: bool) -> NfsResult<()> {
+        if is_dir(&n.st) {
+            return Err(Nfsstat3::IsDir);
+        }
+        if !is_reg(&n.st) {
+            return Err(Nfsstat3::Inval);
+        }
+        if write {
+            self.rofs()?;
+        }
+        let want = if read { MAY_READ } else { 0 } | if write { MAY_WRITE } else { 0 };
+        if !may(&n.st, cred, want) && cred.uid != n.st.stx_uid {
+            return Err(Nfsstat3::Acces);
+        }
+        Ok(())
+    }
+
+    /// The next data (`data`) or hole at or after `offset` (lseek SEEK_DATA / SEEK_HOLE,
+    /// RFC 7862 §15.11): NXIO past the end of the file.
+    pub fn seek(&self, cred: &Cred, n: &Node, offset: u64, data: bool) -> NfsResult<u64> {
+        Self::io_allowed(cred, n, MAY_READ)?;
+        let f = self.export.open_file(&n.rel, false)?;
+        let to = if data {
+            rustix::fs::SeekFrom::Data(offset)
+        } else {
+            rustix::fs::SeekFrom::Hole(offset)
+        };
+        Ok(rustix::fs::seek(&f, to)?)
+    }
+
+    /// Reserve (`punch` false, RFC 7862 §15.1 ALLOCATE) or punch out (`punch` true, §15.4
+    /// DEALLOCATE, the size kept) the range `offset..offset+len`.
+    pub fn allocate(
+        &self,
+        cred: &Cred,
+        n: &Node,
+        offset: u64,
+        len: u64,
+        punch: bool,
+    ) -> NfsResult<()> {
+        self.rofs()?;
+        Self::io_allowed(cred, n, MAY_WRITE)?;
+        let f = self.export.open_file(&n.rel, true)?;
+        let mode = if punch {
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE
+        } else {
+            rustix::fs::FallocateFlags::empty()
+        };
+        Ok(rustix::fs::fallocate(&f, mode, offset, len)?)
+    }
+
     /// COMMIT: everything written UNSTABLE is on stable storage before the reply (RFC 1813
     /// §3.3.21, RFC 8881 §18.3). fsync through any descriptor flushes the file's dirty pages.
     pub fn commit(&self, n: &Node) -> NfsResult<()> {

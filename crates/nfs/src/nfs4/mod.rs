@@ -18,6 +18,7 @@ pub mod attrs;
 pub mod compound;
 pub mod consts;
 pub mod res;
+pub mod server;
 pub mod state;
 pub mod status;
 pub mod types;

@@ -187,6 +187,12 @@ impl State {
             .collect()
     }
 
+    /// The fore channel's attributes of a session (the COMPOUND limits checked before
+    /// SEQUENCE takes its slot).
+    pub fn fore_attrs(&self, id: &SessionId4) -> Option<ChannelAttrs4> {
+        self.sessions.get(id).map(|s| s.fore.clone())
+    }
+
     /// The clientid of a session.
     pub fn session_client(&self, id: &SessionId4) -> Option<u64> {
         self.sessions.get(id).map(|s| s.clientid)
