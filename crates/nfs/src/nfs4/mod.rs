@@ -15,6 +15,7 @@
 
 pub mod args;
 pub mod attrs;
+pub mod client_codec;
 pub mod compound;
 pub mod consts;
 pub mod res;
