@@ -8,10 +8,14 @@
 //!   [`compound`]: the COMPOUND envelope.
 //! - [`attrs`]: the supported attributes, their encoding from a file's status, and the
 //!   settable ones read back.
+//! - [`client_codec`]: the client half: arguments encoded, results decoded.
+//! - [`state`]: the sans-IO state core; [`server`]: the COMPOUND executor and the NFS program
+//!   serving versions 3 and 4 together.
 //!
 //! What it does not do: NFSv4.0 (minor version 0 is answered NFS4ERR_MINOR_VERS_MISMATCH),
-//! RPCSEC_GSS-only features (SP4_MACH_CRED, SP4_SSV, SET_SSV), pNFS layouts, delegations,
-//! named attributes, ACLs.
+//! RPCSEC_GSS-only features (SP4_MACH_CRED, SP4_SSV, SET_SSV), pNFS layouts, delegations and
+//! the callbacks that recall them (the back channel is negotiated but never used), named
+//! attributes, ACLs, COPY/CLONE/READ_PLUS and the extended-attribute operations (NOTSUPP).
 
 pub mod args;
 pub mod attrs;

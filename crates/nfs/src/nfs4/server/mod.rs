@@ -2,14 +2,14 @@
 //! a [`crate::gate::ExportTable`], sharing the NFSv3 server's file operations
 //! ([`crate::fsops`]), file handles and export access rules.
 //!
-//! - [`compound`]: the COMPOUND loop: minor versions, SEQUENCE and the session limits, the
+//! - `compound`: the COMPOUND loop: minor versions, SEQUENCE and the session limits, the
 //!   current and saved filehandles and the current stateid, the reply cache.
-//! - [`session`]: EXCHANGE_ID, CREATE_SESSION, DESTROY_SESSION, BIND_CONN_TO_SESSION,
+//! - `session`: EXCHANGE_ID, CREATE_SESSION, DESTROY_SESSION, BIND_CONN_TO_SESSION,
 //!   DESTROY_CLIENTID, RECLAIM_COMPLETE, BACKCHANNEL_CTL, TEST_STATEID, FREE_STATEID.
-//! - [`fh`]: filehandles, the pseudo root, LOOKUP/LOOKUPP, SECINFO.
-//! - [`files`]: the namespace and attribute operations (GETATTR, SETATTR, VERIFY, ACCESS,
+//! - `fh`: filehandles, the pseudo root, LOOKUP/LOOKUPP, SECINFO.
+//! - `files`: the namespace and attribute operations (GETATTR, SETATTR, VERIFY, ACCESS,
 //!   CREATE, REMOVE, RENAME, LINK, READLINK, READDIR).
-//! - [`io`]: OPEN, CLOSE, OPEN_DOWNGRADE, READ, WRITE, COMMIT, LOCK/LOCKT/LOCKU, SEEK,
+//! - `io`: OPEN, CLOSE, OPEN_DOWNGRADE, READ, WRITE, COMMIT, LOCK/LOCKT/LOCKU, SEEK,
 //!   ALLOCATE, DEALLOCATE.
 //! - [`program`]: the NFS program answering versions 3 and 4 together.
 //!
