@@ -845,3 +845,183 @@ async fn seek_allocate_deallocate_in_minor_version_2() {
     .await;
     served.shutdown().await;
 }
+
+fn open_how(owner_name: &[u8], file: &str, deny: u32, how: CreateHow) -> OpArgs {
+    OpArgs::Open(Box::new(OpenArgs {
+        seqid: 0,
+        share_access: share::ACCESS_BOTH,
+        share_deny: deny,
+        owner: StateOwner4 {
+            clientid: 0,
+            owner: owner(owner_name),
+        },
+        create: Some(how),
+        claim: OpenClaim::Null(name(file)),
+    }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_modes_truncation_under_deny_and_lease_expiry() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("dir")).unwrap();
+    std::os::unix::fs::symlink("dir", tmp.path().join("link")).unwrap();
+    let served = serve(tmp.path()).await;
+    let addr = served.nfs_addr.unwrap();
+    let mut a = Client::new(addr, "open-a", 16).await;
+    let mut b = Client::new(addr, "open-b", 16).await;
+
+    // EXCLUSIVE4_1: a retransmission (same verifier) opens the same file, another verifier
+    // finds it EXIST; attrset names the verifier's times and the attributes set.
+    let excl = |v: u8| CreateHow::Exclusive41([v; 8], mode_attr(0o640));
+    let r = a
+        .ok(vec![OpArgs::Putrootfh, open_how(b"oa", "x", 0, excl(1))])
+        .await;
+    let OpRes::Open(o) = &r[1] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(
+        o.attrset,
+        mask(&[attr::MODE, attr::TIME_ACCESS_SET, attr::TIME_MODIFY_SET])
+    );
+    assert_eq!(
+        std::fs::metadata(tmp.path().join("x")).unwrap().mode() & 0o7777,
+        0o640
+    );
+    a.ok(vec![OpArgs::Putrootfh, open_how(b"oa", "x", 0, excl(1))])
+        .await;
+    a.fails(
+        vec![OpArgs::Putrootfh, open_how(b"oa", "x", 0, excl(2))],
+        Nfsstat4::EXIST,
+    )
+    .await;
+    // EXCLUSIVE4 is served like EXCLUSIVE4_1 without attributes; GUARDED4 on a file that
+    // exists is EXIST.
+    a.ok(vec![
+        OpArgs::Putrootfh,
+        open_how(b"oa", "y", 0, CreateHow::Exclusive([5; 8])),
+    ])
+    .await;
+    a.fails(
+        vec![
+            OpArgs::Putrootfh,
+            open_how(b"oa", "y", 0, CreateHow::Guarded(Fattr4::default())),
+        ],
+        Nfsstat4::EXIST,
+    )
+    .await;
+    // A directory and a symbolic link are not opened.
+    a.fails(
+        vec![
+            OpArgs::Putrootfh,
+            open_args(b"oa", "dir", share::ACCESS_READ, 0, false),
+        ],
+        Nfsstat4::ISDIR,
+    )
+    .await;
+    a.fails(
+        vec![
+            OpArgs::Putrootfh,
+            open_args(b"oa", "link", share::ACCESS_READ, 0, false),
+        ],
+        Nfsstat4::SYMLINK,
+    )
+    .await;
+
+    // A holds "t" denying writes: B's OPEN that would truncate it is refused before the file
+    // changes.
+    std::fs::write(tmp.path().join("t"), b"keep me").unwrap();
+    a.ok(vec![
+        OpArgs::Putrootfh,
+        open_args(b"oa", "t", share::ACCESS_READ, share::DENY_WRITE, false),
+    ])
+    .await;
+    b.fails(
+        vec![
+            OpArgs::Putrootfh,
+            open_how(b"ob", "t", 0, CreateHow::Unchecked(size_attr(0))),
+        ],
+        Nfsstat4::SHARE_DENIED,
+    )
+    .await;
+    assert_eq!(std::fs::read(tmp.path().join("t")).unwrap(), b"keep me");
+    // CLAIM_FH opens the current filehandle.
+    let r = b
+        .ok(vec![
+            OpArgs::Putrootfh,
+            OpArgs::Lookup(name("t")),
+            OpArgs::Open(Box::new(OpenArgs {
+                seqid: 0,
+                share_access: share::ACCESS_READ,
+                share_deny: 0,
+                owner: StateOwner4 {
+                    clientid: 0,
+                    owner: owner(b"ob"),
+                },
+                create: None,
+                claim: OpenClaim::Fh,
+            })),
+            read(Stateid4::CURRENT, 0, 4),
+        ])
+        .await;
+    assert_eq!(
+        r[3],
+        OpRes::Read {
+            eof: false,
+            data: Bytes::from_static(b"keep")
+        }
+    );
+
+    // Leases: once A's lease has run out (the expiry is driven with a time 100 s ahead, no
+    // waiting), its session and opens are gone.
+    let v4 = served.nfs4().unwrap();
+    let before = v4.state().counts();
+    assert_eq!((before.clients, before.sessions), (2, 2));
+    v4.expire(std::time::Instant::now() + std::time::Duration::from_secs(100));
+    assert_eq!(v4.state().counts(), Default::default());
+    a.fails(vec![OpArgs::Putrootfh], Nfsstat4::BADSESSION).await;
+    served.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grace_period_accepts_only_reclaims() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"data").unwrap();
+    let mut cfg = nfs::serve::ServeConfig::new(tmp.path());
+    cfg.tcp = Some(local());
+    cfg.portmap = None;
+    // The default: a grace period of one lease after the start (RFC 8881 §8.4.2).
+    let served = nfs::serve::start(cfg).await.unwrap();
+    let mut c = Client::new(served.nfs_addr.unwrap(), "grace", 16).await;
+    c.fails(
+        vec![
+            OpArgs::Putrootfh,
+            open_args(b"o", "f", share::ACCESS_READ, 0, false),
+        ],
+        Nfsstat4::GRACE,
+    )
+    .await;
+    let reclaim = OpArgs::Open(Box::new(OpenArgs {
+        seqid: 0,
+        share_access: share::ACCESS_READ,
+        share_deny: 0,
+        owner: StateOwner4 {
+            clientid: 0,
+            owner: owner(b"o"),
+        },
+        create: None,
+        claim: OpenClaim::Previous(0),
+    }));
+    c.ok(vec![
+        OpArgs::Putrootfh,
+        OpArgs::Lookup(name("f")),
+        reclaim.clone(),
+    ])
+    .await;
+    c.ok(vec![OpArgs::ReclaimComplete(false)]).await;
+    c.fails(
+        vec![OpArgs::Putrootfh, OpArgs::Lookup(name("f")), reclaim],
+        Nfsstat4::NO_GRACE,
+    )
+    .await;
+    served.shutdown().await;
+}

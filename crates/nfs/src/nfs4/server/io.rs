@@ -330,6 +330,18 @@ impl Nfs4Server {
                     }
                     Some(how) => {
                         let (how3, extra, set) = create_how(how)?;
+                        // A share conflict is found before the file changes (UNCHECKED4 with
+                        // a size truncates an existing file).
+                        if let Ok(existing) = dir.fs().child(&dir.node, n) {
+                            let key = dir.sibling(existing).key();
+                            self.state().check_share(
+                                c,
+                                a.owner.owner.as_bytes(),
+                                key,
+                                access,
+                                a.share_deny,
+                            )?;
+                        }
                         let made = dir
                             .fs()
                             .create_file(&dir.cred, &dir.node, n, &how3)

@@ -32,6 +32,23 @@ impl State {
         })
     }
 
+    /// Whether an OPEN of `file` with this share would be refused (NFS4ERR_SHARE_DENIED),
+    /// checked before OPEN changes the file (UNCHECKED4 with a size truncates it).
+    pub fn check_share(
+        &self,
+        clientid: u64,
+        owner: &[u8],
+        file: FileKey,
+        access: u32,
+        deny: u32,
+    ) -> Res4<()> {
+        if self.share_conflict(clientid, owner, file, access & share::ACCESS_BOTH, deny) {
+            Err(Nfsstat4::SHARE_DENIED)
+        } else {
+            Ok(())
+        }
+    }
+
     /// OPEN's state part: a new open stateid for (`owner`, `file`), or the existing one with
     /// its access and deny widened and its seqid bumped (RFC 8881 §9.11, §18.16.3).
     pub fn open(
