@@ -1025,3 +1025,104 @@ async fn grace_period_accepts_only_reclaims() {
     .await;
     served.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_stay_within_the_session_limits() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), pattern(10_000, 1)).unwrap();
+    let served = serve(tmp.path()).await;
+    let addr = served.nfs_addr.unwrap();
+    // A session whose replies are at most 1 KiB, cached at most 512 bytes.
+    let mut c = Client::new(addr, "small", 16).await;
+    let rpc = c.rpc.clone();
+    let r = compound_reply(
+        &rpc,
+        1,
+        &[OpArgs::ExchangeId {
+            owner: nfs::nfs4::types::ClientOwner4 {
+                verifier: [7; 8],
+                ownerid: owner(b"small"),
+            },
+            flags: 0,
+            protect: nfs::nfs4::types::StateProtectA::None,
+            impl_id: None,
+        }],
+    )
+    .await;
+    let OpRes::ExchangeId(x) = &r.results[0] else {
+        panic!("{r:?}")
+    };
+    let mut small = fore(16);
+    small.maxresponsesize = 1024;
+    small.maxresponsesize_cached = 512;
+    let r = compound_reply(
+        &rpc,
+        1,
+        &[OpArgs::CreateSession(Box::new(
+            nfs::nfs4::args::CreateSessionArgs {
+                clientid: x.clientid,
+                sequence: x.sequenceid,
+                flags: 0,
+                fore: small,
+                back: fore(4),
+                cb_program: 0,
+                sec: vec![],
+            },
+        ))],
+    )
+    .await;
+    let OpRes::CreateSession(cs) = &r.results[0] else {
+        panic!("{r:?}")
+    };
+    c.session = cs.session;
+    c.seq = 0;
+    // A READ larger than the reply may be is shortened, not refused (RFC 8881 §18.22.3).
+    let r = c
+        .ok(vec![
+            OpArgs::Putrootfh,
+            OpArgs::Lookup(name("f")),
+            read(Stateid4::ANONYMOUS, 0, 8000),
+        ])
+        .await;
+    let OpRes::Read { eof, data } = &r[2] else {
+        panic!("{r:?}")
+    };
+    assert!(!eof);
+    assert!(!data.is_empty() && data.len() < 1024, "{}", data.len());
+    assert_eq!(data, &pattern(10_000, 1).slice(..data.len()));
+    // A reply the client asks to cache must fit the slot's cache: REP_TOO_BIG_TO_CACHE.
+    c.seq += 1;
+    let ops = vec![
+        c.sequence(c.seq, true),
+        OpArgs::Putrootfh,
+        OpArgs::Lookup(name("f")),
+        read(Stateid4::ANONYMOUS, 0, 8000),
+    ];
+    let r = compound_reply(&c.rpc, 1, &ops).await;
+    assert_eq!(r.status, Nfsstat4::REP_TOO_BIG_TO_CACHE, "{r:?}");
+    // A READDIR bounded by the reply size returns what fits, in several calls.
+    for i in 0..40 {
+        std::fs::write(
+            tmp.path().join(format!("entry-with-a-long-name-{i:03}")),
+            b"",
+        )
+        .unwrap();
+    }
+    let r = c
+        .ok(vec![
+            OpArgs::Putrootfh,
+            OpArgs::Readdir {
+                cookie: 0,
+                verf: [0; 8],
+                dircount: 0,
+                maxcount: 1 << 20,
+                attrs: mask(&[attr::FILEID]),
+            },
+        ])
+        .await;
+    let OpRes::Readdir { entries, eof, .. } = &r[1] else {
+        panic!("{r:?}")
+    };
+    assert!(!eof && !entries.is_empty() && entries.len() < 40);
+    served.shutdown().await;
+}
