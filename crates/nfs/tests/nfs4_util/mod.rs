@@ -7,14 +7,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use nfs::nfs4::args::{CreateSessionArgs, OpArgs, SequenceArgs};
+use nfs::nfs4::args::{
+    CreateHow, CreateSessionArgs, Locker, OpArgs, OpenArgs, OpenClaim, SequenceArgs,
+};
 use nfs::nfs4::client_codec::encode_compound;
 use nfs::nfs4::compound::CompoundReply;
 use nfs::nfs4::consts::attr;
+use nfs::nfs4::consts::{lock_type, share, stable};
 use nfs::nfs4::res::OpRes;
 use nfs::nfs4::server::Nfs4Config;
 use nfs::nfs4::types::{
-    Bitmap4, ChannelAttrs4, ClientOwner4, Fattr4, Opaque1024, StateProtectA, Stateid4,
+    Bitmap4, ChannelAttrs4, ClientOwner4, Fattr4, Opaque1024, StateOwner4, StateProtectA, Stateid4,
 };
 use nfs::nfs4::{Nfsstat4, consts::op};
 use nfs::serve::{ServeConfig, Served, start};
@@ -226,4 +229,111 @@ pub fn pattern(len: usize, seed: u32) -> Bytes {
         })
         .collect::<Vec<u8>>()
         .into()
+}
+
+pub fn open_args(owner_name: &[u8], file: &str, access: u32, deny: u32, create: bool) -> OpArgs {
+    OpArgs::Open(Box::new(OpenArgs {
+        seqid: 0,
+        share_access: access,
+        share_deny: deny,
+        owner: StateOwner4 {
+            clientid: 0,
+            owner: owner(owner_name),
+        },
+        create: create.then(|| CreateHow::Unchecked(mode_attr(0o644))),
+        claim: OpenClaim::Null(name(file)),
+    }))
+}
+
+pub fn write(sid: Stateid4, offset: u64, data: Bytes) -> OpArgs {
+    OpArgs::Write {
+        stateid: sid,
+        offset,
+        stable: stable::FILE_SYNC4,
+        data,
+    }
+}
+
+pub fn read(sid: Stateid4, offset: u64, count: u32) -> OpArgs {
+    OpArgs::Read {
+        stateid: sid,
+        offset,
+        count,
+    }
+}
+
+/// OPEN `file` in the root for read and write (created if missing); its stateid and handle.
+pub async fn open_rw(
+    c: &mut Client,
+    owner_name: &[u8],
+    file: &str,
+    deny: u32,
+) -> (Stateid4, Fattr4) {
+    let r = c
+        .ok(vec![
+            OpArgs::Putrootfh,
+            open_args(owner_name, file, share::ACCESS_BOTH, deny, true),
+            OpArgs::Getfh,
+        ])
+        .await;
+    let fh = fh_of(&r[2]);
+    (
+        stateid_of(&r[1]),
+        Fattr4 {
+            mask: Default::default(),
+            vals: Bytes::copy_from_slice(fh.as_bytes()),
+        },
+    )
+}
+
+pub fn fh4(f: &Fattr4) -> nfs::nfs4::types::Fh4 {
+    nfs::nfs4::types::Fh4::from_slice(&f.vals)
+}
+
+pub fn u32_attr(r: &OpRes) -> u32 {
+    let OpRes::Getattr(f) = r else {
+        panic!("not GETATTR: {r:?}")
+    };
+    u32::from_be_bytes(f.vals[..4].try_into().unwrap())
+}
+
+pub fn lock(sid: Stateid4, who: &[u8], offset: u64, length: u64) -> OpArgs {
+    OpArgs::Lock {
+        locktype: lock_type::WRITE_LT,
+        reclaim: false,
+        offset,
+        length,
+        locker: Locker::New {
+            open_seqid: 0,
+            open_stateid: sid,
+            lock_seqid: 0,
+            owner: StateOwner4 {
+                clientid: 0,
+                owner: owner(who),
+            },
+        },
+    }
+}
+
+pub fn size_attr(size: u64) -> Fattr4 {
+    let mut e = xdr::Encoder::new();
+    e.put_u64(size);
+    Fattr4 {
+        mask: mask(&[attr::SIZE]),
+        vals: e.into_bytes(),
+    }
+}
+
+pub fn open_how(owner_name: &[u8], file: &str, deny: u32, how: CreateHow) -> OpArgs {
+    OpArgs::Open(Box::new(OpenArgs {
+        seqid: 0,
+        share_access: share::ACCESS_BOTH,
+        share_deny: deny,
+        owner: StateOwner4 {
+            clientid: 0,
+            owner: owner(owner_name),
+        },
+        create: Some(how),
+        claim: OpenClaim::Null(name(file)),
+    }))
 }
