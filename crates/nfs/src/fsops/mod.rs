@@ -36,10 +36,9 @@ const POOLED_READ_MIN: usize = (MAX_IO / 4) as usize;
 
 /// The NFSv4 status for an NFSv3 one. RFC 8881 §15.1 keeps the values of every code derived
 /// from an errno and of the 1000x codes NFSv3 defines (NFS3ERR_JUKEBOX is NFS4ERR_DELAY,
-/// 10008); the NFSv3 codes without an NFSv4 twin of the same number are NFS3ERR_NODEV (19:
-/// NFS4ERR_NXIO, as nfsd maps ENODEV), NFS3ERR_REMOTE (71: NFS4ERR_IO) and NFS3ERR_NOT_SYNC
-/// (10002: NFSv4 has no ctime guard; its SETATTR guard failure is NFS4ERR_NOT_SAME's sibling
-/// INVAL is never produced through it).
+/// 10008). The NFSv3 codes without an NFSv4 twin of the same number: NFS3ERR_NODEV (19) is
+/// NFS4ERR_NXIO, as nfsd maps ENODEV; NFS3ERR_REMOTE (71) is NFS4ERR_IO; NFS3ERR_NOT_SYNC
+/// (10002, the ctime guard of NFSv3 SETATTR, which NFSv4 never passes) is NFS4ERR_INVAL.
 pub fn v4_status(s: Nfsstat3) -> Nfsstat4 {
     match s {
         Nfsstat3::NoDev => Nfsstat4::NXIO,
