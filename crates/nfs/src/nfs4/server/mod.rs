@@ -109,11 +109,12 @@ impl Nfs4Server {
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "localhost".to_string());
         // RFC 8881 §2.5: one server owner for every address of this server instance, so a
-        // client that reaches it twice (TCP and RDMA) sees one server and may trunk.
+        // client that reaches it twice (TCP and RDMA) sees one server and may trunk; another
+        // instance on the same host (another port, other exports) has another owner.
         let identity = ServerIdentity {
             owner: ServerOwner4 {
                 minor_id: 0,
-                major_id: Opaque1024::from_slice(format!("oxrdma:{host}").as_bytes()),
+                major_id: Opaque1024::from_slice(format!("oxrdma:{host}:{boot:08x}").as_bytes()),
             },
             scope: format!("oxrdma:{host}").into_bytes(),
             impl_domain: b"oxrdma.invalid".to_vec(),
