@@ -150,7 +150,7 @@ impl ExportTable {
         Ok(())
     }
 
-    fn snapshot(&self) -> Arc<Vec<Arc<Exported>>> {
+    pub(crate) fn snapshot(&self) -> Arc<Vec<Arc<Exported>>> {
         self.exports
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -207,7 +207,7 @@ impl ExportTable {
     }
 
     /// The rule that admits `peer` to `x`, or `None` (NFS3ERR_ACCES) with the reason logged.
-    fn admit<'x>(&self, x: &'x Exported, peer: SocketAddr) -> Option<&'x ClientRule> {
+    pub(crate) fn admit<'x>(&self, x: &'x Exported, peer: SocketAddr) -> Option<&'x ClientRule> {
         match x.entry.admit(peer) {
             Ok(rule) => Some(rule),
             Err(why) => {
@@ -358,7 +358,7 @@ fn first_fsid(args: &Bytes) -> Option<u64> {
 
 /// Rewrite an AUTH_SYS credential as the export's squash options say. AUTH_NONE callers are
 /// already the anonymous user.
-fn squash(cred: Credential, o: &ClientOptions) -> Credential {
+pub(crate) fn squash(cred: Credential, o: &ClientOptions) -> Credential {
     match cred {
         Credential::Sys(mut s) => {
             let (uid, gid, gids) = o.map_identity(s.uid, s.gid, &s.gids);

@@ -13,6 +13,15 @@
 //!   `oncrpc::Program`s (NFS 100003 v3, MOUNT 100005 v3). Stateless file handles that survive
 //!   a restart, paths confined to the export (no `..` or symlink escape), AUTH_SYS permission
 //!   checks, real `fsync` for COMMIT and stable WRITEs.
+//! - [`fsops`]: the file operations NFSv3 and NFSv4 share (lookup, access, read, write,
+//!   commit, the create modes, mkdir, symlink, mknod, remove, rename, link, directory entries,
+//!   setattr, fsstat, seek, allocate) with their AUTH_SYS rules, so both versions behave alike.
+//! - [`nfs4`]: NFSv4.1 (RFC 8881) and NFSv4.2's SEEK, ALLOCATE and DEALLOCATE (RFC 7862): the
+//!   codec (both halves), a sans-IO state core (clients, sessions and the reply cache, opens and
+//!   share reservations, byte-range locks, leases, grace) and the COMPOUND executor
+//!   ([`nfs4::server`]) over the same exports and file handles as NFSv3, with a read-only
+//!   pseudo file system leading to several exports. [`serve`] answers NFS versions 3 and 4 on
+//!   the same ports.
 //! - [`drc`]: the duplicate request cache: a non-idempotent call retransmitted after a
 //!   reconnect (to a new connection, or over the other transport) gets the reply of its first
 //!   execution instead of running twice.
@@ -32,10 +41,16 @@
 //! - [`serve`]: the entry point the CLI uses (NFS + MOUNT + port mapper over TCP), with the
 //!   documented place where the RPC-over-RDMA listener joins.
 //!
-//! What it does not do: NFSv4 service (only its RDMA binding), NLM/NSM locking, an NFSACL
-//! server (the client and types only; a Linux client without it simply shows mode bits),
-//! RPCSEC_GSS, UDP, or device nodes for non-root callers. MKNOD of devices needs a root caller
-//! and a server running as root.
+//! What it does not do: NFSv4.0 (minor version 0 gets NFS4ERR_MINOR_VERS_MISMATCH), NFSv4
+//! callbacks over the back channel (CB_NULL, CB_SEQUENCE: no delegations are granted, so
+//! none are recalled), delegations, pNFS, named attributes, ACLs, RPCSEC_GSS (and so
+//! SP4_MACH_CRED/SP4_SSV), stable storage of NFSv4 client records (every restart is followed by
+//! a grace period during which only reclaims are accepted), the RDMA-specific NFSv4 bounds of
+//! RFC 8267 §6 (`ca_maxresponsesize` against Write chunks), NFSv4 crossing into an export
+//! nested inside another (LOOKUP stays in the outer export, as NFSv3 does), NLM/NSM locking, an
+//! NFSACL server (the client and types only; a Linux client without it simply shows mode
+//! bits), UDP, or device nodes for non-root callers. MKNOD of devices needs a root caller and
+//! a server running as root.
 
 #![forbid(unsafe_code)]
 
@@ -44,9 +59,11 @@ mod xdr_util;
 pub mod client;
 pub mod drc;
 pub mod exports;
+pub mod fsops;
 pub mod gate;
 pub mod mount;
 pub mod nfs3;
+pub mod nfs4;
 pub mod nfsacl;
 pub mod portmap;
 pub mod serve;

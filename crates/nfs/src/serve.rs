@@ -1,4 +1,5 @@
-//! The server entry point: NFSv3 + MOUNT v3 + port mapper over TCP, for the CLI.
+//! The server entry point: NFSv3 and NFSv4.1/4.2 + MOUNT v3 + port mapper over TCP, for the
+//! CLI.
 //!
 //! [`start`] binds the listeners, registers every service with its own port mapper, and
 //! returns a [`Served`] handle. NFS and MOUNT are both served on the NFS port; MOUNT also gets
@@ -22,6 +23,8 @@ use oncrpc::{Dispatcher, ServerConfig, TcpServer};
 use crate::drc::DrcConfig;
 use crate::exports::Exports;
 use crate::gate::ExportTable;
+use crate::nfs4::server::program::{NfsV3V4, VERSION4};
+use crate::nfs4::server::{Nfs4Config, Nfs4Server};
 use crate::portmap::{PortmapProgram, Portmapper, Registration};
 use crate::server::NfsServer;
 use crate::ulb::NfsBinding;
@@ -57,6 +60,9 @@ pub struct ServeConfig {
     /// ([`crate::drc`]); `None` runs without one (a retransmitted non-idempotent call then
     /// executes again).
     pub drc: Option<DrcConfig>,
+    /// NFSv4.1/4.2 on the same ports and exports as NFSv3 ([`crate::nfs4::server`]); `None`
+    /// serves NFSv3 only.
+    pub nfs4: Option<Nfs4Config>,
 }
 
 impl ServeConfig {
@@ -76,6 +82,7 @@ impl ServeConfig {
             rdma_config: None,
             exports: None,
             drc: Some(DrcConfig::default()),
+            nfs4: Some(Nfs4Config::default()),
         }
     }
 }
@@ -97,6 +104,8 @@ pub struct Served {
     pub rdma_addr: Option<SocketAddr>,
     listeners: Vec<TcpServer>,
     rdma: Option<rpcrdma::RdmaServer>,
+    nfs4: Option<Arc<Nfs4Server>>,
+    lease_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Served {
@@ -114,6 +123,11 @@ impl Served {
     /// The NFS server state (export, write verifier).
     pub fn server(&self) -> &Arc<NfsServer> {
         &self.server
+    }
+
+    /// The NFSv4 server (state tables), when NFSv4 is served.
+    pub fn nfs4(&self) -> Option<&Arc<Nfs4Server>> {
+        self.nfs4.as_ref()
     }
 
     /// The registry behind the port mapper.
@@ -145,6 +159,9 @@ impl Served {
     /// Stop every listener and wait for open TCP connections to finish (RDMA connections are
     /// dropped).
     pub async fn shutdown(self) {
+        if let Some(t) = &self.lease_task {
+            t.abort();
+        }
         drop(self.rdma);
         for l in self.listeners {
             l.shutdown().await;
@@ -176,9 +193,18 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
     );
     let server = table.exports()[0].server.clone();
     let portmapper = Portmapper::new();
+    let nfs4 = config
+        .nfs4
+        .clone()
+        .map(|c| Nfs4Server::new(table.clone(), c));
+    let nfs_program = || match &nfs4 {
+        Some(v4) => NfsV3V4::program(table.nfs_program(), v4.clone()),
+        None => table.nfs_program(),
+    };
+    let lease_task = nfs4.clone().map(|v4| tokio::spawn(expire_leases(v4)));
     let nfs_dispatcher = Arc::new(
         Dispatcher::new()
-            .with(table.nfs_program())
+            .with(nfs_program())
             .with(table.mount_program())
             .with(Arc::new(PortmapProgram(portmapper.clone()))),
     );
@@ -192,10 +218,14 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
         let a = l.local_addr();
         nfs_addr = Some(a);
         listeners.push(l);
+        let v4 = nfs4.as_ref().map(|_| (nfs3::PROGRAM, VERSION4));
         for (prog, vers) in [
             (nfs3::PROGRAM, nfs3::VERSION),
             (mount::PROGRAM, mount::VERSION),
-        ] {
+        ]
+        .into_iter()
+        .chain(v4)
+        {
             portmapper.set(Registration {
                 prog,
                 vers,
@@ -231,7 +261,7 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
     let mut rdma_addr = None;
     if let Some(addr) = config.rdma {
         // RFC 8267 §5.1: only NFS itself is offered over RPC-over-RDMA.
-        let d = Dispatcher::new().with(table.nfs_program());
+        let d = Dispatcher::new().with(nfs_program());
         let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
         let r =
             rpcrdma::RdmaServer::bind(addr, d, vec![ulb], config.rdma_config.unwrap_or_default())
@@ -251,6 +281,8 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
         rdma_addr,
         listeners,
         rdma,
+        nfs4,
+        lease_task,
     };
     if let Some(a) = rdma_addr {
         served.register_rdma(a);
@@ -261,9 +293,28 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
         mount = ?mount_addr,
         portmap = ?portmap_addr,
         rdma = ?rdma_addr,
-        "NFSv3 server started"
+        nfsv4 = served.nfs4.is_some(),
+        "NFS server started"
     );
     Ok(served)
+}
+
+/// Expire NFSv4 leases (RFC 8881 §8.3) at the state's next deadline, checking at least once a
+/// second.
+async fn expire_leases(v4: Arc<Nfs4Server>) {
+    loop {
+        let next = v4.expire(std::time::Instant::now());
+        let now = std::time::Instant::now();
+        let wait = next
+            .map_or(std::time::Duration::from_secs(1), |t| {
+                t.saturating_duration_since(now)
+            })
+            .clamp(
+                std::time::Duration::from_millis(10),
+                std::time::Duration::from_secs(1),
+            );
+        tokio::time::sleep(wait).await;
+    }
 }
 
 /// Start and serve until Ctrl-C, then shut down gracefully.

@@ -8,29 +8,26 @@
 use std::ffi::OsStr;
 use std::net::SocketAddr;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use oncrpc::service::BoxFuture;
 use oncrpc::{AuthStat, Call, Credential, Outcome, Program};
-use rustix::fs::{AtFlags, Mode, OFlags, Statx, Timestamps};
+use rustix::fs::Statx;
 use xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
 
 use crate::drc::{Admit, DrcConfig, DrcStats, Key, SharedCache, is_cached_proc};
+use crate::fsops::{FsOps, RemoveKind};
 use crate::mount::{
     self, DirPath, ExportNode, Fhandle3, List, MountBody, MountOk, MountRes, Mountstat3, Name,
 };
 use crate::nfs3::*;
-use crate::vfs::{
-    Cred, Export, MAY_EXEC, MAY_READ, MAY_WRITE, NAME_MAX, NfsResult, Node, S_ISGID, S_ISVTX,
-    check_name, is_dir, is_lnk, is_reg, may,
-};
+use crate::vfs::{Cred, Export, NAME_MAX, NfsResult, Node, is_dir};
 use crate::xdr_util::Void;
 
 /// Largest READ and WRITE the server advertises (FSINFO rtmax/wtmax).
-pub const MAX_IO: u32 = 1 << 20;
+pub const MAX_IO: u32 = crate::fsops::MAX_IO;
 /// Preferred READDIR size (FSINFO dtpref).
 pub const DTPREF: u32 = 64 * 1024;
 
@@ -54,9 +51,6 @@ pub struct NfsServer {
     drc: Option<Arc<SharedCache>>,
 }
 
-/// READs of at least this many bytes use a pooled buffer ([`oncrpc::BufPool`]) of `MAX_IO`
-/// bytes instead of a freshly zeroed one.
-const POOLED_READ_MIN: usize = (MAX_IO / 4) as usize;
 /// Idle pooled READ buffers kept (more are freed): enough for a client's readahead window.
 const POOLED_READ_KEEP: usize = 32;
 
@@ -136,12 +130,9 @@ impl NfsServer {
         }
     }
 
-    fn rofs(&self) -> NfsResult<()> {
-        if self.opts.read_only {
-            Err(Nfsstat3::Rofs)
-        } else {
-            Ok(())
-        }
+    /// The shared file operations over this export ([`crate::fsops`]).
+    pub fn fs(&self) -> FsOps<'_> {
+        FsOps::new(&self.export, self.opts.read_only)
     }
 
     fn dir(&self, fh: &Fh3) -> NfsResult<Node> {
@@ -167,8 +158,8 @@ impl NfsServer {
             Args::Mkdir(a) => self.mkdir(cred, a).encode(enc),
             Args::Symlink(a) => self.symlink(cred, a).encode(enc),
             Args::Mknod(a) => self.mknod(cred, a).encode(enc),
-            Args::Remove(a) => self.remove(cred, a, false).encode(enc),
-            Args::Rmdir(a) => self.remove(cred, a, true).encode(enc),
+            Args::Remove(a) => self.remove(cred, a, RemoveKind::NonDir).encode(enc),
+            Args::Rmdir(a) => self.remove(cred, a, RemoveKind::Dir).encode(enc),
             Args::Rename(a) => self.rename(cred, a).encode(enc),
             Args::Link(a) => self.link(cred, a).encode(enc),
             Args::Readdir(a) => self.readdir(cred, a).encode(enc),
@@ -194,7 +185,7 @@ impl NfsServer {
             Ok(n) => n,
             Err(s) => return Res::Err(s, WccOnly { wcc: WccData::NONE }),
         };
-        let r = self.setattr_inner(cred, &n, &a);
+        let r = self.fs().setattr(cred, &n, &a.new_attributes, a.guard);
         let wcc = WccOnly {
             wcc: self.wcc(&n.st, &n.rel),
         };
@@ -204,152 +195,13 @@ impl NfsServer {
         }
     }
 
-    fn setattr_inner(&self, cred: &Cred, n: &Node, a: &SetattrArgs) -> NfsResult<()> {
-        self.rofs()?;
-        // RFC 1813 §3.3.2: the guard compares the object's ctime.
-        if let Some(guard) = a.guard
-            && guard != crate::vfs::nfstime(&n.st.stx_ctime)
-        {
-            return Err(Nfsstat3::NotSync);
-        }
-        let s = &a.new_attributes;
-        let owner = cred.uid == 0 || cred.uid == n.st.stx_uid;
-        if s.mode.is_some() && !owner {
-            return Err(Nfsstat3::Perm);
-        }
-        if let Some(uid) = s.uid
-            && uid != n.st.stx_uid
-            && cred.uid != 0
-        {
-            return Err(Nfsstat3::Perm);
-        }
-        if let Some(gid) = s.gid
-            && gid != n.st.stx_gid
-            && cred.uid != 0
-            && !(owner && cred.in_group(gid))
-        {
-            return Err(Nfsstat3::Perm);
-        }
-        if s.size.is_some() {
-            if is_dir(&n.st) {
-                return Err(Nfsstat3::IsDir);
-            }
-            if !is_reg(&n.st) {
-                return Err(Nfsstat3::Inval);
-            }
-            if !may(&n.st, cred, MAY_WRITE) && !owner {
-                return Err(Nfsstat3::Acces);
-            }
-        }
-        match (s.atime, s.mtime) {
-            (SetTime::ClientTime(_), _) | (_, SetTime::ClientTime(_)) if !owner => {
-                return Err(Nfsstat3::Perm);
-            }
-            (SetTime::ServerTime, _) | (_, SetTime::ServerTime)
-                if !owner && !may(&n.st, cred, MAY_WRITE) =>
-            {
-                return Err(Nfsstat3::Acces);
-            }
-            _ => {}
-        }
-        if n.rel.as_os_str().is_empty() {
-            return self.setattr_root(s);
-        }
-        let (dir, name) = self.export.parent_of(&n.rel)?;
-        if let Some(size) = s.size {
-            let f = self.export.open_file(&n.rel, true)?;
-            f.set_len(size).map_err(|e| crate::vfs::io_to_nfs(&e))?;
-        }
-        if s.uid.is_some() || s.gid.is_some() {
-            rustix::fs::chownat(
-                &dir,
-                name,
-                s.uid.map(uid),
-                s.gid.map(gid),
-                AtFlags::SYMLINK_NOFOLLOW,
-            )?;
-        }
-        if let Some(mode) = s.mode {
-            if is_lnk(&n.st) {
-                // Linux cannot change a symbolic link's mode.
-                return Err(Nfsstat3::Inval);
-            }
-            // As chmod(2): a caller outside the file's group cannot set S_ISGID.
-            let gid_after = s.gid.unwrap_or(n.st.stx_gid);
-            let mode = if cred.uid != 0 && !cred.in_group(gid_after) {
-                mode & !S_ISGID
-            } else {
-                mode
-            };
-            rustix::fs::chmodat(
-                &dir,
-                name,
-                Mode::from_raw_mode(mode & 0o7777),
-                AtFlags::empty(),
-            )?;
-        }
-        if let Some(ts) = timestamps(s) {
-            rustix::fs::utimensat(&dir, name, &ts, AtFlags::SYMLINK_NOFOLLOW)?;
-        }
-        Ok(())
-    }
-
-    fn setattr_root(&self, s: &Sattr3) -> NfsResult<()> {
-        let fd = self.export.open_dir(Path::new(""))?;
-        let rfd = rustix::fs::openat(&fd, ".", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
-        if s.uid.is_some() || s.gid.is_some() {
-            rustix::fs::fchown(&rfd, s.uid.map(uid), s.gid.map(gid))?;
-        }
-        if let Some(mode) = s.mode {
-            rustix::fs::fchmod(&rfd, Mode::from_raw_mode(mode & 0o7777))?;
-        }
-        if let Some(ts) = timestamps(s) {
-            rustix::fs::futimens(&rfd, &ts)?;
-        }
-        Ok(())
-    }
-
-    /// Resolve `name` in the directory `dir` (LOOKUP semantics, `.` and `..` included).
-    fn child(&self, dir: &Node, name: &[u8]) -> NfsResult<Node> {
-        match name {
-            b"." => Ok(dir.clone()),
-            // `..` of the export root is the root itself: nothing above it is reachable.
-            b".." => {
-                let rel = Export::parent_rel(&dir.rel);
-                let st = self.export.stat_rel(&rel)?;
-                Ok(Node { rel, st })
-            }
-            _ => {
-                let name = check_name(name).map_err(|e| {
-                    if e == Nfsstat3::Acces && name.is_empty() {
-                        Nfsstat3::NoEnt
-                    } else {
-                        e
-                    }
-                })?;
-                let rel = dir.rel.join(name);
-                let st = self.export.stat_rel(&rel)?;
-                self.export.remember(st.stx_ino, &rel);
-                Ok(Node { rel, st })
-            }
-        }
-    }
-
     fn lookup(&self, cred: &Cred, a: LookupArgs) -> LookupRes {
         let dir = match self.dir(&a.what.dir) {
             Ok(d) => d,
             Err(s) => return Res::Err(s, AttrOnly { attributes: None }),
         };
         let dir_attr = Some(self.export.fattr(&dir.st));
-        if !may(&dir.st, cred, MAY_EXEC) {
-            return Res::Err(
-                Nfsstat3::Acces,
-                AttrOnly {
-                    attributes: dir_attr,
-                },
-            );
-        }
-        match self.child(&dir, a.what.name.as_bytes()) {
+        match self.fs().lookup(cred, &dir, a.what.name.as_bytes()) {
             Ok(n) => Res::Ok(LookupOk {
                 object: self.export.handle_of(&n.st),
                 obj_attributes: Some(self.export.fattr(&n.st)),
@@ -370,26 +222,9 @@ impl NfsServer {
             Err(s) => return Res::Err(s, AttrOnly { attributes: None }),
         };
         // RFC 1813 §3.3.4: report which of the requested rights the caller has.
-        let mut granted = 0;
-        if may(&n.st, cred, MAY_READ) {
-            granted |= access::READ;
-        }
-        if !self.opts.read_only && may(&n.st, cred, MAY_WRITE) {
-            granted |= access::MODIFY | access::EXTEND;
-            if is_dir(&n.st) {
-                granted |= access::DELETE;
-            }
-        }
-        if may(&n.st, cred, MAY_EXEC) {
-            granted |= if is_dir(&n.st) {
-                access::LOOKUP
-            } else {
-                access::EXECUTE
-            };
-        }
         Res::Ok(AccessOk {
             obj_attributes: Some(self.export.fattr(&n.st)),
-            access: a.access & granted,
+            access: a.access & self.fs().access(cred, &n.st),
         })
     }
 
@@ -399,17 +234,10 @@ impl NfsServer {
             Err(s) => return Res::Err(s, AttrOnly { attributes: None }),
         };
         let attr = Some(self.export.fattr(&n.st));
-        if !is_lnk(&n.st) {
-            return Res::Err(Nfsstat3::Inval, AttrOnly { attributes: attr });
-        }
-        let r = self
-            .export
-            .parent_of(&n.rel)
-            .and_then(|(dir, name)| Ok(rustix::fs::readlinkat(&dir, name, Vec::new())?));
-        match r {
+        match self.fs().readlink(&n) {
             Ok(target) => Res::Ok(ReadlinkOk {
                 symlink_attributes: attr,
-                data: NfsPath(Bytes::from(target.into_bytes())),
+                data: NfsPath(Bytes::from(target)),
             }),
             Err(s) => Res::Err(s, AttrOnly { attributes: attr }),
         }
@@ -420,66 +248,20 @@ impl NfsServer {
             Ok(n) => n,
             Err(s) => return Res::Err(s, AttrOnly { attributes: None }),
         };
-        let attr = Some(self.export.fattr(&n.st));
-        let err = |s| {
-            Res::Err(
+        match self.fs().read(cred, &n, a.offset, a.count, &self.read_bufs) {
+            Ok(r) => Res::Ok(ReadOk {
+                file_attributes: Some(self.export.fattr(&r.st)),
+                count: r.data.len() as u32,
+                eof: r.eof,
+                data: Data(r.data),
+            }),
+            Err(s) => Res::Err(
                 s,
                 AttrOnly {
-                    attributes: attr.clone(),
+                    attributes: Some(self.export.fattr(&n.st)),
                 },
-            )
-        };
-        if is_dir(&n.st) {
-            return err(Nfsstat3::IsDir);
+            ),
         }
-        if !is_reg(&n.st) {
-            return err(Nfsstat3::Inval);
-        }
-        // The owner may always read (knfsd's owner override: the client checked at open).
-        if !may(&n.st, cred, MAY_READ) && cred.uid != n.st.stx_uid {
-            return err(Nfsstat3::Acces);
-        }
-        let f = match self.export.open_file(&n.rel, false) {
-            Ok(f) => f,
-            Err(s) => return err(s),
-        };
-        let count = a.count.min(MAX_IO) as usize;
-        let fill = |buf: &mut [u8]| {
-            let mut got = 0;
-            while got < buf.len() {
-                match f.read_at(&mut buf[got..], a.offset.saturating_add(got as u64)) {
-                    Ok(0) => break,
-                    Ok(k) => got += k,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(crate::vfs::io_to_nfs(&e)),
-                }
-            }
-            Ok(got)
-        };
-        let (data, got) = if count >= POOLED_READ_MIN {
-            let mut buf = self.read_bufs.get(MAX_IO as usize);
-            match fill(&mut buf[..count]) {
-                Ok(got) => (self.read_bufs.wrap(buf, 0..got), got),
-                Err(s) => return err(s),
-            }
-        } else {
-            let mut buf = BytesMut::zeroed(count);
-            match fill(&mut buf) {
-                Ok(got) => {
-                    buf.truncate(got);
-                    (buf.freeze(), got)
-                }
-                Err(s) => return err(s),
-            }
-        };
-        let st = self.export.stat_rel(&n.rel).unwrap_or(n.st);
-        let eof = a.offset.saturating_add(got as u64) >= st.stx_size;
-        Res::Ok(ReadOk {
-            file_attributes: Some(self.export.fattr(&st)),
-            count: got as u32,
-            eof,
-            data: Data(data),
-        })
     }
 
     fn write(&self, cred: &Cred, a: WriteArgs) -> WriteRes {
@@ -487,29 +269,11 @@ impl NfsServer {
             Ok(n) => n,
             Err(s) => return Res::Err(s, WccOnly { wcc: WccData::NONE }),
         };
-        let r = (|| {
-            self.rofs()?;
-            if is_dir(&n.st) {
-                return Err(Nfsstat3::IsDir);
-            }
-            if !is_reg(&n.st) {
-                return Err(Nfsstat3::Inval);
-            }
-            if !may(&n.st, cred, MAY_WRITE) && cred.uid != n.st.stx_uid {
-                return Err(Nfsstat3::Acces);
-            }
-            // RFC 1813 §3.3.7: count is the number of bytes of data; never write past it.
-            let len = (a.count as usize).min(a.data.len());
-            let f = self.export.open_file(&n.rel, true)?;
-            f.write_all_at(&a.data.0[..len], a.offset)
-                .map_err(|e| crate::vfs::io_to_nfs(&e))?;
-            match a.stable {
-                StableHow::Unstable => {}
-                StableHow::DataSync => f.sync_data().map_err(|e| crate::vfs::io_to_nfs(&e))?,
-                StableHow::FileSync => f.sync_all().map_err(|e| crate::vfs::io_to_nfs(&e))?,
-            }
-            Ok(len as u32)
-        })();
+        // RFC 1813 §3.3.7: count is the number of bytes of data; never write past it.
+        let len = (a.count as usize).min(a.data.len());
+        let r = self
+            .fs()
+            .write(cred, &n, a.offset, &a.data.0[..len], a.stable);
         let wcc = self.wcc(&n.st, &n.rel);
         match r {
             Ok(count) => Res::Ok(WriteOk {
@@ -522,351 +286,74 @@ impl NfsServer {
         }
     }
 
-    /// Common checks for creating `name` in the directory `fh`; returns the directory and the
-    /// checked name.
-    fn prepare_create<'n>(
-        &self,
-        cred: &Cred,
-        fh: &Fh3,
-        name: &'n [u8],
-    ) -> Result<(Node, &'n OsStr), Box<(Nfsstat3, WccData)>> {
-        let dir = self.dir(fh).map_err(|s| Box::new((s, WccData::NONE)))?;
-        let wcc = || self.wcc(&dir.st, &dir.rel);
-        self.rofs().map_err(|s| Box::new((s, wcc())))?;
-        if name == b"." || name == b".." {
-            return Err(Box::new((Nfsstat3::Exist, wcc())));
-        }
-        let name = check_name(name).map_err(|s| Box::new((s, wcc())))?;
-        if !may(&dir.st, cred, MAY_WRITE | MAY_EXEC) {
-            return Err(Box::new((Nfsstat3::Acces, wcc())));
-        }
-        Ok((dir, name))
-    }
-
-    /// Give a new object its owner (the caller, or the directory's group under set-gid) and
-    /// the requested attributes; then build the CREATE-style result. `attrs` is `None` for an
-    /// object that already existed (UNCHECKED or a retransmitted EXCLUSIVE CREATE): it keeps
-    /// its owner and attributes.
-    fn finish_create(
-        &self,
-        cred: &Cred,
-        dir: &Node,
-        name: &OsStr,
-        attrs: Option<&Sattr3>,
-    ) -> NewObjRes {
-        let rel = dir.rel.join(name);
-        let r = (|| {
-            let dfd = self.export.open_dir(&dir.rel)?;
-            if let Some(s) = attrs {
-                // Requested owners follow the SETATTR rules: only root gives an object away,
-                // and a group must be one of the caller's.
-                let uid = s.uid.filter(|_| cred.uid == 0).unwrap_or(cred.uid);
-                let default_gid = if u32::from(dir.st.stx_mode) & S_ISGID != 0 {
-                    dir.st.stx_gid
-                } else {
-                    cred.gid
-                };
-                let gid = s
-                    .gid
-                    .filter(|g| cred.uid == 0 || cred.in_group(*g))
-                    .unwrap_or(default_gid);
-                // Only possible when the server runs as root; otherwise the server's own
-                // identity owns the object.
-                let _ = rustix::fs::chownat(
-                    &dfd,
-                    name,
-                    Some(self::uid(uid)),
-                    Some(self::gid(gid)),
-                    AtFlags::SYMLINK_NOFOLLOW,
-                );
-            }
-            let st = self.export.stat_at(&dfd, name)?;
-            if let Some(s) = attrs {
-                if let Some(mode) = s.mode
-                    && !is_lnk(&st)
-                {
-                    rustix::fs::chmodat(
-                        &dfd,
-                        name,
-                        Mode::from_raw_mode(mode & 0o7777),
-                        AtFlags::empty(),
-                    )?;
-                }
-                if let Some(size) = s.size
-                    && is_reg(&st)
-                {
-                    self.export
-                        .open_file(&rel, true)?
-                        .set_len(size)
-                        .map_err(|e| crate::vfs::io_to_nfs(&e))?;
-                }
-                if let Some(ts) = timestamps(s) {
-                    rustix::fs::utimensat(&dfd, name, &ts, AtFlags::SYMLINK_NOFOLLOW)?;
-                }
-            }
-            self.export.stat_at(&dfd, name)
-        })();
+    /// The CREATE-style result of a creation in `dir`.
+    fn new_obj(&self, dir: &Node, r: NfsResult<Statx>) -> NewObjRes {
         let dir_wcc = self.wcc(&dir.st, &dir.rel);
         match r {
-            Ok(st) => {
-                self.export.remember(st.stx_ino, &rel);
-                Res::Ok(NewObjOk {
-                    obj: Some(self.export.handle_of(&st)),
-                    obj_attributes: Some(self.export.fattr(&st)),
-                    dir_wcc,
-                })
-            }
+            Ok(st) => Res::Ok(NewObjOk {
+                obj: Some(self.export.handle_of(&st)),
+                obj_attributes: Some(self.export.fattr(&st)),
+                dir_wcc,
+            }),
             Err(s) => Res::Err(s, WccOnly { wcc: dir_wcc }),
         }
     }
 
     fn create(&self, cred: &Cred, a: CreateArgs) -> NewObjRes {
-        let (dir, name) = match self.prepare_create(cred, &a.where_.dir, a.where_.name.as_bytes()) {
-            Ok(x) => x,
-            Err(e) => return Res::Err(e.0, WccOnly { wcc: e.1 }),
-        };
-        let fail = |s| {
-            Res::Err(
-                s,
-                WccOnly {
-                    wcc: self.wcc(&dir.st, &dir.rel),
-                },
-            )
-        };
-        let dfd = match self.export.open_dir(&dir.rel) {
+        let dir = match self.dir(&a.where_.dir) {
             Ok(d) => d,
-            Err(s) => return fail(s),
+            Err(s) => return Res::Err(s, WccOnly { wcc: WccData::NONE }),
         };
-        let base =
-            OFlags::CREATE | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-        match &a.how {
-            CreateHow3::Unchecked(s) | CreateHow3::Guarded(s) => {
-                let excl = matches!(a.how, CreateHow3::Guarded(_));
-                let flags = if excl { base | OFlags::EXCL } else { base };
-                let mode = Mode::from_raw_mode(s.mode.unwrap_or(0o644) & 0o7777);
-                // RFC 1813 §3.3.8: UNCHECKED on an existing file applies the attributes only.
-                let existed = !excl && self.export.stat_at(&dfd, name).is_ok();
-                if let Err(e) = rustix::fs::openat(&dfd, name, flags, mode) {
-                    return fail(e.into());
-                }
-                if existed {
-                    let rel = dir.rel.join(name);
-                    let r = self.export.stat_rel(&rel).and_then(|st| {
-                        self.setattr_inner(
-                            cred,
-                            &Node {
-                                rel: rel.clone(),
-                                st,
-                            },
-                            &SetattrArgs {
-                                object: Fh3::default(),
-                                new_attributes: Sattr3 {
-                                    mode: None,
-                                    ..s.clone()
-                                },
-                                guard: None,
-                            },
-                        )
-                    });
-                    if let Err(e) = r {
-                        return fail(e);
-                    }
-                    return self.finish_create(cred, &dir, name, None);
-                }
-                self.finish_create(cred, &dir, name, Some(s))
-            }
-            CreateHow3::Exclusive(verf) => {
-                // The verifier is kept in atime/mtime seconds (as knfsd does) so that a
-                // retransmitted EXCLUSIVE CREATE is recognised (RFC 1813 §3.3.8).
-                let va = u32::from_be_bytes([verf[0], verf[1], verf[2], verf[3]]);
-                let vm = u32::from_be_bytes([verf[4], verf[5], verf[6], verf[7]]);
-                let ts = Sattr3 {
-                    atime: SetTime::ClientTime(Nfstime3 {
-                        seconds: va,
-                        nseconds: 0,
-                    }),
-                    mtime: SetTime::ClientTime(Nfstime3 {
-                        seconds: vm,
-                        nseconds: 0,
-                    }),
-                    ..Sattr3::default()
-                };
-                match rustix::fs::openat(
-                    &dfd,
-                    name,
-                    base | OFlags::EXCL,
-                    Mode::from_raw_mode(0o600),
-                ) {
-                    Ok(_) => self.finish_create(cred, &dir, name, Some(&ts)),
-                    Err(rustix::io::Errno::EXIST) => match self.export.stat_at(&dfd, name) {
-                        Ok(st)
-                            if is_reg(&st)
-                                && st.stx_atime.tv_sec == i64::from(va)
-                                && st.stx_mtime.tv_sec == i64::from(vm) =>
-                        {
-                            self.finish_create(cred, &dir, name, None)
-                        }
-                        _ => fail(Nfsstat3::Exist),
-                    },
-                    Err(e) => fail(e.into()),
-                }
-            }
-        }
+        let r = self
+            .fs()
+            .create_file(cred, &dir, a.where_.name.as_bytes(), &a.how)
+            .map(|c| c.st);
+        self.new_obj(&dir, r)
     }
 
     fn mkdir(&self, cred: &Cred, a: MkdirArgs) -> NewObjRes {
-        let (dir, name) = match self.prepare_create(cred, &a.where_.dir, a.where_.name.as_bytes()) {
-            Ok(x) => x,
-            Err(e) => return Res::Err(e.0, WccOnly { wcc: e.1 }),
+        let dir = match self.dir(&a.where_.dir) {
+            Ok(d) => d,
+            Err(s) => return Res::Err(s, WccOnly { wcc: WccData::NONE }),
         };
-        let mode = Mode::from_raw_mode(a.attributes.mode.unwrap_or(0o755) & 0o7777);
         let r = self
-            .export
-            .open_dir(&dir.rel)
-            .and_then(|dfd| Ok(rustix::fs::mkdirat(&dfd, name, mode)?));
-        match r {
-            Ok(()) => self.finish_create(cred, &dir, name, Some(&a.attributes)),
-            Err(s) => Res::Err(
-                s,
-                WccOnly {
-                    wcc: self.wcc(&dir.st, &dir.rel),
-                },
-            ),
-        }
+            .fs()
+            .mkdir(cred, &dir, a.where_.name.as_bytes(), &a.attributes);
+        self.new_obj(&dir, r)
     }
 
     fn symlink(&self, cred: &Cred, a: SymlinkArgs) -> NewObjRes {
-        let (dir, name) = match self.prepare_create(cred, &a.where_.dir, a.where_.name.as_bytes()) {
-            Ok(x) => x,
-            Err(e) => return Res::Err(e.0, WccOnly { wcc: e.1 }),
+        let dir = match self.dir(&a.where_.dir) {
+            Ok(d) => d,
+            Err(s) => return Res::Err(s, WccOnly { wcc: WccData::NONE }),
         };
-        let target = a.symlink_data.as_bytes();
-        let r = if target.is_empty() || target.contains(&0) {
-            Err(Nfsstat3::Inval)
-        } else {
-            self.export.open_dir(&dir.rel).and_then(|dfd| {
-                Ok(rustix::fs::symlinkat(
-                    OsStr::from_bytes(target),
-                    &dfd,
-                    name,
-                )?)
-            })
-        };
-        let attrs = Sattr3 {
-            mode: None,
-            ..a.symlink_attributes
-        };
-        match r {
-            Ok(()) => self.finish_create(cred, &dir, name, Some(&attrs)),
-            Err(s) => Res::Err(
-                s,
-                WccOnly {
-                    wcc: self.wcc(&dir.st, &dir.rel),
-                },
-            ),
-        }
+        let r = self.fs().symlink(
+            cred,
+            &dir,
+            a.where_.name.as_bytes(),
+            a.symlink_data.as_bytes(),
+            &a.symlink_attributes,
+        );
+        self.new_obj(&dir, r)
     }
 
     fn mknod(&self, cred: &Cred, a: MknodArgs) -> NewObjRes {
-        let (dir, name) = match self.prepare_create(cred, &a.where_.dir, a.where_.name.as_bytes()) {
-            Ok(x) => x,
-            Err(e) => return Res::Err(e.0, WccOnly { wcc: e.1 }),
+        let dir = match self.dir(&a.where_.dir) {
+            Ok(d) => d,
+            Err(s) => return Res::Err(s, WccOnly { wcc: WccData::NONE }),
         };
-        use rustix::fs::FileType as T;
-        let (ft, attrs, dev) = match &a.what {
-            MknodData3::Chr(s, d) => (T::CharacterDevice, s, Some(*d)),
-            MknodData3::Blk(s, d) => (T::BlockDevice, s, Some(*d)),
-            MknodData3::Sock(s) => (T::Socket, s, None),
-            MknodData3::Fifo(s) => (T::Fifo, s, None),
-            // RFC 1813 §3.3.11: MKNOD of a regular file, directory or link is BADTYPE.
-            MknodData3::Other(_) => {
-                return Res::Err(
-                    Nfsstat3::BadType,
-                    WccOnly {
-                        wcc: self.wcc(&dir.st, &dir.rel),
-                    },
-                );
-            }
-        };
-        if dev.is_some() && cred.uid != 0 {
-            return Res::Err(
-                Nfsstat3::Perm,
-                WccOnly {
-                    wcc: self.wcc(&dir.st, &dir.rel),
-                },
-            );
-        }
-        let rdev = dev.map_or(0, |d| rustix::fs::makedev(d.specdata1, d.specdata2));
-        let mode = Mode::from_raw_mode(attrs.mode.unwrap_or(0o644) & 0o7777);
         let r = self
-            .export
-            .open_dir(&dir.rel)
-            .and_then(|dfd| Ok(rustix::fs::mknodat(&dfd, name, ft, mode, rdev)?));
-        match r {
-            Ok(()) => self.finish_create(cred, &dir, name, Some(attrs)),
-            Err(s) => Res::Err(
-                s,
-                WccOnly {
-                    wcc: self.wcc(&dir.st, &dir.rel),
-                },
-            ),
-        }
+            .fs()
+            .mknod(cred, &dir, a.where_.name.as_bytes(), &a.what);
+        self.new_obj(&dir, r)
     }
 
-    /// Sticky-directory rule: in a directory with S_ISVTX only the owner of the directory or
-    /// of the entry (or root) may remove or rename it.
-    fn sticky_ok(cred: &Cred, dir: &Statx, victim: &Statx) -> bool {
-        u32::from(dir.stx_mode) & S_ISVTX == 0
-            || cred.uid == 0
-            || cred.uid == dir.stx_uid
-            || cred.uid == victim.stx_uid
-    }
-
-    fn remove(&self, cred: &Cred, a: RemoveArgs, rmdir: bool) -> RemoveRes {
+    fn remove(&self, cred: &Cred, a: RemoveArgs, kind: RemoveKind) -> RemoveRes {
         let dir = match self.dir(&a.object.dir) {
             Ok(d) => d,
             Err(s) => return Res::Err(s, WccOnly { wcc: WccData::NONE }),
         };
-        let r = (|| {
-            self.rofs()?;
-            match a.object.name.as_bytes() {
-                b"." => return Err(Nfsstat3::Inval),
-                b".." => {
-                    return Err(if rmdir {
-                        Nfsstat3::NotEmpty
-                    } else {
-                        Nfsstat3::Inval
-                    });
-                }
-                _ => {}
-            }
-            let name = check_name(a.object.name.as_bytes())?;
-            if !may(&dir.st, cred, MAY_WRITE | MAY_EXEC) {
-                return Err(Nfsstat3::Acces);
-            }
-            let dfd = self.export.open_dir(&dir.rel)?;
-            let victim = self.export.stat_at(&dfd, name)?;
-            if !Self::sticky_ok(cred, &dir.st, &victim) {
-                return Err(Nfsstat3::Acces);
-            }
-            if rmdir && !is_dir(&victim) {
-                return Err(Nfsstat3::NotDir);
-            }
-            if !rmdir && is_dir(&victim) {
-                // RFC 1813 §3.3.12: REMOVE of a directory fails; knfsd says ISDIR... as Linux.
-                return Err(Nfsstat3::IsDir);
-            }
-            let flags = if rmdir {
-                AtFlags::REMOVEDIR
-            } else {
-                AtFlags::empty()
-            };
-            rustix::fs::unlinkat(&dfd, name, flags)?;
-            if rmdir || victim.stx_nlink <= 1 {
-                self.export.forget(victim.stx_ino);
-            }
-            Ok(())
-        })();
+        let r = self.fs().remove(cred, &dir, a.object.name.as_bytes(), kind);
         let wcc = WccOnly {
             wcc: self.wcc(&dir.st, &dir.rel),
         };
@@ -889,51 +376,13 @@ impl NfsServer {
             Ok(d) => d,
             Err(s) => return Res::Err(s, none),
         };
-        let r = (|| {
-            self.rofs()?;
-            for n in [a.from.name.as_bytes(), a.to.name.as_bytes()] {
-                if n == b"." || n == b".." {
-                    return Err(Nfsstat3::Inval);
-                }
-            }
-            let fname = check_name(a.from.name.as_bytes())?;
-            let tname = check_name(a.to.name.as_bytes())?;
-            if !may(&from.st, cred, MAY_WRITE | MAY_EXEC)
-                || !may(&to.st, cred, MAY_WRITE | MAY_EXEC)
-            {
-                return Err(Nfsstat3::Acces);
-            }
-            let ffd = self.export.open_dir(&from.rel)?;
-            let tfd = self.export.open_dir(&to.rel)?;
-            let victim = self.export.stat_at(&ffd, fname)?;
-            if !Self::sticky_ok(cred, &from.st, &victim) {
-                return Err(Nfsstat3::Acces);
-            }
-            if let Ok(target) = self.export.stat_at(&tfd, tname) {
-                if target.stx_ino == victim.stx_ino {
-                    // RFC 1813 §3.3.14: renaming onto the same object is a successful no-op.
-                    return Ok(());
-                }
-                if !Self::sticky_ok(cred, &to.st, &target) {
-                    return Err(Nfsstat3::Acces);
-                }
-                if is_dir(&victim) != is_dir(&target) {
-                    return Err(if is_dir(&target) {
-                        Nfsstat3::IsDir
-                    } else {
-                        Nfsstat3::NotDir
-                    });
-                }
-            }
-            rustix::fs::renameat(&ffd, fname, &tfd, tname)?;
-            let old = from.rel.join(fname);
-            let new = to.rel.join(tname);
-            self.export.remember(victim.stx_ino, &new);
-            if is_dir(&victim) {
-                self.export.renamed(&old, &new);
-            }
-            Ok(())
-        })();
+        let r = self.fs().rename(
+            cred,
+            &from,
+            a.from.name.as_bytes(),
+            &to,
+            a.to.name.as_bytes(),
+        );
         let w = RenameWcc {
             fromdir_wcc: self.wcc(&from.st, &from.rel),
             todir_wcc: self.wcc(&to.st, &to.rel),
@@ -965,24 +414,7 @@ impl NfsServer {
                 );
             }
         };
-        let r = (|| {
-            self.rofs()?;
-            let name = a.link.name.as_bytes();
-            if name == b"." || name == b".." {
-                return Err(Nfsstat3::Exist);
-            }
-            let name = check_name(name)?;
-            if is_dir(&file.st) {
-                return Err(Nfsstat3::IsDir);
-            }
-            if !may(&dir.st, cred, MAY_WRITE | MAY_EXEC) {
-                return Err(Nfsstat3::Acces);
-            }
-            let (sfd, sname) = self.export.parent_of(&file.rel)?;
-            let dfd = self.export.open_dir(&dir.rel)?;
-            rustix::fs::linkat(&sfd, sname, &dfd, name, AtFlags::empty())?;
-            Ok(())
-        })();
+        let r = self.fs().link(cred, &file, &dir, a.link.name.as_bytes());
         let w = LinkWcc {
             file_attributes: self.post(&file.rel),
             linkdir_wcc: self.wcc(&dir.st, &dir.rel),
@@ -993,24 +425,10 @@ impl NfsServer {
         }
     }
 
-    /// The directory's entries in cookie order: `.`, `..`, then the names sorted. The cookie of
-    /// entry i is i + 1, so it stays meaningful across calls as long as the directory does not
-    /// change (the verifier is not checked, as knfsd does not).
-    fn dir_entries(&self, dir: &Node) -> NfsResult<Vec<(Vec<u8>, u64)>> {
-        let mut names = self.export.list_dir(&dir.rel)?;
-        names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let parent = Export::parent_rel(&dir.rel);
-        let parent_ino = self
-            .export
-            .stat_rel(&parent)
-            .map_or(dir.st.stx_ino, |s| s.stx_ino);
-        let mut out = Vec::with_capacity(names.len() + 2);
-        out.push((b".".to_vec(), dir.st.stx_ino));
-        out.push((b"..".to_vec(), parent_ino));
-        out.extend(names.into_iter().map(|(n, ino, _)| (n, ino)));
-        Ok(out)
-    }
-
+    /// The directory, its entries in cookie order (`.`, `..`, then the names sorted) and the
+    /// index to start at. The cookie of entry i is i + 1, so it stays meaningful across calls
+    /// as long as the directory does not change (the verifier is not checked, as knfsd does
+    /// not).
     fn readdir_common(
         &self,
         cred: &Cred,
@@ -1019,10 +437,10 @@ impl NfsServer {
     ) -> Result<Listing, (Nfsstat3, PostOpAttr)> {
         let dir = self.dir(fh).map_err(|s| (s, None))?;
         let attr = Some(self.export.fattr(&dir.st));
-        if !may(&dir.st, cred, MAY_READ) {
-            return Err((Nfsstat3::Acces, attr));
-        }
-        let entries = self.dir_entries(&dir).map_err(|s| (s, attr.clone()))?;
+        self.fs()
+            .may_list(cred, &dir)
+            .map_err(|s| (s, attr.clone()))?;
+        let entries = self.fs().dir_entries(&dir).map_err(|s| (s, attr.clone()))?;
         let start = usize::try_from(cookie).unwrap_or(usize::MAX);
         if start > entries.len() {
             return Err((Nfsstat3::BadCookie, attr));
@@ -1160,18 +578,18 @@ impl NfsServer {
             Err(s) => return Res::Err(s, AttrOnly { attributes: None }),
         };
         let attr = Some(self.export.fattr(&n.st));
-        match rustix::fs::fstatvfs(self.export.root_fd()) {
+        match self.fs().fsstat() {
             Ok(v) => Res::Ok(FsstatOk {
                 obj_attributes: attr,
-                tbytes: v.f_blocks.saturating_mul(v.f_frsize),
-                fbytes: v.f_bfree.saturating_mul(v.f_frsize),
-                abytes: v.f_bavail.saturating_mul(v.f_frsize),
-                tfiles: v.f_files,
-                ffiles: v.f_ffree,
-                afiles: v.f_favail,
+                tbytes: v.tbytes,
+                fbytes: v.fbytes,
+                abytes: v.abytes,
+                tfiles: v.tfiles,
+                ffiles: v.ffiles,
+                afiles: v.afiles,
                 invarsec: 0,
             }),
-            Err(e) => Res::Err(e.into(), AttrOnly { attributes: attr }),
+            Err(s) => Res::Err(s, AttrOnly { attributes: attr }),
         }
     }
 
@@ -1219,18 +637,7 @@ impl NfsServer {
             Ok(n) => n,
             Err(s) => return Res::Err(s, WccOnly { wcc: WccData::NONE }),
         };
-        let r = (|| {
-            if is_dir(&n.st) {
-                return Err(Nfsstat3::IsDir);
-            }
-            if !is_reg(&n.st) {
-                return Err(Nfsstat3::Inval);
-            }
-            // RFC 1813 §3.3.21: everything written UNSTABLE is on stable storage before the
-            // reply. fsync through any descriptor flushes the file's dirty pages.
-            let f = self.export.open_file(&n.rel, false)?;
-            f.sync_data().map_err(|e| crate::vfs::io_to_nfs(&e))
-        })();
+        let r = self.fs().commit(&n);
         let wcc = self.wcc(&n.st, &n.rel);
         match r {
             Ok(()) => Res::Ok(CommitOk {
@@ -1286,38 +693,6 @@ impl NfsServer {
 
 /// A directory, its entries in cookie order, and the index to start at.
 type Listing = (Node, Vec<(Vec<u8>, u64)>, usize);
-
-fn uid(v: u32) -> rustix::fs::Uid {
-    rustix::fs::Uid::from_raw(v)
-}
-
-fn gid(v: u32) -> rustix::fs::Gid {
-    rustix::fs::Gid::from_raw(v)
-}
-
-fn timestamps(s: &Sattr3) -> Option<Timestamps> {
-    let conv = |t: SetTime| match t {
-        SetTime::DontChange => rustix::fs::Timespec {
-            tv_sec: 0,
-            tv_nsec: rustix::fs::UTIME_OMIT,
-        },
-        SetTime::ServerTime => rustix::fs::Timespec {
-            tv_sec: 0,
-            tv_nsec: rustix::fs::UTIME_NOW,
-        },
-        SetTime::ClientTime(t) => rustix::fs::Timespec {
-            tv_sec: i64::from(t.seconds),
-            tv_nsec: i64::from(t.nseconds.min(999_999_999)) as _,
-        },
-    };
-    if s.atime == SetTime::DontChange && s.mtime == SetTime::DontChange {
-        return None;
-    }
-    Some(Timestamps {
-        last_access: conv(s.atime),
-        last_modification: conv(s.mtime),
-    })
-}
 
 /// Decoded NFSv3 arguments of one procedure.
 #[derive(Debug, Clone)]

@@ -27,6 +27,7 @@ async fn start_on(dir: &std::path::Path) -> Served {
         rdma_config: None,
         exports: None,
         drc: Some(nfs::drc::DrcConfig::default()),
+        nfs4: Some(nfs::nfs4::server::Nfs4Config::default()),
     })
     .await
     .unwrap()

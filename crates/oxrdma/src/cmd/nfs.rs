@@ -83,9 +83,17 @@ pub struct ServeArgs {
     /// on the NFS TCP port too.
     #[arg(long, value_name = "N")]
     mount_port: Option<u16>,
-    /// Refuse every modification with NFS3ERR_ROFS.
+    /// Refuse every modification with NFS3ERR_ROFS (NFS4ERR_ROFS).
     #[arg(long)]
     read_only: bool,
+    /// Serve NFSv3 only (NFSv4.1/4.2 is served on the same ports by default).
+    #[arg(long)]
+    no_nfs4: bool,
+    /// The NFSv4 grace period after the start, in seconds, during which only reclaims of
+    /// state held before a restart are accepted (RFC 8881 §8.4.2) [default: the 90 s lease].
+    /// 0 when no client can hold state from an earlier run.
+    #[arg(long, value_name = "SECS", conflicts_with = "no_nfs4")]
+    nfs4_grace: Option<u64>,
     /// The path clients mount [default: /].
     #[arg(long, value_name = "PATH", default_value = "/")]
     export: String,
@@ -157,6 +165,11 @@ async fn serve(a: ServeArgs) -> CmdResult {
     let tcp = a.tcp.unwrap_or(localhost(NFS_PORT));
     cfg.export_name = Some(a.export.clone());
     cfg.read_only = a.read_only;
+    if a.no_nfs4 {
+        cfg.nfs4 = None;
+    } else if let (Some(secs), Some(c)) = (a.nfs4_grace, cfg.nfs4.take()) {
+        cfg.nfs4 = Some(c.with_grace(std::time::Duration::from_secs(secs)));
+    }
     cfg.tcp = Some(tcp);
     cfg.rdma = if a.no_rdma {
         None

@@ -1,0 +1,31 @@
+//! NFSv4.1 and NFSv4.2 (RFC 8881, RFC 7862): the protocol types, checked decoders and exact
+//! encoders the server's COMPOUND executor is built on.
+//!
+//! - [`consts`]: operation, attribute and flag numbers; [`status`]: `nfsstat4`.
+//! - [`types`]: the shared types (stateids, bitmaps, `fattr4`, channel attributes, owners),
+//!   each bounded on decode.
+//! - [`args`]: one decoder per operation's arguments; [`res`]: one encoder per result;
+//!   [`compound`]: the COMPOUND envelope.
+//! - [`attrs`]: the supported attributes, their encoding from a file's status, and the
+//!   settable ones read back.
+//! - [`client_codec`]: the client half: arguments encoded, results decoded.
+//! - [`state`]: the sans-IO state core; [`server`]: the COMPOUND executor and the NFS program
+//!   serving versions 3 and 4 together.
+//!
+//! What it does not do: NFSv4.0 (minor version 0 is answered NFS4ERR_MINOR_VERS_MISMATCH),
+//! RPCSEC_GSS-only features (SP4_MACH_CRED, SP4_SSV, SET_SSV), pNFS layouts, delegations and
+//! the callbacks that recall them (the back channel is negotiated but never used), named
+//! attributes, ACLs, COPY/CLONE/READ_PLUS and the extended-attribute operations (NOTSUPP).
+
+pub mod args;
+pub mod attrs;
+pub mod client_codec;
+pub mod compound;
+pub mod consts;
+pub mod res;
+pub mod server;
+pub mod state;
+pub mod status;
+pub mod types;
+
+pub use status::{Nfsstat4, Res4};

@@ -1,0 +1,105 @@
+//! The NFS program (100003) answering versions 3 and 4 on the same ports: version 3 goes to
+//! the NFSv3 program it wraps (the export gate), version 4 to the COMPOUND executor
+//! (RFC 8881 §16: NULL and COMPOUND; other procedures PROC_UNAVAIL). A version outside 3..4
+//! gets PROG_MISMATCH with that range from the dispatcher.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use oncrpc::service::BoxFuture;
+use oncrpc::{AuthStat, Call, Credential, Outcome, Program};
+
+use super::super::consts::proc4;
+use super::{Nfs4Server, Request};
+use crate::nfs3;
+
+/// NFS version 4 (RFC 8881 §16.1).
+pub const VERSION4: u32 = 4;
+
+/// NFS versions 3 and 4 as one RPC program.
+pub struct NfsV3V4 {
+    v3: Arc<dyn Program>,
+    v4: Arc<Nfs4Server>,
+}
+
+impl std::fmt::Debug for NfsV3V4 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NfsV3V4").finish_non_exhaustive()
+    }
+}
+
+impl NfsV3V4 {
+    /// Serve `v3` (an NFS version 3 program) and `v4` together.
+    pub fn program(v3: Arc<dyn Program>, v4: Arc<Nfs4Server>) -> Arc<dyn Program> {
+        Arc::new(NfsV3V4 { v3, v4 })
+    }
+}
+
+/// The connection a call came on, as the state tables number them: the peer's address and
+/// port name one TCP connection (in-process calls share 0).
+fn conn_id(call: &Call) -> u64 {
+    match call.context.peer {
+        None => 0,
+        Some(p) => {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            p.hash(&mut h);
+            h.finish() | 1
+        }
+    }
+}
+
+impl Program for NfsV3V4 {
+    fn program(&self) -> u32 {
+        nfs3::PROGRAM
+    }
+    fn versions(&self) -> (u32, u32) {
+        (nfs3::VERSION, VERSION4)
+    }
+    fn name(&self) -> &'static str {
+        "nfs"
+    }
+    fn call(&self, call: Call) -> BoxFuture<'_, Outcome> {
+        if call.header.vers != VERSION4 {
+            return self.v3.call(call);
+        }
+        let server = self.v4.clone();
+        Box::pin(async move {
+            match call.header.proc_ {
+                proc4::NULL => {
+                    if !call.args.is_empty() {
+                        return Outcome::GarbageArgs;
+                    }
+                    Outcome::Success(call.reply_encoder().finish())
+                }
+                proc4::COMPOUND => {
+                    // AUTH_SYS and AUTH_NONE only (RFC 8881 §2.2.1.1: RPCSEC_GSS is not
+                    // offered; SECINFO names these two).
+                    if !matches!(call.credential, Credential::Sys(_) | Credential::None) {
+                        return Outcome::AuthError(AuthStat::TooWeak);
+                    }
+                    let conn = conn_id(&call);
+                    let mut enc = call.reply_encoder();
+                    let r = tokio::task::spawn_blocking(move || {
+                        let req = Request {
+                            args: &call.args,
+                            cred: &call.credential,
+                            peer: call.context.peer,
+                            conn,
+                        };
+                        server.compound(&req)
+                    })
+                    .await;
+                    match r {
+                        Ok(Ok(reply)) => {
+                            reply.encode(&mut enc);
+                            Outcome::Success(enc.finish())
+                        }
+                        Ok(Err(_)) => Outcome::GarbageArgs,
+                        Err(_) => Outcome::SystemErr,
+                    }
+                }
+                _ => Outcome::ProcUnavail,
+            }
+        })
+    }
+}
