@@ -7,6 +7,9 @@
 //! procedures' bodies and not only handle checks); the rest is the argument stream.
 #![no_main]
 
+#[path = "scratch.rs"]
+mod scratch;
+
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -24,6 +27,7 @@ struct World {
 fn world() -> &'static World {
     static W: OnceLock<World> = OnceLock::new();
     W.get_or_init(|| {
+        scratch::limit_file_size();
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir(dir.path().join("sub")).expect("mkdir");
         std::fs::write(dir.path().join("sub/file"), b"0123456789").expect("write");
@@ -112,31 +116,10 @@ fuzz_target!(|data: &[u8]| {
         xdr::DdpPolicy::Inline,
     ));
     assert!(reply.is_some(), "every call is answered");
-    // Keep the scratch export small: wipe what the fuzzer created now and then, and cut the
-    // seeded file back to its ten bytes (WRITEs through its handle at scattered offsets
-    // allocate blocks that nothing else frees: a 10^7-run campaign filled 31 GB of disk before
-    // this truncation was added).
+    // Keep the scratch export small (see scratch.rs).
     let mut runs = w.runs.lock().unwrap_or_else(|p| p.into_inner());
     *runs += 1;
     if *runs % 2_000 == 0 {
-        let root = w._dir.path();
-        for dir in [root.to_path_buf(), root.join("sub")] {
-            let Ok(rd) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for e in rd.flatten() {
-                let n = e.file_name();
-                if n != "sub" && n != "ln" && n != "file" {
-                    let p = e.path();
-                    let _ = std::fs::remove_file(&p).or_else(|_| std::fs::remove_dir_all(&p));
-                }
-            }
-        }
-        if let Ok(f) = std::fs::OpenOptions::new()
-            .write(true)
-            .open(root.join("sub/file"))
-        {
-            let _ = f.set_len(10);
-        }
+        scratch::wipe(w._dir.path());
     }
 });
