@@ -642,7 +642,7 @@ impl Requester {
         let Some(o) = self.calls.get(&xid) else {
             return Vec::new();
         };
-        // 5666bis §5.4.1 (RFC 8166 §4.3.1): segments of canceled RPCs are fenced too, since
+        // 5666bis §5.4.1 (RFC 8166 §4.4.1): segments of canceled RPCs are fenced too, since
         // "a responder cannot know that the requester is no longer waiting for a reply".
         self.stats.cancelled += 1;
         if o.sent && self.connected {

@@ -559,7 +559,7 @@ fn on_client_receive(inner: &Arc<ClientInner>, link: &Link, c: &verbs::Completio
 /// Cancels a call whose future is dropped before it completes (the caller's own timeout, a
 /// `select!` that took another branch, an aborted task).
 ///
-/// 5666bis §5.4.1 (RFC 8166 §4.3.1): the memory of a canceled RPC must be fenced from the
+/// 5666bis §5.4.1 (RFC 8166 §4.4.1): the memory of a canceled RPC must be fenced from the
 /// responder, which "cannot know that the requester is no longer waiting for a reply, and
 /// might proceed to read or even update memory". [`Requester::cancel`] takes the XID out of
 /// the pending table (a late reply is discarded and counted in `late_replies`) and
