@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use bytes::{BufMut, Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use nfs::nfs4::args::{CreateSessionArgs, OpArgs, SequenceArgs};
+use nfs::nfs4::Nfsstat4;
 use nfs::nfs4::res::OpRes;
 use nfs::nfs4::server::{Nfs4Config, Nfs4Server, Request};
 use nfs::nfs4::types::{ChannelAttrs4, ClientOwner4, Opaque1024, StateProtectA};
@@ -103,10 +104,29 @@ fn world() -> &'static World {
         let Some(OpRes::CreateSession(cs)) = r.results.first() else {
             panic!("CREATE_SESSION failed: {r:?}");
         };
+        // RECLAIM_COMPLETE, as a real client sends before its first OPEN: without it every
+        // new open or lock is NFS4ERR_GRACE (RFC 8881 §18.51.3) and the fuzzer would not
+        // reach them.
+        let r = call(
+            &server,
+            &cred,
+            compound(&[
+                OpArgs::Sequence(SequenceArgs {
+                    session: cs.session,
+                    sequenceid: 1,
+                    slotid: 0,
+                    highest_slotid: 0,
+                    cachethis: false,
+                }),
+                OpArgs::ReclaimComplete(false),
+            ]),
+        )
+        .expect("reclaim_complete");
+        assert_eq!(r.status, Nfsstat4::OK, "RECLAIM_COMPLETE failed: {r:?}");
         World {
             server,
             session: cs.session,
-            seq: Mutex::new(0),
+            seq: Mutex::new(1),
             dir,
             runs: Mutex::new(0),
         }

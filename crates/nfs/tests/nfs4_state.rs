@@ -297,7 +297,7 @@ async fn grace_period_accepts_only_reclaims() {
     cfg.portmap = None;
     // The default: a grace period of one lease after the start (RFC 8881 §8.4.2).
     let served = nfs::serve::start(cfg).await.unwrap();
-    let mut c = Client::new(served.nfs_addr.unwrap(), "grace", 16).await;
+    let mut c = Client::before_reclaim_complete(served.nfs_addr.unwrap(), "grace", 16).await;
     c.fails(
         vec![
             OpArgs::Putrootfh,

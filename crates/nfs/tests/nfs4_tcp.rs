@@ -27,7 +27,7 @@ async fn linux_mount_sequence_and_file_io() {
 
     // NULL, then the mount sequence of the facts file.
     rpc(addr, 4).await.null().await.unwrap();
-    let mut c = Client::new(addr, "linux-client", 16).await;
+    let mut c = Client::before_reclaim_complete(addr, "linux-client", 16).await;
     c.ok(vec![OpArgs::ReclaimComplete(false)]).await;
     let r = c
         .ok(vec![

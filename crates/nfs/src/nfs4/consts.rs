@@ -337,6 +337,8 @@ pub mod session_flags {
     pub const PERSIST: u32 = 0x1;
     pub const CONN_BACK_CHAN: u32 = 0x2;
     pub const CONN_RDMA: u32 = 0x4;
+    /// Every flag RFC 8881 defines for csa_flags.
+    pub const MASK: u32 = PERSIST | CONN_BACK_CHAN | CONN_RDMA;
 }
 
 /// SEQUENCE status flags (RFC 8881 §18.46.3).

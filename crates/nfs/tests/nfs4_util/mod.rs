@@ -96,8 +96,16 @@ pub fn owner(name: &[u8]) -> Opaque1024 {
 }
 
 impl Client {
-    /// EXCHANGE_ID and CREATE_SESSION for client owner `name`.
+    /// EXCHANGE_ID, CREATE_SESSION and RECLAIM_COMPLETE (nothing to reclaim) for client owner
+    /// `name`, as the Linux client does before its first OPEN (RFC 8881 §18.51.3).
     pub async fn new(addr: SocketAddr, name: &str, maxops: u32) -> Client {
+        let mut c = Client::before_reclaim_complete(addr, name, maxops).await;
+        c.ok(vec![OpArgs::ReclaimComplete(false)]).await;
+        c
+    }
+
+    /// EXCHANGE_ID and CREATE_SESSION for client owner `name`, without RECLAIM_COMPLETE.
+    pub async fn before_reclaim_complete(addr: SocketAddr, name: &str, maxops: u32) -> Client {
         let rpc = rpc(addr, 4).await;
         let r = compound_reply(
             &rpc,

@@ -19,7 +19,7 @@ use super::compound::Ctx;
 use super::fh::{Cur, Obj, PSEUDO_FSID, check_component, pseudo_fh, pseudo_stat};
 use crate::fsops::{RemoveKind, v4_status};
 use crate::nfs3::{MknodData3, Nfstime3, Sattr3, SetTime, Specdata3};
-use crate::vfs::Node;
+use crate::vfs::{Node, is_dir};
 
 /// READDIR4resok around the entries: the cookie verifier, the end of the list and `eof`.
 const READDIR_FIXED: usize = 8 + 4 + 4;
@@ -178,6 +178,12 @@ impl Nfs4Server {
             }
             OpArgs::Rename { old, new } => {
                 let (from, to) = self.saved_and_current(ctx)?;
+                // RFC 8881 §18.26.3: both the saved (source) and the current (target)
+                // filehandles must be directories, NFS4ERR_NOTDIR otherwise (not the
+                // permission error the rename itself would give).
+                if !is_dir(&from.node.st) || !is_dir(&to.node.st) {
+                    return Err(Nfsstat4::NOTDIR);
+                }
                 let on = check_component(&old)?;
                 let nn = check_component(&new)?;
                 to.fs()

@@ -137,6 +137,17 @@ impl State {
             if c.verifier == owner.verifier && c.principal == principal {
                 // Case 2: a retransmission or a lease renewal of the confirmed record.
                 cid
+            } else if c.principal != principal {
+                // Case 3 without state (a client collision on a record that holds nothing):
+                // the old record is replaced at once, so its client ID is stale from now on
+                // (as Linux nfsd does; pynfs EID5e).
+                if let Some(old) = unconfirmed {
+                    self.clients.remove(&old);
+                }
+                self.purge_client(cid);
+                let cid = self.new_client(owner, principal, now)?;
+                self.owners.entry(key).or_default().unconfirmed = Some(cid);
+                cid
             } else {
                 // Case 5 (the client restarted) or case 3 without state: a new unconfirmed
                 // record; the old one goes when CREATE_SESSION confirms the new.
@@ -148,22 +159,15 @@ impl State {
                 cid
             }
         } else {
-            // Cases 1 and 4: no confirmed record; any unconfirmed one is replaced.
+            // Cases 1 and 4: no confirmed record; an unconfirmed one is always replaced by a
+            // record with a new client ID, whatever its verifier and principal (§18.35.5 case
+            // 4, "the server ... replaces it"; pynfs EID5d).
             if let Some(old) = unconfirmed {
-                let c = &self.clients[&old];
-                if c.verifier == owner.verifier && c.principal == principal {
-                    old
-                } else {
-                    self.clients.remove(&old);
-                    let cid = self.new_client(owner, principal, now)?;
-                    self.owners.entry(key).or_default().unconfirmed = Some(cid);
-                    cid
-                }
-            } else {
-                let cid = self.new_client(owner, principal, now)?;
-                self.owners.entry(key).or_default().unconfirmed = Some(cid);
-                cid
+                self.clients.remove(&old);
             }
+            let cid = self.new_client(owner, principal, now)?;
+            self.owners.entry(key).or_default().unconfirmed = Some(cid);
+            cid
         };
         let c = self
             .clients
@@ -249,6 +253,15 @@ impl State {
         if c.principal != principal {
             return Err(Nfsstat4::CLID_INUSE);
         }
+        // Arguments the server refuses outright (unknown flags, §18.36.3; channels it cannot
+        // serve, NFS4ERR_TOOSMALL / NFS4ERR_INVAL) neither consume the sequence id nor replace
+        // the cached reply: the client retries with the same csa_sequence and better
+        // arguments (as Linux nfsd does; pynfs CSESS15, CSESS29).
+        if a.flags & !session_flags::MASK != 0 {
+            return Err(Nfsstat4::INVAL);
+        }
+        self.negotiate(&a.fore, true)?;
+        self.negotiate(&a.back, false)?;
         let result = self.create_session_new(a, conn, backchannel_possible, now);
         if let Some(c) = self.clients.get_mut(&a.clientid) {
             c.cs_seq = a.sequence;

@@ -337,10 +337,14 @@ impl State {
 
     /// The grace-period rules of LOCK and OPEN (RFC 8881 §8.4.2, §18.10.4, §18.16.4): during
     /// grace only reclaims; after it, or after the client's RECLAIM_COMPLETE, no reclaims.
+    /// And before its RECLAIM_COMPLETE a client gets no new locks at all, grace or not
+    /// (§18.51.3: "If non-reclaim locking operations are done before the RECLAIM_COMPLETE,
+    /// an NFS4ERR_GRACE error will be returned"; pynfs RECC3).
     pub fn check_grace(&self, clientid: u64, reclaim: bool, now: Instant) -> Res4<()> {
         let grace = self.in_grace(now);
         match (reclaim, grace) {
             (false, true) => Err(Nfsstat4::GRACE),
+            (false, false) if !self.reclaimed(clientid) => Err(Nfsstat4::GRACE),
             (true, false) => Err(Nfsstat4::NO_GRACE),
             (true, true) if self.reclaimed(clientid) => Err(Nfsstat4::NO_GRACE),
             _ => Ok(()),

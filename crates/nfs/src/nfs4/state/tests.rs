@@ -66,7 +66,15 @@ fn cs(clientid: u64, sequence: u32) -> CreateSessionArgs {
 }
 
 /// A confirmed client with one session.
+/// A client as Linux sets one up: EXCHANGE_ID, CREATE_SESSION, then RECLAIM_COMPLETE (with
+/// nothing to reclaim), after which it may take new opens and locks.
 fn client(st: &mut State, name: &[u8], now: Instant) -> (u64, SessionId4) {
+    let (c, s) = client_before_recc(st, name, now);
+    st.reclaim_complete(c, false).unwrap();
+    (c, s)
+}
+
+fn client_before_recc(st: &mut State, name: &[u8], now: Instant) -> (u64, SessionId4) {
     let x = st
         .exchange_id(&owner(name, 1), 0, Principal::Sys(0), &ident(), now)
         .unwrap();
@@ -107,11 +115,24 @@ fn exchange_id_cases_of_rfc8881_18_35_5() {
         "case 1: a new, unconfirmed record"
     );
     assert_eq!(a.flags & exchgid::MASK_PNFS, exchgid::USE_NON_PNFS);
-    // Case 4: unconfirmed + same verifier is the same record.
+    // Case 4: an unconfirmed record is replaced by one with a new client ID, even with the
+    // same verifier and principal; the old ID is stale.
     let again = st
         .exchange_id(&owner(b"c", 1), 0, Principal::Sys(0), &ident(), now)
         .unwrap();
-    assert_eq!(again.clientid, a.clientid);
+    assert_ne!(again.clientid, a.clientid);
+    assert_eq!(
+        st.create_session(
+            &cs(a.clientid, a.sequenceid),
+            Principal::Sys(0),
+            1,
+            false,
+            now
+        )
+        .unwrap_err(),
+        Nfsstat4::STALE_CLIENTID
+    );
+    let a = again;
     st.create_session(
         &cs(a.clientid, a.sequenceid),
         Principal::Sys(0),
@@ -235,10 +256,18 @@ fn create_session_replays_and_rejects_misordered() {
             .unwrap_err(),
         Nfsstat4::TOOSMALL
     );
-    // The failed attempt used its sequence id: the next is one more.
+    // Unknown flags are NFS4ERR_INVAL.
+    let mut flagged = cs(x.clientid, x.sequenceid + 1);
+    flagged.flags = 0xf;
+    assert_eq!(
+        st.create_session(&flagged, Principal::Sys(0), 1, false, now)
+            .unwrap_err(),
+        Nfsstat4::INVAL
+    );
+    // Neither refusal used the sequence id: the same one now succeeds.
     let ok = st
         .create_session(
-            &cs(x.clientid, x.sequenceid + 2),
+            &cs(x.clientid, x.sequenceid + 1),
             Principal::Sys(0),
             1,
             false,
@@ -519,7 +548,7 @@ fn grace_period_admits_only_reclaims() {
     let mut c = cfg();
     c.grace = Duration::from_secs(5);
     let mut st = State::new(c, 7, now);
-    let (c1, _) = client(&mut st, b"a", now);
+    let (c1, _) = client_before_recc(&mut st, b"a", now);
     assert_eq!(st.check_grace(c1, false, now), Err(Nfsstat4::GRACE));
     assert_eq!(st.check_grace(c1, true, now), Ok(()));
     st.reclaim_complete(c1, false).unwrap();
@@ -531,6 +560,38 @@ fn grace_period_admits_only_reclaims() {
     let after = now + Duration::from_secs(6);
     assert_eq!(st.check_grace(c1, false, after), Ok(()));
     assert_eq!(st.check_grace(c1, true, after), Err(Nfsstat4::NO_GRACE));
+}
+
+#[test]
+fn new_locks_wait_for_reclaim_complete_even_after_grace() {
+    let now = Instant::now();
+    let mut st = State::new(cfg(), 7, now);
+    let later = now + Duration::from_secs(3600);
+    st.end_grace(later);
+    let (c1, _) = client_before_recc(&mut st, b"a", later);
+    assert!(!st.in_grace(later));
+    assert_eq!(st.check_grace(c1, false, later), Err(Nfsstat4::GRACE));
+    st.reclaim_complete(c1, false).unwrap();
+    assert_eq!(st.check_grace(c1, false, later), Ok(()));
+}
+
+#[test]
+fn client_collision_on_a_record_without_state_replaces_it_at_once() {
+    let now = Instant::now();
+    let mut st = State::new(cfg(), 7, now);
+    let (c1, sid) = client(&mut st, b"c", now);
+    st.destroy_session(&sid).unwrap();
+    // Case 3 of §18.35.5 with no state: another principal and verifier take the owner.
+    let x = st
+        .exchange_id(&owner(b"c", 2), 0, Principal::Sys(5), &ident(), now)
+        .unwrap();
+    assert_ne!(x.clientid, c1);
+    assert_eq!(
+        st.create_session(&cs(c1, 2), Principal::Sys(0), 1, false, now)
+            .unwrap_err(),
+        Nfsstat4::STALE_CLIENTID
+    );
+    assert_eq!(st.counts().clients, 1);
 }
 
 #[test]
