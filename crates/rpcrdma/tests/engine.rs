@@ -81,7 +81,7 @@ fn chunked_call_and_reply_with_odd_lengths() {
     assert_eq!(s.chunked, 4);
     assert_eq!(s.long_call, 0);
     // Every reply carried the data in the Write list; the chunk length is the item's exact
-    // length (no pad bytes written, 5666bis §4.4.6.1).
+    // length (no pad bytes written, RFC 8166 §3.4.6.2).
     for (send, n) in h.server_sends.iter().zip([4097u32, 4098, 4099, 8192]) {
         let (rh, _) = Header::decode(send).unwrap();
         let Body::Msg(c) = rh.body else {
@@ -111,11 +111,11 @@ fn small_ddp_items_still_use_the_write_chunk_and_unused_chunks_come_back_empty()
     let (rh, _) = Header::decode(&h.server_sends[0]).unwrap();
     let Body::Msg(c) = rh.body else { panic!() };
     assert_eq!(c.writes.len(), 2);
-    // 5666bis §5.3.2: a small eligible item still goes through the Write chunk; its length
-    // is exact (no pad bytes, §4.4.6.1).
+    // RFC 8166 §4.3.2: a small eligible item still goes through the Write chunk; its length
+    // is exact (no pad bytes, §3.4.6.2).
     assert_eq!(c.writes[0].iter().map(|s| s.length).sum::<u32>(), 99);
-    // 5666bis §4.4.6.2: an unused Write chunk comes back with every segment length zero,
-    // and the number of segments is unchanged (§4.4.6).
+    // RFC 8166 §4.3.2.2: an unused Write chunk comes back with every segment length zero,
+    // and the number of segments is unchanged (§3.4.6).
     assert_eq!(c.writes[1].len(), 1);
     assert!(c.writes[1].iter().all(|s| s.length == 0));
     assert_eq!(h.creg.live(), 0);
@@ -123,7 +123,7 @@ fn small_ddp_items_still_use_the_write_chunk_and_unused_chunks_come_back_empty()
 
 #[test]
 fn zero_grants_are_never_sent_or_honoured() {
-    // A Responder configured with zero credits still grants one (5666bis §4.3.1).
+    // A Responder configured with zero credits still grants one (RFC 8166 §3.3.1).
     let mut h = Harness::new(cfg(8), cfg(0));
     echo(&mut h, 1, 1, 1, DdpPolicy::Inline, expect(1, 1, false));
     let (rh, _) = Header::decode(&h.server_sends[0]).unwrap();
@@ -286,8 +286,8 @@ fn long_call_long_reply_and_both() {
     assert_eq!(h.creg.live(), 0);
 }
 
-/// 5666bis §4.3.3: "In the absence of a mechanism for discovering a peer's inline threshold,
-/// senders MUST assume 1024 bytes." Without RFC 8797 private data from the peer, neither
+/// RFC 8166 §3.3.3: "In the absence of such a mechanism, senders and receives MUST assume the
+/// inline thresholds are 1024 bytes." Without RFC 8797 private data from the peer, neither
 /// engine sends more than 1024 bytes: a 1540-byte call becomes a Long Call, a 1540-byte reply
 /// goes through the Reply chunk. With the peer's 4096 advertised, the same messages travel
 /// inline (so the test tells the two apart).
@@ -398,8 +398,8 @@ fn senders_assume_1024_bytes_without_private_data() {
 }
 
 /// The Reply chunk decision counts the reduced reply: a big DDP-eligible result that goes in a
-/// Write chunk does not also need a Reply chunk when the rest fits inline (5666bis §5.3.3 with
-/// §5.3.2; Linux's client does the same, and Linux nfsd 6.1 misreports the Reply chunk length
+/// Write chunk does not also need a Reply chunk when the rest fits inline (RFC 8166 §4.3.3 with
+/// §4.3.2; Linux's client does the same, and Linux nfsd 6.1 misreports the Reply chunk length
 /// when both are offered).
 #[test]
 fn write_chunk_alone_when_the_reduced_reply_fits_inline() {
@@ -473,7 +473,7 @@ fn credits_thousand_calls_32_credits() {
             &mut h.creg,
         );
         h.client_actions(a);
-        // 5666bis §4.3.3: one credit until the first reply.
+        // RFC 8166 §3.3.3: one credit until the first reply.
         if xid == 2 {
             assert_eq!(h.to_server.len(), 1);
         }
@@ -541,7 +541,7 @@ fn only_send(inc: Incoming) -> Bytes {
 #[test]
 fn responder_error_paths() {
     // A version 1 server (max_version 1), as Linux: version 2 -> ERR_VERS low = high = 1,
-    // XID and version copied (5666bis §5.5.1).
+    // XID and version copied (RFC 8166 §4.5.1).
     let mut v1 = Harness::new(
         cfg(8),
         Config {
@@ -558,7 +558,7 @@ fn responder_error_paths() {
     assert_eq!(b, raw(&[77, 2, 16, 4, 2]));
     let b = only_send(h.resp.on_receive(raw(&[77, 3, 1, 0, 0, 0, 0])));
     assert_eq!(b, raw(&[77, 3, 16, 4, 1, 1, 2]));
-    // 5666bis §5.5.2: unknown proc, RDMA_NOMSG without chunks -> ERR_CHUNK.
+    // RFC 8166 §4.5.2: unknown proc, RDMA_NOMSG without chunks -> ERR_CHUNK.
     for m in [
         raw(&[78, 1, 1, 9]),
         raw(&[78, 1, 1, 1, 0, 0, 0]),
@@ -566,7 +566,7 @@ fn responder_error_paths() {
     ] {
         assert_eq!(only_send(h.resp.on_receive(m)), raw(&[78, 1, 16, 4, 2]));
     }
-    // 5666bis §5.6: RDMA_MSGP and RDMA_DONE -> ERR_CHUNK.
+    // RFC 8166 §4.6: RDMA_MSGP and RDMA_DONE -> ERR_CHUNK.
     assert_eq!(
         only_send(h.resp.on_receive(raw(&[79, 1, 1, 2, 4, 1024, 0, 0, 0]))),
         raw(&[79, 1, 16, 4, 2])
@@ -575,7 +575,7 @@ fn responder_error_paths() {
         only_send(h.resp.on_receive(raw(&[80, 1, 1, 3]))),
         raw(&[80, 1, 16, 4, 2])
     );
-    // 5666bis §5.5: malformed RDMA_ERRORs (and well-formed ones) are dropped silently.
+    // RFC 8166 §4.5: malformed RDMA_ERRORs (and well-formed ones) are dropped silently.
     assert!(matches!(
         h.resp.on_receive(raw(&[81, 1, 1, 4, 7])),
         Incoming::Nothing
@@ -585,7 +585,7 @@ fn responder_error_paths() {
         Incoming::Nothing
     ));
     assert!(matches!(h.resp.on_receive(raw(&[1])), Incoming::Nothing));
-    // 5666bis §4.4.5.1: a Position that is not a multiple of four -> ERR_CHUNK.
+    // RFC 8166 §3.4.5: a Position that is not a multiple of four -> ERR_CHUNK.
     let mut c = Chunks::default();
     c.reads.push(ReadSegment {
         position: 30,
@@ -597,7 +597,7 @@ fn responder_error_paths() {
     });
     let hd = Header::new(82, 1, Body::Msg(c)).to_bytes();
     assert_eq!(only_send(h.resp.on_receive(hd)), raw(&[82, 1, 16, 4, 2]));
-    // 5666bis §5.5.2: rdma_xid differing from the RPC XID -> ERR_CHUNK.
+    // RFC 8166 §4.5.2: rdma_xid differing from the RPC XID -> ERR_CHUNK.
     let m = echo_message(
         99,
         OpaqueAuth::none(),
@@ -645,7 +645,7 @@ fn ineligible_read_chunk_gets_garbage_args() {
         "{err}"
     );
     assert_eq!(h.resp.stats().garbage_args, 1);
-    // The GARBAGE_ARGS reply is an RDMA_MSG (5666bis §5.5.2).
+    // The GARBAGE_ARGS reply is an RDMA_MSG (RFC 8166 §4.5.2).
     let (rh, _) = Header::decode(h.server_sends.last().unwrap()).unwrap();
     assert!(matches!(rh.body, Body::Msg(_)));
     assert_eq!(h.creg.live(), 0);
@@ -744,7 +744,7 @@ fn requester_handles_rdma_error_and_unknown_xids() {
 
 /// The Requester owns every call's deadline: a driver sleeps until `next_deadline` and hands
 /// it `now`. Deadlines expire in their order, whether the call was sent or still waits for a
-/// credit (5666bis §4.3.1: one credit until the first reply); calls without one never do.
+/// credit (RFC 8166 §3.3.3: one credit until the first reply); calls without one never do.
 #[test]
 fn deadlines_are_the_requesters_and_expire_in_order() {
     use std::time::Duration;
@@ -812,7 +812,7 @@ fn timeout_fences_memory_and_keeps_the_credit() {
         .poll_timeouts(start + std::time::Duration::from_secs(2), &mut h.creg);
     h.client_actions(a);
     assert!(matches!(h.done.remove(&4), Some(Err(RpcError::Timeout))));
-    // 5666bis §5.4.1: invalidated before the RPC completed.
+    // RFC 8166 §4.4.1: invalidated before the RPC completed.
     assert_eq!(h.creg.live(), 0);
     assert_eq!(
         h.req.in_flight(),
@@ -829,8 +829,8 @@ fn timeout_fences_memory_and_keeps_the_credit() {
     assert_eq!(h.req.in_flight(), 0);
 }
 
-/// 5666bis §8 (RFC 8166 §6): "Requesters MUST NOT send RPC-over-RDMA messages for Upper Layer
-/// Protocols that do not have a Upper Layer Binding." A call of a program without a binding,
+/// RFC 8166 §6: "Each RPC Program and Version tuple that utilizes RPC-over-RDMA version 1
+/// needs to have a ULB specification." A call of a program without a binding,
 /// or of a version the binding does not cover, completes at once with `NoBinding`: nothing is
 /// registered or sent, and no credit is used.
 #[test]
@@ -925,10 +925,10 @@ fn inline_binding_is_sent_without_write_chunks() {
     }
 }
 
-/// 5666bis §5.4.1 (RFC 8166 §4.3.1): the segments of a canceled RPC are fenced, because the
-/// responder "cannot know that the requester is no longer waiting for a reply, and might
-/// proceed to read or even update memory". The call is cancelled while the server holds it
-/// (after its RDMA Read of the Read chunk); the server's RDMA Write into the Write chunk then
+/// RFC 8166 §4.4.1: the segments of a canceled RPC are fenced, because "A Responder cannot
+/// know that the Requester is no longer waiting for a reply, and it might proceed to read or
+/// even update memory that the Requester might have released for other use." The call is
+/// cancelled while the server holds it (after its RDMA Read of the Read chunk); the server's RDMA Write into the Write chunk then
 /// fails, and the late reply is discarded and counted.
 #[test]
 fn cancelled_call_fences_every_chunk_and_discards_its_late_reply() {
@@ -1082,7 +1082,7 @@ fn lost_reply_xid_gets_err_chunk_after_reconnect() {
     let acts = h.resp.reply_failed(call.token.xid);
     assert_eq!(acts, vec![rpcrdma::responder::Action::Close]);
     let lost = h.resp.take_lost();
-    // New connection: the retransmission gets RDMA_ERR_CHUNK (5666bis §5.5.3).
+    // New connection: the retransmission gets RDMA_ERR_CHUNK (RFC 8166 §4.5.3).
     h.resp = rpcrdma::responder::Responder::new(cfg(8), h.params, ulbs(), lost);
     let a = h.req.on_disconnect(&mut h.creg);
     h.client_actions(a);
@@ -1096,7 +1096,7 @@ fn lost_reply_xid_gets_err_chunk_after_reconnect() {
     ));
 }
 
-/// 5666bis §5.5.4 / §5.5.3: a reply whose Send fails always closes the connection; only an
+/// RFC 8166 §4.5.4 / §4.5.3: a reply whose Send fails always closes the connection; only an
 /// RDMA operational error makes its XID lost (answered with RDMA_ERR_CHUNK on the next
 /// connection). A Send flushed by a connection that broke without one is executed again.
 #[test]
@@ -1212,7 +1212,7 @@ fn backchannel_interleaved_with_forward_calls() {
         hdr.encode(&mut e);
         e.into_bytes()
     };
-    // 5666bis §7.3.1: no backward call before the Upper Layer says the peer is ready.
+    // RFC 8167 §6: no backward call before the Upper Layer says the peer is ready.
     assert_eq!(h.resp.back_call(1, call(1)), Err(BackError::NotReady));
     h.resp.enable_backchannel();
     let mut sent_back = 0;
@@ -1255,7 +1255,7 @@ fn backchannel_interleaved_with_forward_calls() {
     }
     assert!(h.resp.stats().back_max_outstanding <= 2);
     // Reverse calls are RDMA_MSG, version one, empty chunk lists, non-zero credits, with
-    // the RPC CALL carrying the same XID right after the header (5666bis §7.3.4, §7.2.1).
+    // the RPC CALL carrying the same XID right after the header (RFC 8167 §5.1, §4.1).
     let mut seen = 0;
     for s in &h.server_sends {
         let (hd, n) = Header::decode(s).unwrap();
@@ -1269,7 +1269,7 @@ fn backchannel_interleaved_with_forward_calls() {
         }
     }
     assert_eq!(seen, 10);
-    // Backward replies from the client: the same rules, with a REPLY (5666bis §7.3.5).
+    // Backward replies from the client: the same rules, with a REPLY (RFC 8167 §5.2).
     let r = oncrpc::service::accepted(42, AcceptStat::Success, None);
     let Some(rpcrdma::requester::Action::Send { data, .. }) =
         h.req.back_reply(42, r.message.to_bytes())
@@ -1327,7 +1327,7 @@ fn failed_invalidation_closes_the_connection_before_completion() {
     let done = out
         .iter()
         .position(|a| matches!(a, rpcrdma::requester::Action::Complete { .. }));
-    // 5666bis §5.5.4: the connection is closed to fence the memory before the RPC completes.
+    // RFC 8166 §4.5.4: the connection is closed to fence the memory before the RPC completes.
     assert!(close.unwrap() < done.unwrap());
 }
 
@@ -1336,7 +1336,7 @@ fn read_chunk_length_must_match_the_byte_count() {
     let mut h = Harness::new(cfg(8), cfg(8));
     let d = pattern(3000, 2);
     let mut m = echo_message(12, OpaqueAuth::none(), reduce(1), 12, &d, &Bytes::new());
-    // The stream says 3000 bytes, the Read chunk carries 2999 (5666bis §4.4.4.1).
+    // The stream says 3000 bytes, the Read chunk carries 2999 (RFC 8166 §3.4.4.1).
     m.reduced[0].data = m.reduced[0].data.slice(..2999);
     let a = h
         .req
@@ -1355,8 +1355,8 @@ fn read_chunk_with_round_up_included_is_accepted() {
     let mut h = Harness::new(cfg(8), cfg(8));
     let d = pattern(3001, 2);
     let mut m = echo_message(13, OpaqueAuth::none(), reduce(1), 13, &d, &Bytes::new());
-    // This requester sends the XDR pad in the Read chunk (5666bis §4.4.5.1 makes omitting it
-    // optional).
+    // This requester sends the XDR pad in the Read chunk (RFC 8166 §3.4.5.2: it SHOULD NOT, so
+    // it may).
     let mut padded = m.reduced[0].data.to_vec();
     padded.extend([0, 0, 0]);
     m.reduced[0].data = Bytes::from(padded);
@@ -1371,7 +1371,7 @@ fn read_chunk_with_round_up_included_is_accepted() {
     );
 }
 
-/// RFC 8797 §4.2 / 5666bis §4.3.2: a reply comes inline only if it fits both our receive
+/// RFC 8797 §4.2 / RFC 8166 §3.3.2: a reply comes inline only if it fits both our receive
 /// buffers and the Responder's send size. Our buffers are 4096 bytes; a peer that sent no
 /// private data sends at most 1024, so a 1500-byte reply needs a Reply chunk from us, while a
 /// peer that advertised 4096 sends it inline.

@@ -2,14 +2,14 @@
 //!
 //! Flow for one received message:
 //! 1. [`Responder::on_receive`] decodes the transport header. Errors become an RDMA_ERROR to
-//!    send (5666bis §5.5) or nothing. A call whose chunks must be pulled returns
+//!    send (RFC 8166 §4.5) or nothing. A call whose chunks must be pulled returns
 //!    [`Incoming::NeedReads`]: the driver RDMA Reads each [`PendingCall::reads`] chunk and hands
 //!    the data to [`Responder::complete_reads`].
 //! 2. The reassembled call is checked (XID match, chunk limits, DDP-eligibility of every Read
 //!    chunk against the Upper-Layer Binding) and returned as [`Incoming::Call`], with the
 //!    [`xdr::DdpPolicy`] the driver passes to the `oncrpc::Dispatcher`.
 //! 3. [`Responder::reply`] turns the dispatcher's reply into RDMA Writes (Write list, Reply
-//!    chunk) and one Send, choosing RDMA_MSG or RDMA_NOMSG (5666bis §4.5, §5.3.3).
+//!    chunk) and one Send, choosing RDMA_MSG or RDMA_NOMSG (RFC 8166 §3.5, §4.3.3).
 //!
 //! The same engine is the Requester of the backward direction (RFC 8167): once the Upper
 //! Layer says the peer is ready ([`Responder::enable_backchannel`]), [`Responder::back_call`]
@@ -50,7 +50,7 @@ pub enum Action {
         data: Bytes,
         invalidate: Option<u32>,
     },
-    /// Close the connection (5666bis §5.5.4: a reply that cannot be sent).
+    /// Close the connection (RFC 8166 §4.5.4: a reply that cannot be sent).
     Close,
 }
 
@@ -86,7 +86,7 @@ pub struct PendingCall {
 
 /// The most bytes a reply can put on the wire beyond one inline message: what the requester
 /// offered in its Write chunks and Reply chunk (the Responder writes no more than a chunk
-/// offers, RFC 8166 §3.4.6, §3.4.7). A server reserves memory for it before it builds the reply.
+/// offers, RFC 8166 §3.4.6, §4.3.3). A server reserves memory for it before it builds the reply.
 fn offered_len(writes: &[WriteChunk], reply: Option<&WriteChunk>) -> usize {
     writes
         .iter()
@@ -174,7 +174,7 @@ pub struct ResponderStats {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BackError {
-    /// RFC 8167 §6 / 5666bis §7.3.1: the peer has not said it handles backward calls.
+    /// RFC 8167 §6: the peer has not said it handles backward calls.
     #[error("the peer has not enabled the backward direction")]
     NotReady,
     /// RFC 8167 §6: backward messages travel inline only.
@@ -348,12 +348,12 @@ impl Responder {
     }
 
     /// Receive buffers the driver keeps posted: the forward grant plus one per outstanding
-    /// backward call (5666bis §7.2.2.2).
+    /// backward call (RFC 8167 §4.3.2).
     pub fn receives_needed(&self) -> usize {
         self.cfg.credits as usize + self.cfg.back_credits as usize
     }
 
-    /// The forward credit grant; never zero (5666bis §4.3.1).
+    /// The forward credit grant; never zero (RFC 8166 §3.3.1).
     pub fn grant(&self) -> u32 {
         self.cfg.credits.max(1)
     }
@@ -376,7 +376,7 @@ impl Responder {
             ErrorResponse::Discard => self.stats.dropped += 1,
         }
         match Header::error_reply(resp, self.grant()) {
-            // 5666bis §5.5: RDMA_ERROR is never sent with Send With Invalidate (Linux does
+            // RFC 8166 §4.5: RDMA_ERROR is never sent with Send With Invalidate (Linux does
             // the same).
             Some(h) => Incoming::Respond(vec![Action::Send {
                 data: h.to_bytes(),
@@ -388,7 +388,7 @@ impl Responder {
 
     fn garbage(&mut self, xid: u32) -> Incoming {
         self.stats.garbage_args += 1;
-        // 5666bis §5.5.2: GARBAGE_ARGS travels in an RDMA_MSG.
+        // RFC 8166 §4.5.2: GARBAGE_ARGS travels in an RDMA_MSG.
         let r = oncrpc::service::accepted(xid, AcceptStat::GarbageArgs, None);
         let body = r.message.to_bytes();
         let mut data = self.header_bytes(
@@ -433,12 +433,12 @@ impl Responder {
         let xid = header.xid;
         match &header.body {
             Body::Msg(_) | Body::NoMsg(_) => {}
-            // 5666bis §5.6.1 / §5.6.2: RDMA_MSGP and RDMA_DONE get RDMA_ERR_CHUNK.
+            // RFC 8166 §4.6.1 / §4.6.2: RDMA_MSGP and RDMA_DONE get RDMA_ERR_CHUNK.
             Body::MsgP { .. } | Body::Done => {
                 return self.error(HeaderError::BadProc { xid, proc_: 0 }.response());
             }
             // An RDMA_ERROR sent to a Responder has no transaction to end: drop it (and never
-            // answer an error with an error, 5666bis §5.5).
+            // answer an error with an error, RFC 8166 §4.5).
             Body::Error(_) => {
                 self.stats.dropped += 1;
                 return Incoming::Nothing;
@@ -601,12 +601,12 @@ impl Responder {
             return Incoming::Nothing;
         };
         let read_chunks = chunks.read_chunks();
-        // Structural checks that need no Upper-Layer Binding (5666bis §5.5.2: RDMA_ERR_CHUNK).
+        // Structural checks that need no Upper-Layer Binding (RFC 8166 §4.5.2: RDMA_ERR_CHUNK).
         let pz = read_chunks.iter().filter(|c| c.position == 0).count();
         let nomsg = !matches!(header.body, Body::Msg(_));
         let mut last = 0u32;
         let bad_positions = read_chunks.iter().any(|c| {
-            // 5666bis §4.4.5.1: "The value in this field MUST be a multiple of four."
+            // RFC 8166 §3.4.5: "The value in this field MUST be a multiple of four."
             let bad = c.position % 4 != 0 || c.position < last;
             last = c.position;
             bad
@@ -620,7 +620,7 @@ impl Responder {
         {
             return self.error(ErrorResponse::ErrChunk { xid });
         }
-        // 5666bis §5.5.3: a call whose reply was lost to an operational error on an earlier
+        // RFC 8166 §4.5.3: a call whose reply was lost to an operational error on an earlier
         // connection gets RDMA_ERR_CHUNK: no RPC-level reply is possible for that XID.
         if self.lost.remove(&xid) {
             return self.error(ErrorResponse::ErrChunk { xid });
@@ -709,7 +709,7 @@ impl Responder {
         others: Vec<(usize, Bytes)>,
     ) -> Incoming {
         let xid = p.header.xid;
-        // 5666bis §5.5.2: an rdma_xid that does not match the RPC XID is an XDR error.
+        // RFC 8166 §4.5.2: an rdma_xid that does not match the RPC XID is an XDR error.
         if rpc_xid(&message) != Some(xid) {
             return self.error(ErrorResponse::ErrChunk { xid });
         }
@@ -739,10 +739,10 @@ impl Responder {
             }
         }
         if n_other > 0 {
-            // 5666bis §8.? / §5.5.2: only DDP-eligible items may travel in Read chunks; a
+            // RFC 8166 §6.1 / §4.5.2: only DDP-eligible items may travel in Read chunks; a
             // violation is not processed and is reported with GARBAGE_ARGS. Programs without
             // an Upper-Layer Binding have no eligible items, and neither do calls under
-            // RPCSEC_GSS integrity or privacy (5666bis §10.2.2).
+            // RPCSEC_GSS integrity or privacy (RFC 8166 §8.2.2.3).
             let Some(ulb) = ulb.filter(|_| !gss) else {
                 return self.garbage(xid);
             };
@@ -752,7 +752,7 @@ impl Responder {
                 Err(_) => return self.garbage(xid),
             };
             // The chunk holds the item's contents, with or without its XDR round-up
-            // (5666bis §4.4.5.1: the requester MAY omit the padding).
+            // (RFC 8166 §3.4.5.2: the Requester SHOULD NOT include the padding, and may).
             let ok = others.iter().all(|(pos, d)| {
                 items.iter().any(|r| {
                     r.start + args_at == *pos
@@ -766,9 +766,9 @@ impl Responder {
         let policy = if gss || chunks.writes.is_empty() {
             DdpPolicy::Inline
         } else {
-            // 5666bis §5.3.2: "When a Write list is provided for the results of an RPC Call,
-            // the responder MUST provide data corresponding to DDP-eligible XDR data items via
-            // RDMA Write operations": every eligible item goes to a chunk, however small.
+            // RFC 8166 §4.3.2: "When a Requester provides a Write list, the Responder MUST push
+            // data corresponding to DDP-eligible result data items to Requester memory
+            // referenced in the Write list": every eligible item goes to a chunk, however small.
             DdpPolicy::Reduce {
                 min_len: 0,
                 max_items: chunks.writes.len(),
@@ -835,8 +835,8 @@ impl Responder {
         let msg = reply.message;
         let mut actions = Vec::new();
         // Write list: item i goes to Write chunk i, segments filled in array order; pad bytes
-        // are never written (5666bis §4.4.6, §4.4.6.1); unused chunks come back with every
-        // segment length zero (5666bis §4.4.6.2).
+        // are never written (RFC 8166 §3.4.6, §3.4.6.2); unused chunks come back with every
+        // segment length zero (RFC 8166 §4.3.2.2).
         let mut writes: Vec<WriteChunk> = Vec::with_capacity(token.writes.len());
         for (i, chunk) in token.writes.iter().enumerate() {
             match msg.reduced.get(i) {
@@ -848,7 +848,7 @@ impl Responder {
                         );
                         writes.push(updated);
                     }
-                    // The Write chunk is too small (5666bis §5.5.3; cel-05 §7.2.4
+                    // The Write chunk is too small (RFC 8166 §4.5.3; cel-05 §7.2.4
                     // RDMA2_ERR_WRITE_RESOURCE names the chunk, from 1, and what it needs).
                     None if self.v2() => {
                         return self.error2_actions(
@@ -888,8 +888,8 @@ impl Responder {
         let (body, inline) = if inline_len <= self.params.inline_send {
             (Body::Msg(chunks), payload)
         } else {
-            // Long Reply: the Payload stream goes through the Reply chunk
-            // (5666bis §5.3.3: "the responder MUST use the provided Reply chunk").
+            // Long Reply: the Payload stream goes through the Reply chunk (RFC 8166 §3.5.3: "the
+            // Responder MUST use the Requester-provided Reply chunk for the reply").
             let fits = token
                 .reply_chunk
                 .as_ref()
@@ -946,7 +946,7 @@ impl Responder {
 
     /// The driver reports that a Send or RDMA Write it posted for `xid` (a reply) or for no
     /// particular call failed, and whether an RDMA operational error was seen on the
-    /// connection. 5666bis §5.5.4: the connection is closed ([`Action::Close`]); §5.5.3: only
+    /// connection. RFC 8166 §4.5.4: the connection is closed ([`Action::Close`]); §4.5.3: only
     /// a reply lost to an operational error is remembered as lost (answered with
     /// RDMA_ERR_CHUNK once the Requester reconnects and retransmits): a Send flushed because
     /// the connection broke without one is executed again, or answered from the Upper
@@ -960,7 +960,7 @@ impl Responder {
     }
 
     /// The driver reports that a reply could not be delivered (an RDMA Write or Send failed).
-    /// 5666bis §5.5.4: the connection is closed; §5.5.3: once the Requester reconnects and
+    /// RFC 8166 §4.5.4: the connection is closed; §4.5.3: once the Requester reconnects and
     /// retransmits, this XID is answered with RDMA_ERR_CHUNK.
     #[must_use = "every action the engine returns must be performed"]
     pub fn reply_failed(&mut self, xid: u32) -> Vec<Action> {
@@ -999,7 +999,7 @@ impl Responder {
         self.deadlines.reads_started(p.id, now);
     }
 
-    /// The RDMA Reads of `p` failed (or could not be posted): 5666bis §5.5.3, RDMA operational
+    /// The RDMA Reads of `p` failed (or could not be posted): RFC 8166 §4.5.3, RDMA operational
     /// errors are fatal to the connection. The call is dropped.
     #[must_use = "every action the engine returns must be performed"]
     pub fn reads_failed(&mut self, p: PendingCall) -> Vec<Action> {
@@ -1038,7 +1038,7 @@ impl Responder {
 
     // ---- Backward direction (RFC 8167): this end is the Requester. ----
 
-    /// The Upper Layer says the peer handles backward calls (5666bis §7.3.1, RFC 8167 §6:
+    /// The Upper Layer says the peer handles backward calls (RFC 8167 §6:
     /// for NFSv4.1 a CREATE_SESSION or BIND_CONN_TO_SESSION asking for the back channel).
     pub fn enable_backchannel(&mut self) {
         self.back_ready = true;
@@ -1054,7 +1054,7 @@ impl Responder {
     }
 
     /// Send (or queue, when out of backward credits) a backward call: RDMA_MSG with empty
-    /// chunk lists (5666bis §7.3.4). `message` is the whole RPC call, XID `xid`.
+    /// chunk lists (RFC 8167 §5.1). `message` is the whole RPC call, XID `xid`.
     pub fn back_call(&mut self, xid: u32, message: Bytes) -> Result<Vec<Action>, BackError> {
         self.back_call_until(xid, message, None)
     }
@@ -1115,7 +1115,7 @@ impl Responder {
             return Incoming::Nothing;
         }
         self.deadlines.back_done(h.xid);
-        // RFC 8167 §4.1 / 5666bis §7.2.1: backward credits, never zero.
+        // RFC 8167 §4.1: backward credits, never zero.
         self.back_granted = h.credits.max(1);
         Incoming::BackReply {
             xid: h.xid,
