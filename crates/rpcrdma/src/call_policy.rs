@@ -73,6 +73,13 @@ impl CallPolicy {
         // Nothing is reduced under RPCSEC_GSS integrity or privacy (RFC 8166 §8.2.2.3), nor
         // for a program whose binding makes nothing DDP-eligible (RFC 8166 §6.1: only items
         // a binding marks DDP-eligible may be reduced). Long messages still use chunks.
+        //= specs/rfc8166.txt#section-8.2.2.3
+        //# Therefore, a sender MUST NOT reduce a Payload stream when RPCSEC_GSS integrity or
+        //# encryption services are in use.
+        //= specs/rfc8166.txt#section-3.4.2
+        //# All other XDR data items MUST NOT be reduced.
+        //= specs/rfc8166.txt#section-6.1
+        //# Senders MUST NOT reduce data items that are not DDP-eligible.
         let no_reduction = Credential::parse(&req.cred).is_ok_and(|c| c.forbids_reduction())
             || !self.reducing.contains(&req.prog);
         let policy = if no_reduction {
@@ -162,6 +169,16 @@ mod tests {
         CallRequest::new(prog, 1, proc_, |e: &mut Encoder| e.put_u32(5))
     }
 
+    //= specs/rfc8166.txt#section-3.4.2
+    //= type=test
+    //# All other XDR data items MUST NOT be reduced.
+    //= specs/rfc8166.txt#section-6.1
+    //= type=test
+    //# Senders MUST NOT reduce data items that are not DDP-eligible.
+    //= specs/rfc8166.txt#section-8.2.2.3
+    //= type=test
+    //# Therefore, a sender MUST NOT reduce a Payload stream when RPCSEC_GSS integrity or encryption
+    //# services are in use.
     #[test]
     fn reduction_only_for_bindings_with_eligible_items_and_never_under_gss() {
         let p = policy();

@@ -207,6 +207,9 @@ pub(crate) fn reassemble(inline: &[u8], chunks: &[(usize, Bytes)]) -> Result<Byt
 
 /// Positions of reduced items in the unreduced stream: the reduced Position plus the padded
 /// lengths of the items before it.
+//= specs/rfc8166.txt#section-3.4.5
+//# The Position value MUST be computed from the beginning of the unreduced Payload stream, which
+//# begins at Position zero.
 pub(crate) fn unreduced_positions(items: &[xdr::ReducedItem]) -> Vec<usize> {
     let mut shift = 0;
     items
@@ -225,6 +228,9 @@ pub(crate) type SegmentWrite = (Segment, Bytes);
 /// Split `data` over `segments` in array order (RFC 8166 §3.4.6: "filling the chunk contiguously
 /// and in segment array order"). Returns the (segment, bytes) writes and the segments with updated lengths; unused
 /// segments get length zero. `None` when the data does not fit.
+//= specs/rfc8166.txt#section-3.4.6
+//# The Responder MUST copy the segment count and all segments from the Requester-provided Write
+//# chunk into the RPC Reply message's Transport header.
 pub(crate) fn fill_segments(
     segments: &[Segment],
     data: &Bytes,
@@ -395,6 +401,10 @@ mod tests {
         assert_eq!(&two[..], b"aaaa1\0\0\0bbbb22222\0\0\0");
     }
 
+    //= specs/rfc8166.txt#section-3.4.6
+    //= type=test
+    //# The Responder MUST copy the segment count and all segments from the Requester-provided Write
+    //# chunk into the RPC Reply message's Transport header.
     #[test]
     fn segments_fill_in_order() {
         let segs = [

@@ -8,6 +8,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use xdr::{Decoder, XdrError};
 
 /// The only RPC-over-RDMA version this crate speaks (RFC 8166 §4.2.2).
+//= specs/rfc8166.txt#section-4.2.2
+//# For RPC-over-RDMA version 1, this field MUST contain the value one (1).
 pub const RPCRDMA_VERSION: u32 = 1;
 
 /// Length of the fixed part of every header: xid, vers, credits, proc (RFC 8166 §4.2).
@@ -34,6 +36,10 @@ pub const ERR_CHUNK: u32 = 2;
 
 /// An RDMA segment: handle, length, offset (RFC 8166 §3.4.3). On the wire: `HLOO`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+//= specs/rfc8166.txt#section-2.3.2
+//# The RPC-over-RDMA version 1 protocol assumes that each region of registered memory MUST be
+//# identified with a steering tag of no more than 32 bits and memory addresses of up to 64 bits in
+//# length.
 pub struct Segment {
     /// The steering tag (R_key / STag) of the registered memory.
     pub handle: u32,
@@ -300,8 +306,15 @@ impl HeaderError {
     /// What the receiver sends back (RFC 8166 §4.5).
     pub fn response(&self) -> ErrorResponse {
         match *self {
+            //= specs/rfc8166.txt#section-4.5
+            //# A receiver MUST silently discard an RDMA_ERROR procedure that it cannot decode.
             HeaderError::TooShort(_) | HeaderError::MalformedError { .. } => ErrorResponse::Discard,
             // RFC 8166 §4.5.1: a version the receiver does not support gets RDMA_ERR_VERS.
+            //= specs/rfc8166.txt#section-4.5.1
+            //# When a Responder detects an RPC-over-RDMA header version that it does not support
+            //# (currently this document defines only version 1), it MUST reply with an RDMA_ERROR
+            //# procedure and set the rdma_err value to ERR_VERS, also providing the low and high
+            //# inclusive version numbers it does, in fact, support.
             HeaderError::Version { xid, vers } => ErrorResponse::ErrVers { xid, vers },
             // RFC 8166 §4.5.2: a recognised version with an XDR parsing error gets
             // RDMA_ERR_CHUNK.
@@ -309,6 +322,10 @@ impl HeaderError {
             | HeaderError::Truncated { xid }
             | HeaderError::BadFlag { xid, .. }
             | HeaderError::TooManySegments { xid, .. }
+            //= specs/rfc8166.txt#section-4.5.2
+            //# If the rdma_vers field contains a recognized value, but an XDR parsing error occurs,
+            //# the Responder MUST reply with an RDMA_ERROR procedure and set the rdma_err value to
+            //# ERR_CHUNK.
             | HeaderError::NoMsgWithoutChunks { xid } => ErrorResponse::ErrChunk { xid },
         }
     }
@@ -425,6 +442,9 @@ impl Header {
 
     /// Decode with explicit limits. Never panics.
     pub fn decode_with(buf: &[u8], lim: &DecodeLimits) -> Result<(Header, usize), HeaderError> {
+        // RFC 8166 §4.5 discards anything shorter than 28 bytes unparsed; this decoder
+        // discards only what has no XID and version (under 8 bytes) and answers the rest
+        // with an error (see docs/traceability.md).
         if buf.len() < 8 {
             return Err(HeaderError::TooShort(buf.len()));
         }
@@ -447,6 +467,9 @@ impl Header {
             RDMA_NOMSG => {
                 let c = chunks(&mut d)?;
                 if c.is_empty() {
+                    //= specs/rfc8166.txt#section-4.2.4
+                    //# Though any of these MAY be marked as not present, one MUST be present and
+                    //# MUST hold the Payload stream for this RPC-over-RDMA message.
                     return Err(HeaderError::NoMsgWithoutChunks { xid });
                 }
                 Body::NoMsg(c)
@@ -499,6 +522,9 @@ impl Header {
     }
 
     /// Append the header to `out`.
+    //= specs/rfc8166.txt#section-4
+    //# All RPC-over-RDMA header content is contained in the Transport stream; thus, it MUST be XDR
+    //# encoded.
     pub fn encode(&self, out: &mut BytesMut) {
         out.reserve(self.encoded_len());
         out.put_u32(self.xid);
@@ -535,6 +561,14 @@ impl Header {
 
     /// The RDMA_ERROR a receiver sends for `resp`, or `None` for [`ErrorResponse::Discard`].
     /// `credits` is the receiver's current grant (never zero, RFC 8166 §3.3.1).
+    //= specs/rfc8166.txt#section-4.5
+    //# o The rdma_xid field MUST contain the same XID that was in the rdma_xid field in the failing
+    //# request;
+    //= specs/rfc8166.txt#section-4.5
+    //# o The rdma_vers field MUST contain the same version that was in the rdma_vers field in the
+    //# failing request;
+    //= specs/rfc8166.txt#section-4.5
+    //# o The rdma_proc field MUST contain the value RDMA_ERROR; and
     pub fn error_reply(resp: ErrorResponse, credits: u32) -> Option<Header> {
         match resp {
             // RFC 8166 §4.5: rdma_xid and rdma_vers copy the failing message's values.
@@ -585,6 +619,13 @@ mod tests {
 
     /// RFC 8166 §4.7: "after the four fixed fields ... simply three 32-bit fields that contain
     /// zero".
+    //= specs/rfc8166.txt#section-4.2.2
+    //= type=test
+    //# For RPC-over-RDMA version 1, this field MUST contain the value one (1).
+    //= specs/rfc8166.txt#section-4
+    //= type=test
+    //# All RPC-over-RDMA header content is contained in the Transport stream; thus, it MUST be XDR
+    //# encoded.
     #[test]
     fn xdr_example_no_chunks() {
         let h = Header::new(7, 32, Body::Msg(Chunks::default()));
@@ -646,6 +687,27 @@ mod tests {
         assert_eq!(Header::decode(&b).unwrap().0, h);
     }
 
+    //= specs/rfc8166.txt#section-4.5
+    //= type=test
+    //# o The rdma_xid field MUST contain the same XID that was in the rdma_xid field in the failing
+    //# request;
+    //= specs/rfc8166.txt#section-4.5
+    //= type=test
+    //# o The rdma_vers field MUST contain the same version that was in the rdma_vers field in the
+    //# failing request;
+    //= specs/rfc8166.txt#section-4.5
+    //= type=test
+    //# o The rdma_proc field MUST contain the value RDMA_ERROR; and
+    //= specs/rfc8166.txt#section-4.5.1
+    //= type=test
+    //# When a Responder detects an RPC-over-RDMA header version that it does not support (currently
+    //# this document defines only version 1), it MUST reply with an RDMA_ERROR procedure and set
+    //# the rdma_err value to ERR_VERS, also providing the low and high inclusive version numbers it
+    //# does, in fact, support.
+    //= specs/rfc8166.txt#section-4.5.2
+    //= type=test
+    //# If the rdma_vers field contains a recognized value, but an XDR parsing error occurs, the
+    //# Responder MUST reply with an RDMA_ERROR procedure and set the rdma_err value to ERR_CHUNK.
     #[test]
     fn error_bodies() {
         let v = Header::error_reply(ErrorResponse::ErrVers { xid: 5, vers: 2 }, 0).unwrap();
@@ -661,6 +723,23 @@ mod tests {
         w.iter().flat_map(|x| x.to_be_bytes()).collect()
     }
 
+    //= specs/rfc8166.txt#section-4.2.4
+    //= type=test
+    //# Though any of these MAY be marked as not present, one MUST be present and MUST hold the
+    //# Payload stream for this RPC-over-RDMA message.
+    //= specs/rfc8166.txt#section-4.5.1
+    //= type=test
+    //# When a Responder detects an RPC-over-RDMA header version that it does not support (currently
+    //# this document defines only version 1), it MUST reply with an RDMA_ERROR procedure and set
+    //# the rdma_err value to ERR_VERS, also providing the low and high inclusive version numbers it
+    //# does, in fact, support.
+    //= specs/rfc8166.txt#section-4.5.2
+    //= type=test
+    //# If the rdma_vers field contains a recognized value, but an XDR parsing error occurs, the
+    //# Responder MUST reply with an RDMA_ERROR procedure and set the rdma_err value to ERR_CHUNK.
+    //= specs/rfc8166.txt#section-4.5
+    //= type=test
+    //# A receiver MUST silently discard an RDMA_ERROR procedure that it cannot decode.
     #[test]
     fn decode_errors_map_to_responses() {
         assert_eq!(

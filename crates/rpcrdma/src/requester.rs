@@ -341,6 +341,8 @@ impl Requester {
 
     /// Receive buffers to keep posted: one per requested credit plus the backward credits
     /// (RFC 8167 §4.3.1).
+    //= specs/rfc8166.txt#section-3.3.1
+    //# A Requester MUST maintain enough receive resources to accommodate expected replies.
     pub fn receives_needed(&self) -> usize {
         self.cfg.credits as usize + self.cfg.back_credits as usize
     }
@@ -355,6 +357,11 @@ impl Requester {
     #[must_use = "every action the engine returns must be performed"]
     pub fn on_connect(&mut self, params: Params, reg: &mut dyn Registrar) -> Vec<Action> {
         self.params = params;
+        //= specs/rfc8166.txt#section-3.3.3
+        //# A Responder MAY exceed this basic level of configuration, but a Requester MUST NOT
+        //# assume more than one credit is available and MUST receive a valid reply from the
+        //# Responder carrying the actual number of available credits, prior to sending its next
+        //# request.
         self.granted = 1;
         self.connected = true;
         if let Some((peer, memory)) = &self.memory {
@@ -443,8 +450,9 @@ impl Requester {
 
     fn pump(&mut self, reg: &mut dyn Registrar) -> Vec<Action> {
         let mut out = Vec::new();
-        // RFC 8166 §3.3.1: "A Requester MUST NOT send unacknowledged requests in excess of
-        // the Responder's granted credit limit."
+        //= specs/rfc8166.txt#section-3.3.1
+        //# A Requester MUST NOT send unacknowledged requests in excess of the Responder's granted
+        //# credit limit.
         while self.connected && self.in_flight < self.limit() {
             let Some(xid) = self.queue.pop_front() else {
                 break;
@@ -485,7 +493,19 @@ impl Requester {
         let msg = &o.call.message;
         // Read chunks for the reduced arguments, Positions in the reassembled stream.
         let mut read_chunks = Vec::new();
+        //= specs/rfc8166.txt#section-3.4.4.4
+        //# Except in special cases (covered in Section 3.5.3), a chunk MUST contain exactly one XDR
+        //# data item.
+        //= specs/rfc8166.txt#section-3.4.5
+        //# The Position value MUST be computed from the beginning of the unreduced Payload stream,
+        //# which begins at Position zero.
         for (item, pos) in msg.reduced.iter().zip(unreduced_positions(&msg.reduced)) {
+            //= specs/rfc8166.txt#section-3.4.5.2
+            //# When reducing a variable-length argument data item, the Requester SHOULD NOT include
+            //# the data item's XDR roundup padding in the chunk.
+            //= specs/rfc8166.txt#section-3.4.5.2
+            //# o If the sender chooses not to include roundup padding in the chunk, the chunk's
+            //# total length MUST be the same as the encoded length of the data item.
             let r = reg.register_source(item.data.clone()).map_err(reg_failed)?;
             read_chunks.push(ReadChunk {
                 position: u32::try_from(pos)
@@ -500,6 +520,15 @@ impl Requester {
         let mut writes: Vec<WriteChunk> = Vec::new();
         let mut moved = 0usize;
         if !o.call.no_reduction {
+            //= specs/rfc8166.txt#section-3.4.6
+            //# Thus, it MUST register Write chunks long enough to accommodate the maximum possible
+            //# size of each returned data item.
+            //= specs/rfc8166.txt#section-4.3.2.2
+            //# Therefore, the Requester MUST provision each Write chunk so it can be filled with
+            //# the largest DDP-eligible data item that can be placed in it.
+            //= specs/rfc8166.txt#section-3.4.6.2
+            //# When provisioning a Write chunk for a variable-length result data item, the
+            //# Requester SHOULD NOT include additional space for XDR roundup padding.
             for &len in o.call.reply.ddp_items.iter().take(cfg.max_write_chunks) {
                 let r = reg.register_sink(len).map_err(reg_failed)?;
                 writes.push(r.segments.clone());
@@ -524,6 +553,10 @@ impl Requester {
         let reply_hdr_room = 28 + 16 * writes.iter().map(|c| c.len() + 1).sum::<usize>();
         // RFC 8166 §3.3.2 / RFC 8797: the Responder sends at most its own send size inline,
         // which can be less than our receive buffers.
+        //= specs/rfc8166.txt#section-4.3.3
+        //# A Requester MUST provide a Reply chunk whenever the maximum possible size of the RPC
+        //# Reply message's Transport and Payload streams is larger than the inline threshold for
+        //# messages from Responder to Requester.
         let reply = if max_reply + reply_hdr_room > params.reply_inline {
             let r = reg.register_sink(max_reply).map_err(reg_failed)?;
             let segs = r.segments.clone();
@@ -554,6 +587,12 @@ impl Requester {
                 0
             }
         };
+        //= specs/rfc8166.txt#section-4.2.4
+        //# A Requester MUST NOT send an RPC-over-RDMA header with the RDMA_ERROR procedure.
+        //= specs/rfc8166.txt#section-4.6.1
+        //# Therefore, senders MUST NOT send RDMA_MSGP procedures.
+        //= specs/rfc8166.txt#section-4.6.2
+        //# Therefore, senders MUST NOT send RDMA_DONE messages.
         let short = CallHeader::new(
             v2,
             xid,
@@ -573,9 +612,18 @@ impl Requester {
         } else {
             // Long Call: the whole Payload stream goes in a Position-Zero Read chunk, sent
             // as RDMA_NOMSG (RFC 8166 §3.5.3).
+            //= specs/rfc8166.txt#section-3.5.3
+            //# If there are no DDP- eligible data items in the Payload stream, or the Payload
+            //# stream is still too large after it has been reduced, the RDMA transport MUST use
+            //# RDMA Read or Write operations to convey the Payload stream itself.
+            //= specs/rfc8166.txt#section-3.5.3
+            //# As these chunks contain a Payload stream, such chunks MUST include appropriate XDR
+            //# roundup padding to maintain proper XDR alignment of their contents.
             self.stats.long_call += 1;
             let r = reg.register_source(payload).map_err(reg_failed)?;
             let mut all = vec![ReadChunk {
+                //= specs/rfc8166.txt#section-3.5.3
+                //# Every RDMA read segment in this chunk MUST contain zero in its Position field.
                 position: 0,
                 segments: r.segments.clone(),
             }];
@@ -621,6 +669,11 @@ impl Requester {
                 let remote =
                     remote_invalidated.is_some_and(|h| r.segments.iter().all(|s| s.handle == h));
                 if reg.invalidate(r.id, remote).is_err() {
+                    //= specs/rfc8166.txt#section-4.5.4
+                    //# After a Requester has received a reply, if it is unable to invalidate a
+                    //# memory region due to an unrecoverable problem, the Requester MUST close the
+                    //# connection to protect that memory from Responder access before the
+                    //# associated RPC transaction is complete.
                     // RFC 8166 §4.5.4: fence by closing the connection.
                     out.push(Action::Close);
                 }
@@ -703,6 +756,9 @@ impl Requester {
             Err(e) => {
                 // A Requester has no one to send RDMA_ERROR to for a reply it cannot parse:
                 // the XID (if any) stays outstanding until its timeout.
+                //= specs/rfc8166.txt#section-4.5
+                //# If errors are detected in the RPC-over-RDMA header of an RPC Reply message, a
+                //# Requester MUST silently discard the message.
                 tracing::debug!(error = %e, "bad reply header");
                 self.stats.dropped += 1;
                 return Vec::new();

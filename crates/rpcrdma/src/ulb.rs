@@ -146,6 +146,8 @@ pub trait UpperLayerBinding: Send + Sync + 'static {
 /// GARBAGE_ARGS. It cannot bound replies: callers give the bound in
 /// [`oncrpc::ReplyExpectation::max_len`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+//= specs/rfc8166.txt#section-6.1
+//# Such data items MAY, however, be moved as part of a Position Zero Read chunk or a Reply chunk.
 pub struct InlineBinding {
     program: u32,
     versions: RangeInclusive<u32>,

@@ -71,6 +71,27 @@ fn short_message_both_ways() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-3.4.4.1
+//= type=test
+//# If a chunk contains a counted array data type, the count of array elements MUST remain in the
+//# Payload stream, while the array elements MUST be moved to the chunk.
+//= specs/rfc8166.txt#section-3.4.4.4
+//= type=test
+//# Except in special cases (covered in Section 3.5.3), a chunk MUST contain exactly one XDR data
+//# item.
+//= specs/rfc8166.txt#section-3.4.4.4
+//= type=test
+//# When a variable-length XDR data item is reduced, the sender MUST remove XDR roundup padding for
+//# that data item from the Payload stream so that data items remaining in the Payload stream begin
+//# on four-byte alignment.
+//= specs/rfc8166.txt#section-3.4.6.2
+//= type=test
+//# A Responder MUST NOT write XDR roundup padding into a Write chunk, even if the Requester made
+//# space available for it.
+//= specs/rfc8166.txt#section-3.4.6.2
+//= type=test
+//# Therefore, when returning a single variable-length result data item, a returned Write chunk's
+//# total length MUST be the same as the encoded length of the result data item.
 #[test]
 fn chunked_call_and_reply_with_odd_lengths() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -93,6 +114,22 @@ fn chunked_call_and_reply_with_odd_lengths() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-4.3.2
+//= type=test
+//# When a Requester provides a Write list, the Responder MUST push data corresponding to
+//# DDP-eligible result data items to Requester memory referenced in the Write list.
+//= specs/rfc8166.txt#section-3.4.6.2
+//= type=test
+//# Therefore, when returning a single variable-length result data item, a returned Write chunk's
+//# total length MUST be the same as the encoded length of the result data item.
+//= specs/rfc8166.txt#section-3.4.6
+//= type=test
+//# The Responder MUST copy the segment count and all segments from the Requester-provided Write
+//# chunk into the RPC Reply message's Transport header.
+//= specs/rfc8166.txt#section-4.3.2.2
+//= type=test
+//# If this is the last or only Write chunk available and it remains unconsumed, the Responder MUST
+//# return this Write chunk as an unused Write chunk (see Section 3.4.6).
 #[test]
 fn small_ddp_items_still_use_the_write_chunk_and_unused_chunks_come_back_empty() {
     let mut h = Harness::new(
@@ -121,6 +158,9 @@ fn small_ddp_items_still_use_the_write_chunk_and_unused_chunks_come_back_empty()
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-3.3.1
+//= type=test
+//# The granted value MUST NOT be zero, since such a value would result in deadlock.
 #[test]
 fn zero_grants_are_never_sent_or_honoured() {
     // A Responder configured with zero credits still grants one (RFC 8166 §3.3.1).
@@ -201,6 +241,14 @@ fn chunked_calls_pulled_into_a_framed_buffer() {
     assert_eq!(h.resp.stats().err_chunk, before + 1);
 }
 
+//= specs/rfc8166.txt#section-3.4.5
+//= type=test
+//# The Position value MUST be computed from the beginning of the unreduced Payload stream, which
+//# begins at Position zero.
+//= specs/rfc8166.txt#section-3.4.4.4
+//= type=test
+//# Except in special cases (covered in Section 3.5.3), a chunk MUST contain exactly one XDR data
+//# item.
 #[test]
 fn several_write_chunks_and_read_chunks() {
     let mut h = Harness::new(
@@ -246,6 +294,20 @@ fn several_write_chunks_and_read_chunks() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-3.5.3
+//= type=test
+//# If there are no DDP- eligible data items in the Payload stream, or the Payload stream is still
+//# too large after it has been reduced, the RDMA transport MUST use RDMA Read or Write operations
+//# to convey the Payload stream itself.
+//= specs/rfc8166.txt#section-3.5.3
+//= type=test
+//# If a Reply chunk was provided and the reduced Payload stream is larger than the reply inline
+//# threshold, the Responder MUST use the Requester-provided Reply chunk for the reply.
+//= specs/rfc8166.txt#section-4.3.3
+//= type=test
+//# A Requester MUST provide a Reply chunk whenever the maximum possible size of the RPC Reply
+//# message's Transport and Payload streams is larger than the inline threshold for messages from
+//# Responder to Requester.
 #[test]
 fn long_call_long_reply_and_both() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -291,6 +353,13 @@ fn long_call_long_reply_and_both() {
 /// engine sends more than 1024 bytes: a 1540-byte call becomes a Long Call, a 1540-byte reply
 /// goes through the Reply chunk. With the peer's 4096 advertised, the same messages travel
 /// inline (so the test tells the two apart).
+//= specs/rfc8166.txt#section-3.3.3
+//= type=test
+//# In the absence of such a mechanism, senders and receives MUST assume the inline thresholds are
+//# 1024 bytes.
+//= specs/rfc8166.txt#section-3.5.3
+//= type=test
+//# Every RDMA read segment in this chunk MUST contain zero in its Position field.
 #[test]
 fn senders_assume_1024_bytes_without_private_data() {
     use rpcrdma::engine::{MemRegistrar, Params};
@@ -401,6 +470,11 @@ fn senders_assume_1024_bytes_without_private_data() {
 /// Write chunk does not also need a Reply chunk when the rest fits inline (RFC 8166 §4.3.3 with
 /// §4.3.2; Linux's client does the same, and Linux nfsd 6.1 misreports the Reply chunk length
 /// when both are offered).
+//= specs/rfc8166.txt#section-4.3.3
+//= type=test
+//# A Requester MUST provide a Reply chunk whenever the maximum possible size of the RPC Reply
+//# message's Transport and Payload streams is larger than the inline threshold for messages from
+//# Responder to Requester.
 #[test]
 fn write_chunk_alone_when_the_reduced_reply_fits_inline() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -460,6 +534,15 @@ fn send_with_invalidate_when_one_handle() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-3.3.1
+//= type=test
+//# A Requester MUST NOT send unacknowledged requests in excess of the Responder's granted credit
+//# limit.
+//= specs/rfc8166.txt#section-3.3.3
+//= type=test
+//# A Responder MAY exceed this basic level of configuration, but a Requester MUST NOT assume more
+//# than one credit is available and MUST receive a valid reply from the Responder carrying the
+//# actual number of available credits, prior to sending its next request.
 #[test]
 fn credits_thousand_calls_32_credits() {
     let mut h = Harness::new(cfg(128), cfg(32));
@@ -494,6 +577,10 @@ fn credits_thousand_calls_32_credits() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-3.3.1
+//= type=test
+//# A Requester MUST NOT send unacknowledged requests in excess of the Responder's granted credit
+//# limit.
 #[test]
 fn requester_never_exceeds_its_own_request() {
     let mut h = Harness::new(cfg(4), cfg(64));
@@ -538,6 +625,43 @@ fn only_send(inc: Incoming) -> Bytes {
     }
 }
 
+//= specs/rfc8166.txt#section-4.5.1
+//= type=test
+//# When a Responder detects an RPC-over-RDMA header version that it does not support (currently
+//# this document defines only version 1), it MUST reply with an RDMA_ERROR procedure and set the
+//# rdma_err value to ERR_VERS, also providing the low and high inclusive version numbers it does,
+//# in fact, support.
+//= specs/rfc8166.txt#section-4.5.2
+//= type=test
+//# If the rdma_vers field contains a recognized value, but an XDR parsing error occurs, the
+//# Responder MUST reply with an RDMA_ERROR procedure and set the rdma_err value to ERR_CHUNK.
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# If other errors are detected in the RPC-over-RDMA header of an RPC Call message, a Responder
+//# MUST send an RDMA_ERROR message back to the Requester.
+//= specs/rfc8166.txt#section-4.2.4
+//= type=test
+//# A Responder MUST silently discard RDMA_ERROR procedures.
+//= specs/rfc8166.txt#section-3.4.5
+//= type=test
+//# The value in this field MUST be a multiple of four.
+//= specs/rfc8166.txt#section-4.2.1
+//= type=test
+//# This XID MUST be the same as the XID in the RPC message.
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# o The rdma_xid field MUST contain the same XID that was in the rdma_xid field in the failing
+//# request;
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# o The rdma_vers field MUST contain the same version that was in the rdma_vers field in the
+//# failing request;
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# o The rdma_proc field MUST contain the value RDMA_ERROR; and
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# A receiver MUST silently discard an RDMA_ERROR procedure that it cannot decode.
 #[test]
 fn responder_error_paths() {
     // A version 1 server (max_version 1), as Linux: version 2 -> ERR_VERS low = high = 1,
@@ -616,6 +740,15 @@ fn responder_error_paths() {
     assert!(h.resp.stats().err_chunk >= 6);
 }
 
+//= specs/rfc8166.txt#section-6.1
+//= type=test
+//# The Responder MUST NOT process this RPC Call message and MUST report the violation as described
+//# in Section 4.5.2.
+//= specs/rfc8166.txt#section-4.5.2
+//= type=test
+//# When a Responder receives a valid RPC-over-RDMA header but the Responder's ULP implementation
+//# cannot parse the RPC arguments in the RPC Call message, the Responder SHOULD return an RPC Reply
+//# message with status GARBAGE_ARGS, using an RDMA_MSG procedure.
 #[test]
 fn ineligible_read_chunk_gets_garbage_args() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -671,6 +804,10 @@ impl rpcrdma::ulb::UpperLayerBinding for ClientOnlyBinding {
     }
 }
 
+//= specs/rfc8166.txt#section-6.1
+//= type=test
+//# The Responder MUST NOT process this RPC Call message and MUST report the violation as described
+//# in Section 4.5.2.
 #[test]
 fn program_without_binding_gets_garbage_args_for_chunks() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -704,6 +841,13 @@ fn program_without_binding_gets_garbage_args_for_chunks() {
     ));
 }
 
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# If errors are detected in the RPC-over-RDMA header of an RPC Reply message, a Requester MUST
+//# silently discard the message.
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# A receiver MUST silently discard an RDMA_ERROR procedure that it cannot decode.
 #[test]
 fn requester_handles_rdma_error_and_unknown_xids() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -1025,6 +1169,11 @@ fn cancelled_call_fences_every_chunk_and_discards_its_late_reply() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-3.3.3
+//= type=test
+//# A Responder MAY exceed this basic level of configuration, but a Requester MUST NOT assume more
+//# than one credit is available and MUST receive a valid reply from the Responder carrying the
+//# actual number of available credits, prior to sending its next request.
 #[test]
 fn reconnect_retransmits_with_same_xid_and_one_credit() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -1059,6 +1208,10 @@ fn reconnect_retransmits_with_same_xid_and_one_credit() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-4.5.4
+//= type=test
+//# If a Responder is unable to construct and transmit an RPC Reply or RPC-over-RDMA error message,
+//# the Responder MUST close the connection to signal to the Requester that a reply was lost.
 #[test]
 fn lost_reply_xid_gets_err_chunk_after_reconnect() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -1099,6 +1252,10 @@ fn lost_reply_xid_gets_err_chunk_after_reconnect() {
 /// RFC 8166 §4.5.4 / §4.5.3: a reply whose Send fails always closes the connection; only an
 /// RDMA operational error makes its XID lost (answered with RDMA_ERR_CHUNK on the next
 /// connection). A Send flushed by a connection that broke without one is executed again.
+//= specs/rfc8166.txt#section-4.5.4
+//= type=test
+//# If a Responder is unable to construct and transmit an RPC Reply or RPC-over-RDMA error message,
+//# the Responder MUST close the connection to signal to the Requester that a reply was lost.
 #[test]
 fn send_failed_closes_and_remembers_only_operational_errors() {
     use rpcrdma::responder::Action;
@@ -1149,6 +1306,13 @@ fn gss_integrity() -> OpaqueAuth {
     }
 }
 
+//= specs/rfc8166.txt#section-8.2.2.3
+//= type=test
+//# Therefore, a sender MUST NOT reduce a Payload stream when RPCSEC_GSS integrity or encryption
+//# services are in use.
+//= specs/rfc8166.txt#section-3.5.3
+//= type=test
+//# Every RDMA read segment in this chunk MUST contain zero in its Position field.
 #[test]
 fn rpcsec_gss_integrity_is_never_reduced() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -1311,6 +1475,11 @@ impl rpcrdma::engine::Registrar for StuckRegistrar {
     }
 }
 
+//= specs/rfc8166.txt#section-4.5.4
+//= type=test
+//# After a Requester has received a reply, if it is unable to invalidate a memory region due to an
+//# unrecoverable problem, the Requester MUST close the connection to protect that memory from
+//# Responder access before the associated RPC transaction is complete.
 #[test]
 fn failed_invalidation_closes_the_connection_before_completion() {
     let mut reg = StuckRegistrar(rpcrdma::engine::MemRegistrar::new(3));
@@ -1331,6 +1500,10 @@ fn failed_invalidation_closes_the_connection_before_completion() {
     assert!(close.unwrap() < done.unwrap());
 }
 
+//= specs/rfc8166.txt#section-3.4.5.2
+//= type=test
+//# o If the sender chooses not to include roundup padding in the chunk, the chunk's total length
+//# MUST be the same as the encoded length of the data item.
 #[test]
 fn read_chunk_length_must_match_the_byte_count() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -1350,6 +1523,10 @@ fn read_chunk_length_must_match_the_byte_count() {
     assert_eq!(h.resp.stats().garbage_args, 1);
 }
 
+//= specs/rfc8166.txt#section-3.4.5.2
+//= type=test
+//# o If the Requester chooses to include roundup padding in a Read chunk, the chunk's total length
+//# MUST be the sum of the encoded length of the data item and the length of the roundup padding.
 #[test]
 fn read_chunk_with_round_up_included_is_accepted() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -1375,6 +1552,11 @@ fn read_chunk_with_round_up_included_is_accepted() {
 /// buffers and the Responder's send size. Our buffers are 4096 bytes; a peer that sent no
 /// private data sends at most 1024, so a 1500-byte reply needs a Reply chunk from us, while a
 /// peer that advertised 4096 sends it inline.
+//= specs/rfc8166.txt#section-4.3.3
+//= type=test
+//# A Requester MUST provide a Reply chunk whenever the maximum possible size of the RPC Reply
+//# message's Transport and Payload streams is larger than the inline threshold for messages from
+//# Responder to Requester.
 #[test]
 fn reply_chunk_when_the_peer_sends_less_than_we_receive() {
     use rpcrdma::engine::{MemRegistrar, Params};

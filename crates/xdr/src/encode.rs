@@ -306,11 +306,21 @@ impl Encoder {
     /// (RFC 8166 §3.4.5: the chunk's Position is where the contents begin). Otherwise it is
     /// encoded inline exactly like [`Encoder::put_opaque_bytes`]. Returns true if reduced.
     pub fn put_ddp_opaque(&mut self, b: Bytes) -> bool {
+        //= specs/rfc8166.txt#section-3.5.2
+        //# If DDP-eligible data items are present in a Payload stream, a sender MAY reduce some or
+        //# all of these items by removing them from the Payload stream.
         if let DdpPolicy::Reduce { min_len, max_items } = self.policy
             && b.len() >= min_len
             && self.reduced.len() < max_items
         {
             self.put_u32(xdr_len(b.len()));
+            //= specs/rfc8166.txt#section-3.4.4.1
+            //# If a chunk contains a counted array data type, the count of array elements MUST
+            //# remain in the Payload stream, while the array elements MUST be moved to the chunk.
+            //= specs/rfc8166.txt#section-3.4.4.4
+            //# When a variable-length XDR data item is reduced, the sender MUST remove XDR roundup
+            //# padding for that data item from the Payload stream so that data items remaining in
+            //# the Payload stream begin on four-byte alignment.
             let position = self.position();
             self.reduced.push(ReducedItem { position, data: b });
             return true;

@@ -87,6 +87,9 @@ async fn open_client_link(
     let recv_bufs = recv_pool(
         &pd,
         nrecv,
+        //= specs/rfc8166.txt#section-3.3.3
+        //# Receiver implementations MUST support inline thresholds of 1024 bytes but MAY support
+        //# larger inline thresholds values.
         // RFC 8166 §3.3.3: receivers support at least 1024-byte messages.
         cfg.inline_recv.max(crate::privdata::DEFAULT_INLINE) as usize,
     )?;

@@ -354,6 +354,8 @@ impl Responder {
     }
 
     /// The forward credit grant; never zero (RFC 8166 §3.3.1).
+    //= specs/rfc8166.txt#section-3.3.1
+    //# The granted value MUST NOT be zero, since such a value would result in deadlock.
     pub fn grant(&self) -> u32 {
         self.cfg.credits.max(1)
     }
@@ -389,6 +391,11 @@ impl Responder {
     fn garbage(&mut self, xid: u32) -> Incoming {
         self.stats.garbage_args += 1;
         // RFC 8166 §4.5.2: GARBAGE_ARGS travels in an RDMA_MSG.
+        //= specs/rfc8166.txt#section-4.5.2
+        //# When a Responder receives a valid RPC-over-RDMA header but the Responder's ULP
+        //# implementation cannot parse the RPC arguments in the RPC Call message, the Responder
+        //# SHOULD return an RPC Reply message with status GARBAGE_ARGS, using an RDMA_MSG
+        //# procedure.
         let r = oncrpc::service::accepted(xid, AcceptStat::GarbageArgs, None);
         let body = r.message.to_bytes();
         let mut data = self.header_bytes(
@@ -413,6 +420,11 @@ impl Responder {
             return self.error(ErrorResponse::Discard);
         };
         match self.version.check(vers) {
+            //= specs/rfc8166.txt#section-4.5.1
+            //# When a Responder detects an RPC-over-RDMA header version that it does not support
+            //# (currently this document defines only version 1), it MUST reply with an RDMA_ERROR
+            //# procedure and set the rdma_err value to ERR_VERS, also providing the low and high
+            //# inclusive version numbers it does, in fact, support.
             CallVersion::ErrVers { low, high } => {
                 self.stats.err_vers += 1;
                 return Incoming::Respond(vec![Action::Send {
@@ -427,18 +439,25 @@ impl Responder {
             Ok(x) => x,
             Err(e) => {
                 tracing::debug!(error = %e, "bad transport header");
+                //= specs/rfc8166.txt#section-4.5
+                //# If other errors are detected in the RPC-over-RDMA header of an RPC Call message,
+                //# a Responder MUST send an RDMA_ERROR message back to the Requester.
                 return self.error(e.response());
             }
         };
         let xid = header.xid;
         match &header.body {
             Body::Msg(_) | Body::NoMsg(_) => {}
-            // RFC 8166 §4.6.1 / §4.6.2: RDMA_MSGP and RDMA_DONE get RDMA_ERR_CHUNK.
+            // RFC 8166 §4.6.1: RDMA_MSGP gets RDMA_ERR_CHUNK. RDMA_DONE gets it too, although
+            // §4.6.2 says receivers MUST silently discard RDMA_DONE (not changed here: see
+            // docs/traceability.md).
             Body::MsgP { .. } | Body::Done => {
                 return self.error(HeaderError::BadProc { xid, proc_: 0 }.response());
             }
             // An RDMA_ERROR sent to a Responder has no transaction to end: drop it (and never
             // answer an error with an error, RFC 8166 §4.5).
+            //= specs/rfc8166.txt#section-4.2.4
+            //# A Responder MUST silently discard RDMA_ERROR procedures.
             Body::Error(_) => {
                 self.stats.dropped += 1;
                 return Incoming::Nothing;
@@ -607,6 +626,8 @@ impl Responder {
         let mut last = 0u32;
         let bad_positions = read_chunks.iter().any(|c| {
             // RFC 8166 §3.4.5: "The value in this field MUST be a multiple of four."
+            //= specs/rfc8166.txt#section-3.4.5
+            //# The value in this field MUST be a multiple of four.
             let bad = c.position % 4 != 0 || c.position < last;
             last = c.position;
             bad
@@ -710,6 +731,8 @@ impl Responder {
     ) -> Incoming {
         let xid = p.header.xid;
         // RFC 8166 §4.5.2: an rdma_xid that does not match the RPC XID is an XDR error.
+        //= specs/rfc8166.txt#section-4.2.1
+        //# This XID MUST be the same as the XID in the RPC message.
         if rpc_xid(&message) != Some(xid) {
             return self.error(ErrorResponse::ErrChunk { xid });
         }
@@ -743,6 +766,9 @@ impl Responder {
             // violation is not processed and is reported with GARBAGE_ARGS. Programs without
             // an Upper-Layer Binding have no eligible items, and neither do calls under
             // RPCSEC_GSS integrity or privacy (RFC 8166 §8.2.2.3).
+            //= specs/rfc8166.txt#section-6.1
+            //# The Responder MUST NOT process this RPC Call message and MUST report the violation
+            //# as described in Section 4.5.2.
             let Some(ulb) = ulb.filter(|_| !gss) else {
                 return self.garbage(xid);
             };
@@ -753,6 +779,14 @@ impl Responder {
             };
             // The chunk holds the item's contents, with or without its XDR round-up
             // (RFC 8166 §3.4.5.2: the Requester SHOULD NOT include the padding, and may).
+            //= specs/rfc8166.txt#section-3.4.5.2
+            //# o If the Requester chooses to include roundup padding in a Read chunk,
+            //# the chunk's total length MUST be the sum of the encoded length of the
+            //# data item and the length of the roundup padding.
+            //= specs/rfc8166.txt#section-3.4.5.2
+            //# o If the sender chooses not to include roundup padding in the chunk, the
+            //# chunk's total length MUST be the same as the encoded length of the data
+            //# item.
             let ok = others.iter().all(|(pos, d)| {
                 items.iter().any(|r| {
                     r.start + args_at == *pos
@@ -763,6 +797,12 @@ impl Responder {
                 return self.garbage(xid);
             }
         }
+        //= specs/rfc8166.txt#section-4.3.2
+        //# When a Requester provides a Write list, the Responder MUST push data corresponding to
+        //# DDP-eligible result data items to Requester memory referenced in the Write list.
+        //= specs/rfc8166.txt#section-8.2.2.3
+        //# Therefore, a sender MUST NOT reduce a Payload stream when RPCSEC_GSS integrity or
+        //# encryption services are in use.
         let policy = if gss || chunks.writes.is_empty() {
             DdpPolicy::Inline
         } else {
@@ -837,9 +877,22 @@ impl Responder {
         // Write list: item i goes to Write chunk i, segments filled in array order; pad bytes
         // are never written (RFC 8166 §3.4.6, §3.4.6.2); unused chunks come back with every
         // segment length zero (RFC 8166 §4.3.2.2).
+        //= specs/rfc8166.txt#section-3.4.4.4
+        //# Except in special cases (covered in Section 3.5.3), a chunk MUST contain exactly one XDR
+        //# data item.
+        //= specs/rfc8166.txt#section-4.3.2.2
+        //# If there is a subsequent DDP-eligible result data item in the RPC Reply message, it MUST
+        //# be placed in that unconsumed Write chunk.
         let mut writes: Vec<WriteChunk> = Vec::with_capacity(token.writes.len());
         for (i, chunk) in token.writes.iter().enumerate() {
             match msg.reduced.get(i) {
+                //= specs/rfc8166.txt#section-3.4.6.2
+                //# A Responder MUST NOT write XDR roundup padding into a Write chunk, even if the
+                //# Requester made space available for it.
+                //= specs/rfc8166.txt#section-3.4.6.2
+                //# Therefore, when returning a single variable-length result data item, a returned
+                //# Write chunk's total length MUST be the same as the encoded length of the result
+                //# data item.
                 Some(item) => match fill_segments(chunk, &item.data) {
                     Some((w, updated)) => {
                         actions.extend(
@@ -861,6 +914,10 @@ impl Responder {
                     }
                     None => return self.error_actions(ErrorResponse::ErrChunk { xid }),
                 },
+                //= specs/rfc8166.txt#section-4.3.2.2
+                //# If this is the last or only Write chunk available and it remains unconsumed, the
+                //# Responder MUST return this Write chunk as an unused Write chunk (see Section
+                //# 3.4.6).
                 None => writes.push(chunk.iter().map(|s| Segment { length: 0, ..*s }).collect()),
             }
         }
@@ -870,8 +927,12 @@ impl Responder {
         }
         let payload = msg.to_bytes();
         let mut chunks = Chunks {
+            //= specs/rfc8166.txt#section-4.3.1
+            //# Responders MUST leave the Read list empty in all replies.
             reads: Vec::new(),
             writes,
+            // An inline reply does not copy the Requester's Reply chunk back (as Linux does),
+            // although RFC 8166 §4.3.3 asks for it whenever one was provided.
             reply: None,
         };
         let hdr_len = if self.v2() {
@@ -885,11 +946,23 @@ impl Responder {
             Header::new(xid, 0, Body::Msg(chunks.clone())).encoded_len()
         };
         let inline_len = hdr_len + payload.len();
+        //= specs/rfc8166.txt#section-4.3.3
+        //# If the Transport stream and Payload stream together are smaller than the reply inline
+        //# threshold, the Responder MAY return the RPC Reply message as a Short message rather than
+        //# using the Requester-provided Reply chunk.
+        //= specs/rfc8166.txt#section-3.5.3
+        //# If there are no DDP- eligible data items in the Payload stream, or the Payload stream is
+        //# still too large after it has been reduced, the RDMA transport MUST use RDMA Read or
+        //# Write operations to convey the Payload stream itself.
         let (body, inline) = if inline_len <= self.params.inline_send {
             (Body::Msg(chunks), payload)
         } else {
             // Long Reply: the Payload stream goes through the Reply chunk (RFC 8166 §3.5.3: "the
             // Responder MUST use the Requester-provided Reply chunk for the reply").
+            //= specs/rfc8166.txt#section-3.5.3
+            //# If a Reply chunk was provided and the reduced Payload stream is larger than the
+            //# reply inline threshold, the Responder MUST use the Requester-provided Reply
+            //# chunk for the reply.
             let fits = token
                 .reply_chunk
                 .as_ref()
@@ -963,6 +1036,10 @@ impl Responder {
     /// RFC 8166 §4.5.4: the connection is closed; §4.5.3: once the Requester reconnects and
     /// retransmits, this XID is answered with RDMA_ERR_CHUNK.
     #[must_use = "every action the engine returns must be performed"]
+    //= specs/rfc8166.txt#section-4.5.4
+    //# If a Responder is unable to construct and transmit an RPC Reply or RPC-over-RDMA error
+    //# message, the Responder MUST close the connection to signal to the Requester that a reply was
+    //# lost.
     pub fn reply_failed(&mut self, xid: u32) -> Vec<Action> {
         self.in_progress.remove(&xid);
         if self.lost.len() < 4096 {
