@@ -63,7 +63,7 @@
 //! suggests to a Requester, sending RDMA2_CONNPROP, or reduction of any item its Upper-Layer
 //! Binding did not mark DDP-eligible. Requesters refuse calls of programs without a binding
 //! (`RpcError::NoBinding`, RFC 8166 §6); Responders still answer inline calls of such
-//! programs (see `CONFORMANCE.md`).
+//! programs (see `docs/traceability.md`).
 
 pub mod call_policy;
 pub mod driver;

@@ -305,6 +305,10 @@ impl Encoder {
     /// the stream and recorded as a [`ReducedItem`]; the length word stays in the stream
     /// (RFC 8166 §3.4.5: the chunk's Position is where the contents begin). Otherwise it is
     /// encoded inline exactly like [`Encoder::put_opaque_bytes`]. Returns true if reduced.
+    // The one kind of item that can be reduced is a variable-length opaque: never a union.
+    //= specs/rfc8166.txt#section-3.4.4.3
+    //# A union data type MUST NOT be made DDP-eligible, but one or more of its arms MAY be
+    //# DDP-eligible, subject to the other requirements in this section.
     pub fn put_ddp_opaque(&mut self, b: Bytes) -> bool {
         //= specs/rfc8166.txt#section-3.5.2
         //# If DDP-eligible data items are present in a Payload stream, a sender MAY reduce some or
