@@ -57,7 +57,7 @@ struct ClientInner {
     back: Option<Dispatcher>,
     reconnects: AtomicU64,
     /// The Requester's decisions about calls: how each is encoded (reduction, RFC 8166 §6.1,
-    /// §10.2.2.3) and the short Reply chunk retries (RFC 8267 §3.1).
+    /// §8.2.2.3) and the short Reply chunk retries (RFC 8267 §3.1).
     policy: Arc<CallPolicy>,
     /// Calls sent again with a larger Reply chunk after RDMA_ERR_CHUNK.
     short_reply_retries: AtomicU64,
