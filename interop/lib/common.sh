@@ -178,7 +178,7 @@ ix_capture_stop() {
 #   message only in its second pass (packet-rpcrdma.c), so a one-pass read flags every reduced
 #   reply (NFS READ, READLINK) as malformed.
 # - odd_chunk: a malformed RPC-over-RDMA frame with a Write list whose chunk length is not a
-#   multiple of 4. RFC 8166 §4.4.6.1 forbids writing the XDR pad into the chunk, and Wireshark
+#   multiple of 4. RFC 8166 §3.4.6.2 forbids writing the XDR pad into the chunk, and Wireshark
 #   4.0 puts the chunk data back without restoring it, so the rest of the XDR is misaligned.
 #   Kernel nfsd's replies are flagged the same way (interop/WIRE-NOTES.md).
 # - tcp_loss: a malformed frame in a TCP stream after tcpdump lost a segment of it ("previous

@@ -146,6 +146,10 @@ impl Served {
     //= specs/rfc8267.txt#section-4.2
     //# The chosen port MAY be
     //# registered with the RPC portmapper under the netids assigned in
+    //= specs/rfc8166.txt#section-9
+    //# These netids MAY be used for any RDMA network that satisfies the requirements of Section
+    //# 2.3.2 and that is able to identify service endpoints using IP port addressing, possibly
+    //# through use of a translation service as described in Section 5.
     pub fn register_rdma(&self, addr: SocketAddr) {
         self.portmapper.set(Registration {
             prog: nfs3::PROGRAM,
@@ -214,6 +218,16 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
     let mut mount_addr = None;
     let mut portmap_addr = None;
     if let Some(addr) = config.tcp {
+        // NFS (version 3 and 4.x) is served over TCP and RPC-over-RDMA only, never UDP.
+        //= specs/rfc8267.txt#section-6.7.1
+        //# Where an NFSv4 implementation supports operation over the IP
+        //# network protocol, the supported transport layer between NFS and IP
+        //# MUST be an IETF standardized transport protocol that is specified
+        //# to avoid network congestion; such transports include TCP and the
+        //# Stream Control Transmission Protocol (SCTP).
+        //= specs/rfc8267.txt#section-6.7.1
+        //# As a consequence, UDP by itself MUST NOT be used as an
+        //# NFSv4.1 transport.
         let l = TcpServer::bind(addr, nfs_dispatcher.clone(), scfg.clone()).await?;
         let a = l.local_addr();
         nfs_addr = Some(a);

@@ -5,9 +5,9 @@
 //!   §4.1 with the NFS binding);
 //! - with a binding that makes nothing DDP-eligible (a client without a binding may not send
 //!   at all, RFC 8166 §6), a WRITE larger than the inline threshold is a Long Call: RDMA_NOMSG
-//!   with a Position-Zero Read chunk (5666bis §4.5.3);
+//!   with a Position-Zero Read chunk (RFC 8166 §3.5.3);
 //! - READDIRPLUS and READDIR replies larger than the inline threshold come back through the Reply chunk
-//!   as RDMA_NOMSG (5666bis §4.5.3 Long Reply);
+//!   as RDMA_NOMSG (RFC 8166 §3.5.3 Long Reply);
 //! - permission and export-escape attempts fail over RDMA with the same NFSv3 status as over
 //!   TCP.
 //!

@@ -195,7 +195,7 @@ impl Credential {
     }
 
     /// True when the call's arguments and results are wrapped by RPCSEC_GSS integrity or
-    /// privacy. RPC-over-RDMA must not reduce such payloads (RFC 8166 §9.2.2).
+    /// privacy. RPC-over-RDMA must not reduce such payloads (RFC 8166 §8.2.2.3).
     pub fn forbids_reduction(&self) -> bool {
         matches!(
             self,

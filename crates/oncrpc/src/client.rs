@@ -134,15 +134,15 @@ pub enum RpcError {
     /// The transport has been shut down.
     #[error("RPC client is closed")]
     Closed,
-    /// The RPC-over-RDMA Responder answered RDMA_ERR_CHUNK (RFC 8166 §5.5.2): it could not
+    /// The RPC-over-RDMA Responder answered RDMA_ERR_CHUNK (RFC 8166 §4.5.2): it could not
     /// parse the transport header, or the reply did not fit the reply resources the call
     /// offered (its Reply chunk or the inline threshold; RFC 8267 §3.1).
     #[error("RPC-over-RDMA responder returned RDMA_ERR_CHUNK")]
     RdmaErrChunk,
     /// The transport may not carry calls of this program and version, so nothing was sent.
     /// RPC-over-RDMA carries only programs that have an Upper-Layer Binding (RFC 8166 §6:
-    /// "Requesters MUST NOT send RPC-over-RDMA messages for Upper-Layer Protocols that do not
-    /// have an Upper-Layer Binding").
+    /// "Each RPC Program and Version tuple that utilizes RPC-over-RDMA version 1 needs to have a
+    /// ULB specification").
     #[error("program {prog} version {vers} has no Upper-Layer Binding on this transport; not sent")]
     NoBinding { prog: u32, vers: u32 },
 }

@@ -5,7 +5,7 @@
 //!   `auth_stat`; checked decoding (never panics) and exact encoding.
 //! - [`auth`]: AUTH_NONE and AUTH_SYS, and enough of RPCSEC_GSS (RFC 2203) to tell the service
 //!   (none, integrity, privacy) of a call, because RPC-over-RDMA must not reduce payloads under
-//!   integrity or privacy (RFC 8166 §9.2.2).
+//!   integrity or privacy (RFC 8166 §8.2.2.3).
 //! - [`service`]: the transport-neutral server side. A [`service::Program`] handles calls; the
 //!   [`service::Dispatcher`] routes them and produces PROG_UNAVAIL, PROG_MISMATCH, PROC_UNAVAIL,
 //!   GARBAGE_ARGS, SYSTEM_ERR, RPC_MISMATCH and AUTH_ERROR replies.

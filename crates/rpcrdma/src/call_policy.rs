@@ -2,8 +2,8 @@
 //!
 //! - [`CallPolicy::encoding`]: whether the call's DDP-eligible arguments may be reduced into
 //!   Read chunks (and its results into Write chunks), and with which encoder policy: nothing
-//!   is reduced under RPCSEC_GSS integrity or privacy (5666bis §10.2.2.3) nor for a program
-//!   whose binding makes no item DDP-eligible (5666bis §8.1).
+//!   is reduced under RPCSEC_GSS integrity or privacy (RFC 8166 §8.2.2.3) nor for a program
+//!   whose binding makes no item DDP-eligible (RFC 8166 §6.1).
 //! - [`CallPolicy::short_reply_retry_size`]: after RDMA_ERR_CHUNK, the larger Reply chunk to
 //!   ask for in a new transaction, when the program's binding allows it (RFC 8267 §3.1).
 //!
@@ -33,7 +33,7 @@ pub struct CallEncoding {
 pub struct CallPolicy {
     ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
     /// Programs whose Upper-Layer Binding makes some item DDP-eligible: only their calls are
-    /// encoded with reduction (5666bis §8.1).
+    /// encoded with reduction (RFC 8166 §6.1).
     reducing: HashSet<u32>,
     ddp_min: usize,
     max_read_chunks: usize,
@@ -68,11 +68,18 @@ impl CallPolicy {
     }
 
     /// How to encode `req`. Calls of programs without a binding are encoded inline here and
-    /// refused by [`crate::requester::Requester::submit`] (5666bis §8).
+    /// refused by [`crate::requester::Requester::submit`] (RFC 8166 §6).
     pub fn encoding(&self, req: &CallRequest) -> CallEncoding {
-        // Nothing is reduced under RPCSEC_GSS integrity or privacy (5666bis §10.2.2.3), nor
-        // for a program whose binding makes nothing DDP-eligible (5666bis §8.1: only items
+        // Nothing is reduced under RPCSEC_GSS integrity or privacy (RFC 8166 §8.2.2.3), nor
+        // for a program whose binding makes nothing DDP-eligible (RFC 8166 §6.1: only items
         // a binding marks DDP-eligible may be reduced). Long messages still use chunks.
+        //= specs/rfc8166.txt#section-8.2.2.3
+        //# Therefore, a sender MUST NOT reduce a Payload stream when RPCSEC_GSS integrity or
+        //# encryption services are in use.
+        //= specs/rfc8166.txt#section-3.4.2
+        //# All other XDR data items MUST NOT be reduced.
+        //= specs/rfc8166.txt#section-6.1
+        //# Senders MUST NOT reduce data items that are not DDP-eligible.
         let no_reduction = Credential::parse(&req.cred).is_ok_and(|c| c.forbids_reduction())
             || !self.reducing.contains(&req.prog);
         let policy = if no_reduction {
@@ -162,6 +169,16 @@ mod tests {
         CallRequest::new(prog, 1, proc_, |e: &mut Encoder| e.put_u32(5))
     }
 
+    //= specs/rfc8166.txt#section-3.4.2
+    //= type=test
+    //# All other XDR data items MUST NOT be reduced.
+    //= specs/rfc8166.txt#section-6.1
+    //= type=test
+    //# Senders MUST NOT reduce data items that are not DDP-eligible.
+    //= specs/rfc8166.txt#section-8.2.2.3
+    //= type=test
+    //# Therefore, a sender MUST NOT reduce a Payload stream when RPCSEC_GSS integrity or encryption
+    //# services are in use.
     #[test]
     fn reduction_only_for_bindings_with_eligible_items_and_never_under_gss() {
         let p = policy();
@@ -180,7 +197,7 @@ mod tests {
             let e = p.encoding(&call(prog, 1));
             assert_eq!((e.policy, e.no_reduction), (DdpPolicy::Inline, true));
         }
-        // RPCSEC_GSS (flavor 6), integrity service: 5666bis §10.2.2.3.
+        // RPCSEC_GSS (flavor 6), integrity service: RFC 8166 §8.2.2.3.
         let mut body = Encoder::new();
         for w in [1, 0, 1, 2] {
             body.put_u32(w);

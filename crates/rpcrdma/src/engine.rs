@@ -12,7 +12,7 @@ use crate::privdata::{self, Negotiated, PrivateData};
 /// Settings of one RPC-over-RDMA endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// Forward credits: requested by a Requester, granted by a Responder (5666bis §4.3.1).
+    /// Forward credits: requested by a Requester, granted by a Responder (RFC 8166 §3.3.1).
     /// Linux grants 64.
     pub credits: u32,
     /// Backward-direction credits (RFC 8167 §4.1; Linux uses 2 on the server, 16 slots on
@@ -87,7 +87,7 @@ pub struct Params {
     /// Our receive buffers' size.
     pub inline_recv: usize,
     /// Largest message the peer may send us inline (our receive size capped by its send
-    /// size): the Requester's bound for an inline reply (5666bis §4.3.2, RFC 8797).
+    /// size): the Requester's bound for an inline reply (RFC 8166 §3.3.2, RFC 8797).
     pub reply_inline: usize,
     /// The peer accepts Send With Invalidate.
     pub peer_remote_invalidate: bool,
@@ -105,7 +105,7 @@ impl From<Negotiated> for Params {
 }
 
 impl Default for Params {
-    /// 5666bis §4.3.3: without a discovery mechanism, senders assume 1024 bytes.
+    /// RFC 8166 §3.3.3: without a discovery mechanism, senders assume 1024 bytes.
     fn default() -> Self {
         Params {
             inline_send: privdata::DEFAULT_INLINE as usize,
@@ -140,7 +140,7 @@ pub enum RegError {
 }
 
 /// Memory registration, done by the verbs layer (which also picks the handles, so they are
-/// unpredictable: 5666bis §10.1.2). The engines call it synchronously; a verbs driver posts
+/// unpredictable: RFC 8166 §8.1.2). The engines call it synchronously; a verbs driver posts
 /// FastReg / LocalInv work requests on the same queue pair ahead of the Send.
 pub trait Registrar {
     /// Register `data` for RDMA Read by the peer (a Read chunk source).
@@ -180,8 +180,9 @@ pub(crate) struct Mismatch;
 
 /// Put chunk data back into a Payload stream. `chunks` holds (Position, data) in increasing
 /// Position order; each Position is the offset in the reassembled stream where the chunk's
-/// contents begin. Each chunk is followed by XDR round-up zeros (5666bis §4.4.5.1: "the
-/// responder MUST be prepared to provide appropriate round-up").
+/// contents begin. Each chunk is followed by XDR round-up zeros: a reduced item's padding is not in
+/// the Payload stream (RFC 8166 §3.4.4.4) and need not be in its Read chunk (§3.4.5.2), and the
+/// items after it begin on four-byte alignment.
 pub(crate) fn reassemble(inline: &[u8], chunks: &[(usize, Bytes)]) -> Result<Bytes, Mismatch> {
     if chunks.is_empty() {
         return Ok(Bytes::copy_from_slice(inline));
@@ -206,6 +207,9 @@ pub(crate) fn reassemble(inline: &[u8], chunks: &[(usize, Bytes)]) -> Result<Byt
 
 /// Positions of reduced items in the unreduced stream: the reduced Position plus the padded
 /// lengths of the items before it.
+//= specs/rfc8166.txt#section-3.4.5
+//# The Position value MUST be computed from the beginning of the unreduced Payload stream, which
+//# begins at Position zero.
 pub(crate) fn unreduced_positions(items: &[xdr::ReducedItem]) -> Vec<usize> {
     let mut shift = 0;
     items
@@ -221,9 +225,12 @@ pub(crate) fn unreduced_positions(items: &[xdr::ReducedItem]) -> Vec<usize> {
 /// One RDMA Write: the target segment (with the length to write) and the bytes.
 pub(crate) type SegmentWrite = (Segment, Bytes);
 
-/// Split `data` over `segments` in array order (5666bis §4.4.6: "fills the segments in array
-/// order"). Returns the (segment, bytes) writes and the segments with updated lengths; unused
+/// Split `data` over `segments` in array order (RFC 8166 §3.4.6: "filling the chunk contiguously
+/// and in segment array order"). Returns the (segment, bytes) writes and the segments with updated lengths; unused
 /// segments get length zero. `None` when the data does not fit.
+//= specs/rfc8166.txt#section-3.4.6
+//# The Responder MUST copy the segment count and all segments from the Requester-provided Write
+//# chunk into the RPC Reply message's Transport header.
 pub(crate) fn fill_segments(
     segments: &[Segment],
     data: &Bytes,
@@ -394,6 +401,10 @@ mod tests {
         assert_eq!(&two[..], b"aaaa1\0\0\0bbbb22222\0\0\0");
     }
 
+    //= specs/rfc8166.txt#section-3.4.6
+    //= type=test
+    //# The Responder MUST copy the segment count and all segments from the Requester-provided Write
+    //# chunk into the RPC Reply message's Transport header.
     #[test]
     fn segments_fill_in_order() {
         let segs = [

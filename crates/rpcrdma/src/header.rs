@@ -1,4 +1,4 @@
-//! The RPC-over-RDMA Version One transport header (5666bis §5.1.3, §5.2, §5.3).
+//! The RPC-over-RDMA Version One transport header (RFC 8166 §4.1.2, §4.2, §4.3).
 //!
 //! Two layers, as everywhere in oxrdma: [`Header::decode`] is a checked decoder that never
 //! panics and reports every failure as a [`HeaderError`] that says how the receiver must answer
@@ -7,22 +7,24 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use xdr::{Decoder, XdrError};
 
-/// The only RPC-over-RDMA version this crate speaks (5666bis §5.2.2).
+/// The only RPC-over-RDMA version this crate speaks (RFC 8166 §4.2.2).
+//= specs/rfc8166.txt#section-4.2.2
+//# For RPC-over-RDMA version 1, this field MUST contain the value one (1).
 pub const RPCRDMA_VERSION: u32 = 1;
 
-/// Length of the fixed part of every header: xid, vers, credits, proc (5666bis §5.2).
+/// Length of the fixed part of every header: xid, vers, credits, proc (RFC 8166 §4.2).
 pub const FIXED_LEN: usize = 16;
 
 /// Smallest RDMA_MSG / RDMA_NOMSG header: the fixed part plus three empty chunk lists.
 pub const MIN_MSG_LEN: usize = FIXED_LEN + 12;
 
-/// `rdma_proc` values (5666bis §5.1.3).
+/// `rdma_proc` values (RFC 8166 §4.1.2).
 pub const RDMA_MSG: u32 = 0;
 /// RDMA_NOMSG.
 pub const RDMA_NOMSG: u32 = 1;
-/// RDMA_MSGP (no longer supported, 5666bis §5.6.1).
+/// RDMA_MSGP (no longer supported, RFC 8166 §4.6.1).
 pub const RDMA_MSGP: u32 = 2;
-/// RDMA_DONE (no longer supported, 5666bis §5.6.2).
+/// RDMA_DONE (no longer supported, RFC 8166 §4.6.2).
 pub const RDMA_DONE: u32 = 3;
 /// RDMA_ERROR.
 pub const RDMA_ERROR: u32 = 4;
@@ -32,8 +34,12 @@ pub const ERR_VERS: u32 = 1;
 /// `rdma_err` RDMA_ERR_CHUNK.
 pub const ERR_CHUNK: u32 = 2;
 
-/// An RDMA segment: handle, length, offset (5666bis §4.4.3). On the wire: `HLOO`.
+/// An RDMA segment: handle, length, offset (RFC 8166 §3.4.3). On the wire: `HLOO`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+//= specs/rfc8166.txt#section-2.3.2
+//# The RPC-over-RDMA version 1 protocol assumes that each region of registered memory MUST be
+//# identified with a steering tag of no more than 32 bits and memory addresses of up to 64 bits in
+//# length.
 pub struct Segment {
     /// The steering tag (R_key / STag) of the registered memory.
     pub handle: u32,
@@ -43,7 +49,7 @@ pub struct Segment {
     pub offset: u64,
 }
 
-/// A Read segment: a segment with its XDR Position (5666bis §4.4.5). On the wire: `PHLOO`.
+/// A Read segment: a segment with its XDR Position (RFC 8166 §3.4.5). On the wire: `PHLOO`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ReadSegment {
     /// Byte offset in the Payload stream where this chunk's data belongs.
@@ -51,7 +57,7 @@ pub struct ReadSegment {
     pub target: Segment,
 }
 
-/// A Read chunk: the consecutive Read segments sharing one Position (5666bis §4.4.5).
+/// A Read chunk: the consecutive Read segments sharing one Position (RFC 8166 §3.4.5).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReadChunk {
     pub position: u32,
@@ -70,7 +76,7 @@ impl ReadChunk {
     }
 }
 
-/// A Write chunk (or the Reply chunk): a counted array of segments (5666bis §4.4.6).
+/// A Write chunk (or the Reply chunk): a counted array of segments (RFC 8166 §3.4.6).
 pub type WriteChunk = Vec<Segment>;
 
 /// Sum of the lengths of a Write chunk's segments.
@@ -78,7 +84,7 @@ pub fn chunk_len(chunk: &[Segment]) -> u64 {
     chunk.iter().map(|s| u64::from(s.length)).sum()
 }
 
-/// The three chunk lists of RDMA_MSG and RDMA_NOMSG (5666bis §5.3).
+/// The three chunk lists of RDMA_MSG and RDMA_NOMSG (RFC 8166 §4.3).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Chunks {
     /// The Read list, as a flat list of Read segments in wire order.
@@ -96,7 +102,7 @@ impl Chunks {
     }
 
     /// The Read list grouped into Read chunks: consecutive segments with the same Position
-    /// belong to one chunk (5666bis §4.4.5, §5.3.1).
+    /// belong to one chunk (RFC 8166 §3.4.5, §4.3.1).
     pub fn read_chunks(&self) -> Vec<ReadChunk> {
         let mut out: Vec<ReadChunk> = Vec::new();
         for rs in &self.reads {
@@ -167,12 +173,12 @@ fn put_chunk(out: &mut BytesMut, c: &[Segment]) {
     }
 }
 
-/// The body of an RDMA_ERROR message (5666bis §5.1.3 `rpcrdma1_error`).
+/// The body of an RDMA_ERROR message (RFC 8166 §4.1.2 `rpc_rdma_error`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorBody {
-    /// RDMA_ERR_VERS with the inclusive range of supported versions (5666bis §5.5.1).
+    /// RDMA_ERR_VERS with the inclusive range of supported versions (RFC 8166 §4.5.1).
     Vers { low: u32, high: u32 },
-    /// RDMA_ERR_CHUNK (5666bis §5.5.2).
+    /// RDMA_ERR_CHUNK (RFC 8166 §4.5.2).
     Chunk,
 }
 
@@ -185,13 +191,13 @@ pub enum Body {
     /// or the Reply chunk.
     NoMsg(Chunks),
     /// RDMA_MSGP, recognised so that a receiver can answer it with RDMA_ERR_CHUNK
-    /// (5666bis §5.6.1). Senders MUST NOT send it; the encoder exists for tests.
+    /// (RFC 8166 §4.6.1). Senders MUST NOT send it; the encoder exists for tests.
     MsgP {
         align: u32,
         thresh: u32,
         chunks: Chunks,
     },
-    /// RDMA_DONE, recognised so that a receiver can answer it (5666bis §5.6.2).
+    /// RDMA_DONE, recognised so that a receiver can answer it (RFC 8166 §4.6.2).
     Done,
     /// RDMA_ERROR.
     Error(ErrorBody),
@@ -221,11 +227,11 @@ impl Body {
 /// A whole transport header (`rpcrdma1_header`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
-    /// Same value as the RPC message's XID (5666bis §5.2.1).
+    /// Same value as the RPC message's XID (RFC 8166 §4.2.1).
     pub xid: u32,
     /// Always [`RPCRDMA_VERSION`] for headers this crate builds.
     pub vers: u32,
-    /// Requested (calls) or granted (replies) credits (5666bis §5.2.3).
+    /// Requested (calls) or granted (replies) credits (RFC 8166 §4.2.3).
     pub credits: u32,
     pub body: Body,
 }
@@ -252,17 +258,17 @@ impl Default for DecodeLimits {
     }
 }
 
-/// How a receiver answers a header it could not accept (5666bis §5.5).
+/// How a receiver answers a header it could not accept (RFC 8166 §4.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorResponse {
     /// Reply with RDMA_ERROR / RDMA_ERR_VERS carrying `xid` and the supported range
-    /// (5666bis §5.5.1).
+    /// (RFC 8166 §4.5.1).
     ErrVers { xid: u32, vers: u32 },
-    /// Reply with RDMA_ERROR / RDMA_ERR_CHUNK carrying `xid` (5666bis §5.5.2).
+    /// Reply with RDMA_ERROR / RDMA_ERR_CHUNK carrying `xid` (RFC 8166 §4.5.2).
     ErrChunk { xid: u32 },
     /// Send nothing: the message is too short to carry an XID, or it is a malformed
-    /// RDMA_ERROR (5666bis §5.5: "MUST silently discard an RDMA_ERROR procedure that cannot be
-    /// decoded").
+    /// RDMA_ERROR (RFC 8166 §4.5: "A receiver MUST silently discard an RDMA_ERROR procedure that it
+    /// cannot decode").
     Discard,
 }
 
@@ -288,7 +294,7 @@ pub enum HeaderError {
     /// A chunk list is longer than the receiver accepts.
     #[error("chunk list exceeds limit {limit} (xid {xid:#010x})")]
     TooManySegments { xid: u32, limit: usize },
-    /// RDMA_NOMSG without any chunk (5666bis §5.5.2 names it as an XDR error).
+    /// RDMA_NOMSG without any chunk (RFC 8166 §4.5.2 names it as an XDR error).
     #[error("RDMA_NOMSG without chunks (xid {xid:#010x})")]
     NoMsgWithoutChunks { xid: u32 },
     /// An RDMA_ERROR whose body cannot be decoded.
@@ -297,18 +303,29 @@ pub enum HeaderError {
 }
 
 impl HeaderError {
-    /// What the receiver sends back (5666bis §5.5).
+    /// What the receiver sends back (RFC 8166 §4.5).
     pub fn response(&self) -> ErrorResponse {
         match *self {
+            //= specs/rfc8166.txt#section-4.5
+            //# A receiver MUST silently discard an RDMA_ERROR procedure that it cannot decode.
             HeaderError::TooShort(_) | HeaderError::MalformedError { .. } => ErrorResponse::Discard,
-            // 5666bis §5.5.1: a version the receiver does not support gets RDMA_ERR_VERS.
+            // RFC 8166 §4.5.1: a version the receiver does not support gets RDMA_ERR_VERS.
+            //= specs/rfc8166.txt#section-4.5.1
+            //# When a Responder detects an RPC-over-RDMA header version that it does not support
+            //# (currently this document defines only version 1), it MUST reply with an RDMA_ERROR
+            //# procedure and set the rdma_err value to ERR_VERS, also providing the low and high
+            //# inclusive version numbers it does, in fact, support.
             HeaderError::Version { xid, vers } => ErrorResponse::ErrVers { xid, vers },
-            // 5666bis §5.5.2: a recognised version with an XDR parsing error gets
+            // RFC 8166 §4.5.2: a recognised version with an XDR parsing error gets
             // RDMA_ERR_CHUNK.
             HeaderError::BadProc { xid, .. }
             | HeaderError::Truncated { xid }
             | HeaderError::BadFlag { xid, .. }
             | HeaderError::TooManySegments { xid, .. }
+            //= specs/rfc8166.txt#section-4.5.2
+            //# If the rdma_vers field contains a recognized value, but an XDR parsing error occurs,
+            //# the Responder MUST reply with an RDMA_ERROR procedure and set the rdma_err value to
+            //# ERR_CHUNK.
             | HeaderError::NoMsgWithoutChunks { xid } => ErrorResponse::ErrChunk { xid },
         }
     }
@@ -425,6 +442,9 @@ impl Header {
 
     /// Decode with explicit limits. Never panics.
     pub fn decode_with(buf: &[u8], lim: &DecodeLimits) -> Result<(Header, usize), HeaderError> {
+        // RFC 8166 §4.5 discards anything shorter than 28 bytes unparsed; this decoder
+        // discards only what has no XID and version (under 8 bytes) and answers the rest
+        // with an error (see docs/traceability.md).
         if buf.len() < 8 {
             return Err(HeaderError::TooShort(buf.len()));
         }
@@ -432,7 +452,7 @@ impl Header {
         let xid = d.u32().map_err(|e| HeaderError::from_xdr(0, e))?;
         let xdr = |e| HeaderError::from_xdr(xid, e);
         let vers = d.u32().map_err(xdr)?;
-        // 5666bis §5.5.1: only the version is checked before anything else is interpreted
+        // RFC 8166 §4.5.1: only the version is checked before anything else is interpreted
         // (the error body layout is the one part that no version may change).
         if vers != RPCRDMA_VERSION {
             return Err(HeaderError::Version { xid, vers });
@@ -447,6 +467,9 @@ impl Header {
             RDMA_NOMSG => {
                 let c = chunks(&mut d)?;
                 if c.is_empty() {
+                    //= specs/rfc8166.txt#section-4.2.4
+                    //# Though any of these MAY be marked as not present, one MUST be present and
+                    //# MUST hold the Payload stream for this RPC-over-RDMA message.
                     return Err(HeaderError::NoMsgWithoutChunks { xid });
                 }
                 Body::NoMsg(c)
@@ -499,6 +522,9 @@ impl Header {
     }
 
     /// Append the header to `out`.
+    //= specs/rfc8166.txt#section-4
+    //# All RPC-over-RDMA header content is contained in the Transport stream; thus, it MUST be XDR
+    //# encoded.
     pub fn encode(&self, out: &mut BytesMut) {
         out.reserve(self.encoded_len());
         out.put_u32(self.xid);
@@ -534,10 +560,18 @@ impl Header {
     }
 
     /// The RDMA_ERROR a receiver sends for `resp`, or `None` for [`ErrorResponse::Discard`].
-    /// `credits` is the receiver's current grant (never zero, 5666bis §4.3.1).
+    /// `credits` is the receiver's current grant (never zero, RFC 8166 §3.3.1).
+    //= specs/rfc8166.txt#section-4.5
+    //# o The rdma_xid field MUST contain the same XID that was in the rdma_xid field in the failing
+    //# request;
+    //= specs/rfc8166.txt#section-4.5
+    //# o The rdma_vers field MUST contain the same version that was in the rdma_vers field in the
+    //# failing request;
+    //= specs/rfc8166.txt#section-4.5
+    //# o The rdma_proc field MUST contain the value RDMA_ERROR; and
     pub fn error_reply(resp: ErrorResponse, credits: u32) -> Option<Header> {
         match resp {
-            // 5666bis §5.5: rdma_xid and rdma_vers copy the failing message's values.
+            // RFC 8166 §4.5: rdma_xid and rdma_vers copy the failing message's values.
             ErrorResponse::ErrVers { xid, vers } => Some(Header {
                 xid,
                 vers,
@@ -583,8 +617,15 @@ mod tests {
         vec![H, L, 0xaa, 0xbb]
     }
 
-    /// 5666bis §5.7: "after the four fixed fields ... simply three 32-bit fields that contain
+    /// RFC 8166 §4.7: "after the four fixed fields ... simply three 32-bit fields that contain
     /// zero".
+    //= specs/rfc8166.txt#section-4.2.2
+    //= type=test
+    //# For RPC-over-RDMA version 1, this field MUST contain the value one (1).
+    //= specs/rfc8166.txt#section-4
+    //= type=test
+    //# All RPC-over-RDMA header content is contained in the Transport stream; thus, it MUST be XDR
+    //# encoded.
     #[test]
     fn xdr_example_no_chunks() {
         let h = Header::new(7, 32, Body::Msg(Chunks::default()));
@@ -594,7 +635,7 @@ mod tests {
         assert_eq!(Header::decode(&b).unwrap(), (h, 28));
     }
 
-    /// 5666bis §5.7: a Read chunk of three segments is `1 PHLOO 1 PHLOO 1 PHLOO 0`.
+    /// RFC 8166 §4.7: a Read chunk of three segments is `1 PHLOO 1 PHLOO 1 PHLOO 0`.
     #[test]
     fn xdr_example_read_chunk() {
         let mut c = Chunks::default();
@@ -618,7 +659,7 @@ mod tests {
         assert_eq!(d, h);
     }
 
-    /// 5666bis §5.7: a Write list with chunks of three and two segments is
+    /// RFC 8166 §4.7: a Write list with chunks of three and two segments is
     /// `1 3 HLOO HLOO HLOO 1 2 HLOO HLOO 0`; a Reply chunk of two is `1 2 HLOO HLOO`.
     #[test]
     fn xdr_example_write_list_and_reply_chunk() {
@@ -646,6 +687,27 @@ mod tests {
         assert_eq!(Header::decode(&b).unwrap().0, h);
     }
 
+    //= specs/rfc8166.txt#section-4.5
+    //= type=test
+    //# o The rdma_xid field MUST contain the same XID that was in the rdma_xid field in the failing
+    //# request;
+    //= specs/rfc8166.txt#section-4.5
+    //= type=test
+    //# o The rdma_vers field MUST contain the same version that was in the rdma_vers field in the
+    //# failing request;
+    //= specs/rfc8166.txt#section-4.5
+    //= type=test
+    //# o The rdma_proc field MUST contain the value RDMA_ERROR; and
+    //= specs/rfc8166.txt#section-4.5.1
+    //= type=test
+    //# When a Responder detects an RPC-over-RDMA header version that it does not support (currently
+    //# this document defines only version 1), it MUST reply with an RDMA_ERROR procedure and set
+    //# the rdma_err value to ERR_VERS, also providing the low and high inclusive version numbers it
+    //# does, in fact, support.
+    //= specs/rfc8166.txt#section-4.5.2
+    //= type=test
+    //# If the rdma_vers field contains a recognized value, but an XDR parsing error occurs, the
+    //# Responder MUST reply with an RDMA_ERROR procedure and set the rdma_err value to ERR_CHUNK.
     #[test]
     fn error_bodies() {
         let v = Header::error_reply(ErrorResponse::ErrVers { xid: 5, vers: 2 }, 0).unwrap();
@@ -661,6 +723,23 @@ mod tests {
         w.iter().flat_map(|x| x.to_be_bytes()).collect()
     }
 
+    //= specs/rfc8166.txt#section-4.2.4
+    //= type=test
+    //# Though any of these MAY be marked as not present, one MUST be present and MUST hold the
+    //# Payload stream for this RPC-over-RDMA message.
+    //= specs/rfc8166.txt#section-4.5.1
+    //= type=test
+    //# When a Responder detects an RPC-over-RDMA header version that it does not support (currently
+    //# this document defines only version 1), it MUST reply with an RDMA_ERROR procedure and set
+    //# the rdma_err value to ERR_VERS, also providing the low and high inclusive version numbers it
+    //# does, in fact, support.
+    //= specs/rfc8166.txt#section-4.5.2
+    //= type=test
+    //# If the rdma_vers field contains a recognized value, but an XDR parsing error occurs, the
+    //# Responder MUST reply with an RDMA_ERROR procedure and set the rdma_err value to ERR_CHUNK.
+    //= specs/rfc8166.txt#section-4.5
+    //= type=test
+    //# A receiver MUST silently discard an RDMA_ERROR procedure that it cannot decode.
     #[test]
     fn decode_errors_map_to_responses() {
         assert_eq!(
@@ -691,7 +770,7 @@ mod tests {
             Header::decode(&enc(&[3, 1, 1, 1, 0, 0, 0])).unwrap_err(),
             HeaderError::NoMsgWithoutChunks { xid: 3 }
         );
-        // A malformed RDMA_ERROR is silently discarded (5666bis §5.5).
+        // A malformed RDMA_ERROR is silently discarded (RFC 8166 §4.5).
         for w in [&[3, 1, 1, 4][..], &[3, 1, 1, 4, 9], &[3, 1, 1, 4, 1, 1]] {
             assert_eq!(
                 Header::decode(&enc(w)).unwrap_err().response(),

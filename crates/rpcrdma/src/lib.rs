@@ -23,13 +23,13 @@
 //!   Position-Zero Read chunk, Long Reply via the Reply chunk), XDR round-up, DDP-eligibility
 //!   checks against the [`ulb::UpperLayerBinding`], chunk-complexity limits, fencing of memory
 //!   before an RPC completes (also on timeout, and when the caller drops the call's future),
-//!   RPCSEC_GSS integrity/privacy (no reduction), the error rules of 5666bis §5.5 (including RDMA_ERR_CHUNK for XIDs whose reply was lost),
+//!   RPCSEC_GSS integrity/privacy (no reduction), the error rules of RFC 8166 §4.5 (including RDMA_ERR_CHUNK for XIDs whose reply was lost),
 //!   retransmission with the same XID after a reconnect, and the backward direction (RFC 8167)
 //!   with its own XIDs and credits, only after the Upper Layer enabled it.
 //! - [`call_policy`]: the Requester's per-call decisions, sans-IO: whether a call may be
 //!   reduced (not under RPCSEC_GSS integrity or privacy, nor for programs whose binding has no
 //!   DDP-eligible item) and the larger Reply chunk of a short Reply chunk retry (RFC 8267 §3.1).
-//! - [`lost`]: which failed reply Sends count as lost (5666bis §5.5.3) and the per-peer
+//! - [`lost`]: which failed reply Sends count as lost (RFC 8166 §4.5.3) and the per-peer
 //!   registry of lost XIDs a server keeps between connections, sans-IO.
 //! - Deadlines belong to the engines: the Requester's call timeouts
 //!   (`Requester::next_deadline` / `poll_timeouts`), the Responder's RDMA Read and
@@ -62,8 +62,8 @@
 //! RDMA_MSGP padding, Write chunks in the backward direction, the optional retries cel-05 §7.2.4
 //! suggests to a Requester, sending RDMA2_CONNPROP, or reduction of any item its Upper-Layer
 //! Binding did not mark DDP-eligible. Requesters refuse calls of programs without a binding
-//! (`RpcError::NoBinding`, 5666bis §8); Responders still answer inline calls of such
-//! programs (see `CONFORMANCE.md`).
+//! (`RpcError::NoBinding`, RFC 8166 §6); Responders still answer inline calls of such
+//! programs (see `docs/traceability.md`).
 
 pub mod call_policy;
 pub mod driver;

@@ -1,4 +1,4 @@
-//! Replies lost to RDMA operational errors (5666bis §5.5.3), sans-IO.
+//! Replies lost to RDMA operational errors (RFC 8166 §4.5.3), sans-IO.
 //!
 //! A reply whose Send fails because of an RDMA operational error cannot be sent again on the
 //! next connection as it was: the retransmission of its call is answered with RDMA_ERR_CHUNK.
@@ -14,7 +14,7 @@ use std::net::IpAddr;
 /// XIDs kept per peer host, as a Responder keeps them per connection.
 pub const LOST_PER_PEER: usize = 4096;
 
-/// How the Send of a reply completed, as far as 5666bis §5.5.3 is concerned.
+/// How the Send of a reply completed, as far as RFC 8166 §4.5.3 is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendCompletion {
     /// Sent.
@@ -25,8 +25,8 @@ pub enum SendCompletion {
     Failed,
 }
 
-/// Whether a reply whose Send completed with `completion` is lost in the sense of 5666bis
-/// §5.5.3 (its retransmission answered with RDMA_ERR_CHUNK). That section is about RDMA
+/// Whether a reply whose Send completed with `completion` is lost in the sense of RFC 8166
+/// §4.5.3 (its retransmission answered with RDMA_ERR_CHUNK). That section is about RDMA
 /// operational errors, which a retransmission would run into again. A Send flushed because
 /// the connection broke with no such error (a peer or a network that went away) is not:
 /// its retransmission is executed again or, for a non-idempotent call, answered from the

@@ -12,7 +12,10 @@ pub const VERSION: u8 = 1;
 pub const FLAG_REMOTE_INVALIDATE: u8 = 1;
 /// Encoded length.
 pub const LEN: usize = 8;
-/// The inline threshold a peer assumes without private data (5666bis §4.3.3, RFC 8797 §4).
+/// The inline threshold a peer assumes without private data (RFC 8166 §3.3.3, RFC 8797 §4).
+//= specs/rfc8166.txt#section-3.3.3
+//# In the absence of such a mechanism, senders and receives MUST assume the inline thresholds are
+//# 1024 bytes.
 pub const DEFAULT_INLINE: u32 = 1024;
 /// The largest size the one-byte encoding can express.
 pub const MAX_SIZE: u32 = 256 * 1024;
@@ -164,6 +167,10 @@ mod tests {
         }
     }
 
+    //= specs/rfc8166.txt#section-3.3.3
+    //= type=test
+    //# In the absence of such a mechanism, senders and receives MUST assume the inline thresholds
+    //# are 1024 bytes.
     #[test]
     fn negotiation() {
         let n = Negotiated::new(4096, 4096, Some(PrivateData::new(4096, true)));

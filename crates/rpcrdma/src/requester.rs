@@ -2,10 +2,10 @@
 //!
 //! [`Requester::submit`] takes a finished RPC call message (with DDP-eligible arguments already
 //! reduced by the encoder) and what the Upper-Layer Binding knows about the reply; it refuses
-//! calls of programs without a binding (5666bis §8), registers memory through a
-//! [`Registrar`], picks the message form (5666bis §4.5) and emits a Send, or queues the call
-//! while the credit limit is reached (5666bis §4.3.1). [`Requester::on_receive`]
-//! matches replies by XID, fences the call's memory before completing it (5666bis §5.4.1),
+//! calls of programs without a binding (RFC 8166 §6), registers memory through a
+//! [`Registrar`], picks the message form (RFC 8166 §3.5) and emits a Send, or queues the call
+//! while the credit limit is reached (RFC 8166 §3.3.1). [`Requester::on_receive`]
+//! matches replies by XID, fences the call's memory before completing it (RFC 8166 §4.4.1),
 //! rebuilds the results from inline data, the Reply chunk and Write chunks, and releases
 //! queued calls. The same engine answers backward-direction calls (RFC 8167) with
 //! [`Requester::back_reply`].
@@ -120,7 +120,7 @@ pub struct OutCall {
     /// What the reply may hold (sizes of the Write chunks and of the Reply chunk).
     pub reply: ReplyExpectation,
     /// RPCSEC_GSS integrity or privacy: nothing is reduced in either direction; long
-    /// messages use a Position-Zero Read chunk and a Reply chunk (5666bis §10.2.2).
+    /// messages use a Position-Zero Read chunk and a Reply chunk (RFC 8166 §8.2.2.3).
     pub no_reduction: bool,
     /// When the call fails with [`RpcError::Timeout`].
     pub deadline: Option<Instant>,
@@ -138,7 +138,7 @@ pub enum Action {
     },
     /// A backward-direction call (RFC 8167) for the client's callback service.
     BackCall { xid: u32, message: Bytes },
-    /// Close the connection (5666bis §5.5.4: memory that cannot be invalidated must be
+    /// Close the connection (RFC 8166 §4.5.4: memory that cannot be invalidated must be
     /// fenced by closing the connection).
     Close,
 }
@@ -177,7 +177,7 @@ pub struct RequesterStats {
     pub rdma_errors: u64,
     pub dropped: u64,
     pub back_calls: u64,
-    /// Calls that offered at least one Write chunk (DDP-eligible results, 5666bis §4.4.6).
+    /// Calls that offered at least one Write chunk (DDP-eligible results, RFC 8166 §3.4.6).
     pub write_chunk_calls: u64,
     /// Replies whose Write chunks came back with data in them.
     pub write_chunk_replies: u64,
@@ -195,7 +195,7 @@ pub struct RequesterStats {
     pub version_fallbacks: u64,
     pub late_replies: u64,
     /// Calls refused without being sent: their program or version has no Upper-Layer
-    /// Binding (5666bis §8).
+    /// Binding (RFC 8166 §6).
     pub no_binding: u64,
 }
 
@@ -329,7 +329,7 @@ impl Requester {
         &self.stats
     }
 
-    /// min(requested, granted) (5666bis §4.3.1).
+    /// min(requested, granted) (RFC 8166 §3.3.1).
     pub fn limit(&self) -> usize {
         self.cfg.credits.max(1).min(self.granted) as usize
     }
@@ -340,7 +340,9 @@ impl Requester {
     }
 
     /// Receive buffers to keep posted: one per requested credit plus the backward credits
-    /// (5666bis §7.2.2.1).
+    /// (RFC 8167 §4.3.1).
+    //= specs/rfc8166.txt#section-3.3.1
+    //# A Requester MUST maintain enough receive resources to accommodate expected replies.
     pub fn receives_needed(&self) -> usize {
         self.cfg.credits as usize + self.cfg.back_credits as usize
     }
@@ -350,11 +352,16 @@ impl Requester {
         self.calls.len()
     }
 
-    /// A connection is up. 5666bis §4.3.3: one credit until the first reply. Calls that were
+    /// A connection is up. RFC 8166 §3.3.3: one credit until the first reply. Calls that were
     /// outstanding are sent again with the same XID and fresh registrations.
     #[must_use = "every action the engine returns must be performed"]
     pub fn on_connect(&mut self, params: Params, reg: &mut dyn Registrar) -> Vec<Action> {
         self.params = params;
+        //= specs/rfc8166.txt#section-3.3.3
+        //# A Responder MAY exceed this basic level of configuration, but a Requester MUST NOT
+        //# assume more than one credit is available and MUST receive a valid reply from the
+        //# Responder carrying the actual number of available credits, prior to sending its next
+        //# request.
         self.granted = 1;
         self.connected = true;
         if let Some((peer, memory)) = &self.memory {
@@ -407,8 +414,8 @@ impl Requester {
     #[must_use = "every action the engine returns must be performed"]
     pub fn submit(&mut self, mut call: OutCall, reg: &mut dyn Registrar) -> Vec<Action> {
         let xid = call.xid;
-        // 5666bis §8 (RFC 8166 §6): "Requesters MUST NOT send RPC-over-RDMA messages for Upper
-        // Layer Protocols that do not have a Upper Layer Binding."
+        // RFC 8166 §6: "Each RPC Program and Version tuple that utilizes RPC-over-RDMA
+        // version 1 needs to have a ULB specification."
         let Some(ulb) = self
             .ulbs
             .get(&call.prog)
@@ -424,7 +431,7 @@ impl Requester {
             }];
         };
         if !ulb.has_ddp_items() {
-            // 5666bis §8.1: nothing of this program may be reduced, so no Write chunks.
+            // RFC 8166 §6.1: nothing of this program may be reduced, so no Write chunks.
             call.no_reduction = true;
         }
         self.calls.insert(
@@ -443,8 +450,9 @@ impl Requester {
 
     fn pump(&mut self, reg: &mut dyn Registrar) -> Vec<Action> {
         let mut out = Vec::new();
-        // 5666bis §4.3.1: "The requester MUST NOT send unacknowledged requests in excess of
-        // this granted responder credit limit."
+        //= specs/rfc8166.txt#section-3.3.1
+        //# A Requester MUST NOT send unacknowledged requests in excess of the Responder's granted
+        //# credit limit.
         while self.connected && self.in_flight < self.limit() {
             let Some(xid) = self.queue.pop_front() else {
                 break;
@@ -485,7 +493,19 @@ impl Requester {
         let msg = &o.call.message;
         // Read chunks for the reduced arguments, Positions in the reassembled stream.
         let mut read_chunks = Vec::new();
+        //= specs/rfc8166.txt#section-3.4.4.4
+        //# Except in special cases (covered in Section 3.5.3), a chunk MUST contain exactly one XDR
+        //# data item.
+        //= specs/rfc8166.txt#section-3.4.5
+        //# The Position value MUST be computed from the beginning of the unreduced Payload stream,
+        //# which begins at Position zero.
         for (item, pos) in msg.reduced.iter().zip(unreduced_positions(&msg.reduced)) {
+            //= specs/rfc8166.txt#section-3.4.5.2
+            //# When reducing a variable-length argument data item, the Requester SHOULD NOT include
+            //# the data item's XDR roundup padding in the chunk.
+            //= specs/rfc8166.txt#section-3.4.5.2
+            //# o If the sender chooses not to include roundup padding in the chunk, the chunk's
+            //# total length MUST be the same as the encoded length of the data item.
             let r = reg.register_source(item.data.clone()).map_err(reg_failed)?;
             read_chunks.push(ReadChunk {
                 position: u32::try_from(pos)
@@ -496,10 +516,19 @@ impl Requester {
         }
         // Write chunks for DDP-eligible results (none under RPCSEC_GSS integrity/privacy).
         // `moved` counts the most Payload-stream bytes they take out of the reply: each item's
-        // contents and XDR padding (5666bis §4.4.6.1), its length word stays inline.
+        // contents and XDR padding (RFC 8166 §3.4.6.2), its length word stays inline.
         let mut writes: Vec<WriteChunk> = Vec::new();
         let mut moved = 0usize;
         if !o.call.no_reduction {
+            //= specs/rfc8166.txt#section-3.4.6
+            //# Thus, it MUST register Write chunks long enough to accommodate the maximum possible
+            //# size of each returned data item.
+            //= specs/rfc8166.txt#section-4.3.2.2
+            //# Therefore, the Requester MUST provision each Write chunk so it can be filled with
+            //# the largest DDP-eligible data item that can be placed in it.
+            //= specs/rfc8166.txt#section-3.4.6.2
+            //# When provisioning a Write chunk for a variable-length result data item, the
+            //# Requester SHOULD NOT include additional space for XDR roundup padding.
             for &len in o.call.reply.ddp_items.iter().take(cfg.max_write_chunks) {
                 let r = reg.register_sink(len).map_err(reg_failed)?;
                 writes.push(r.segments.clone());
@@ -508,10 +537,11 @@ impl Requester {
                 moved = moved.saturating_add(xdr::padded(len));
             }
         }
-        // 5666bis §5.3.3: "A requester MUST provide a Reply chunk whenever the maximum possible
-        // size of the reply is larger than its own inline threshold." The reply that arrives is
+        // RFC 8166 §4.3.3: "A Requester MUST provide a Reply chunk whenever the maximum possible
+        // size of the RPC Reply message's Transport and Payload streams is larger than the
+        // inline threshold for messages from Responder to Requester." The reply that arrives is
         // the reduced one: the Responder fills every Write chunk it is given with a DDP-eligible
-        // result (§5.3.2), so only what stays in the Payload stream counts, as in Linux's
+        // result (§4.3.2), so only what stays in the Payload stream counts, as in Linux's
         // client. This also keeps a Write list and a Reply chunk apart for READ, which Linux
         // nfsd 6.1 needs: with both, it reports the Reply chunk's length as the whole reply,
         // Write chunk payloads and their padding included (interop/WIRE-NOTES.md).
@@ -521,8 +551,12 @@ impl Requester {
             None => cfg.default_reply_chunk,
         };
         let reply_hdr_room = 28 + 16 * writes.iter().map(|c| c.len() + 1).sum::<usize>();
-        // 5666bis §4.3.2 / RFC 8797: the Responder sends at most its own send size inline,
+        // RFC 8166 §3.3.2 / RFC 8797: the Responder sends at most its own send size inline,
         // which can be less than our receive buffers.
+        //= specs/rfc8166.txt#section-4.3.3
+        //# A Requester MUST provide a Reply chunk whenever the maximum possible size of the RPC
+        //# Reply message's Transport and Payload streams is larger than the inline threshold for
+        //# messages from Responder to Requester.
         let reply = if max_reply + reply_hdr_room > params.reply_inline {
             let r = reg.register_sink(max_reply).map_err(reg_failed)?;
             let segs = r.segments.clone();
@@ -553,6 +587,12 @@ impl Requester {
                 0
             }
         };
+        //= specs/rfc8166.txt#section-4.2.4
+        //# A Requester MUST NOT send an RPC-over-RDMA header with the RDMA_ERROR procedure.
+        //= specs/rfc8166.txt#section-4.6.1
+        //# Therefore, senders MUST NOT send RDMA_MSGP procedures.
+        //= specs/rfc8166.txt#section-4.6.2
+        //# Therefore, senders MUST NOT send RDMA_DONE messages.
         let short = CallHeader::new(
             v2,
             xid,
@@ -571,10 +611,19 @@ impl Requester {
             (short, payload)
         } else {
             // Long Call: the whole Payload stream goes in a Position-Zero Read chunk, sent
-            // as RDMA_NOMSG (5666bis §4.5.3).
+            // as RDMA_NOMSG (RFC 8166 §3.5.3).
+            //= specs/rfc8166.txt#section-3.5.3
+            //# If there are no DDP- eligible data items in the Payload stream, or the Payload
+            //# stream is still too large after it has been reduced, the RDMA transport MUST use
+            //# RDMA Read or Write operations to convey the Payload stream itself.
+            //= specs/rfc8166.txt#section-3.5.3
+            //# As these chunks contain a Payload stream, such chunks MUST include appropriate XDR
+            //# roundup padding to maintain proper XDR alignment of their contents.
             self.stats.long_call += 1;
             let r = reg.register_source(payload).map_err(reg_failed)?;
             let mut all = vec![ReadChunk {
+                //= specs/rfc8166.txt#section-3.5.3
+                //# Every RDMA read segment in this chunk MUST contain zero in its Position field.
                 position: 0,
                 segments: r.segments.clone(),
             }];
@@ -615,12 +664,17 @@ impl Requester {
     ) -> Vec<Action> {
         let mut out = Vec::new();
         if let Some(o) = self.calls.remove(&xid) {
-            // 5666bis §5.4.1: memory is invalidated before the RPC completes.
+            // RFC 8166 §4.4.1: memory is invalidated before the RPC completes.
             for r in o.regions {
                 let remote =
                     remote_invalidated.is_some_and(|h| r.segments.iter().all(|s| s.handle == h));
                 if reg.invalidate(r.id, remote).is_err() {
-                    // 5666bis §5.5.4: fence by closing the connection.
+                    //= specs/rfc8166.txt#section-4.5.4
+                    //# After a Requester has received a reply, if it is unable to invalidate a
+                    //# memory region due to an unrecoverable problem, the Requester MUST close the
+                    //# connection to protect that memory from Responder access before the
+                    //# associated RPC transaction is complete.
+                    // RFC 8166 §4.5.4: fence by closing the connection.
                     out.push(Action::Close);
                 }
             }
@@ -642,8 +696,8 @@ impl Requester {
         let Some(o) = self.calls.get(&xid) else {
             return Vec::new();
         };
-        // 5666bis §5.4.1 (RFC 8166 §4.4.1): segments of canceled RPCs are fenced too, since
-        // "a responder cannot know that the requester is no longer waiting for a reply".
+        // RFC 8166 §4.4.1: segments of canceled RPCs are fenced too, since "A Responder
+        // cannot know that the Requester is no longer waiting for a reply".
         self.stats.cancelled += 1;
         if o.sent && self.connected {
             self.abandoned.insert(xid);
@@ -702,6 +756,9 @@ impl Requester {
             Err(e) => {
                 // A Requester has no one to send RDMA_ERROR to for a reply it cannot parse:
                 // the XID (if any) stays outstanding until its timeout.
+                //= specs/rfc8166.txt#section-4.5
+                //# If errors are detected in the RPC-over-RDMA header of an RPC Reply message, a
+                //# Requester MUST silently discard the message.
                 tracing::debug!(error = %e, "bad reply header");
                 self.stats.dropped += 1;
                 return Vec::new();
@@ -872,7 +929,7 @@ impl Requester {
             return Vec::new();
         }
         // Every reply (RDMA_MSG, RDMA_NOMSG or RDMA_ERROR) returns one credit and carries the
-        // Responder's current grant; a grant of zero is treated as one (5666bis §4.3.1).
+        // Responder's current grant; a grant of zero is treated as one (RFC 8166 §3.3.1).
         self.in_flight = self.in_flight.saturating_sub(1);
         self.granted = h.credits.clamp(1, self.cfg.credits.max(1));
         let mut out = Vec::new();
@@ -902,7 +959,7 @@ impl Requester {
             Body::Msg(c) | Body::NoMsg(c) => c,
             Body::Error(e) => {
                 self.stats.rdma_errors += 1;
-                // 5666bis §5.5: an RDMA_ERROR completes the transaction with an error.
+                // RFC 8166 §4.5: an RDMA_ERROR completes the transaction with an error.
                 return Err(match e {
                     ErrorBody::Vers { low, high } => RpcError::Transport(format!(
                         "RDMA_ERR_VERS: peer supports versions {low}..={high}"
@@ -948,7 +1005,7 @@ impl Requester {
             MessageHeader::Call(_) => return Err(RpcError::BadReply("CALL in reply".into())),
         }
         // Write chunks: the returned segment lengths say how much was written
-        // (5666bis §4.4.6: contents are concatenated in array order).
+        // (RFC 8166 §3.4.6: contents are concatenated in array order).
         let written: Vec<usize> = chunks
             .writes
             .iter()
@@ -1004,7 +1061,7 @@ impl Requester {
     }
 
     /// Answer a backward-direction call: RDMA_MSG with empty chunk lists, granting the
-    /// backward credits (5666bis §7.3.5). `message` is the whole RPC reply.
+    /// backward credits (RFC 8167 §5.2). `message` is the whole RPC reply.
     #[must_use = "every action the engine returns must be performed"]
     pub fn back_reply(&mut self, xid: u32, message: Bytes) -> Option<Action> {
         // cel-05 §7.2.2: the reply to a backward call carries REPLY in version 2.
@@ -1022,7 +1079,7 @@ impl Requester {
 
     fn send_back_reply(&mut self, xid: u32, h: CallHeader, message: Bytes) -> Option<Action> {
         if h.encoded_len() + message.len() > self.params.inline_send {
-            // Backward messages are inline only (5666bis §7.3.3); drop and let the caller
+            // Backward messages are inline only (RFC 8167 §5.3); drop and let the caller
             // time out rather than send what the peer cannot receive.
             return None;
         }

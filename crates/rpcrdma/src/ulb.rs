@@ -1,23 +1,23 @@
-//! The Upper-Layer Binding (ULB) contract (5666bis §8 / RFC 8166 §6).
+//! The Upper-Layer Binding (ULB) contract (RFC 8166 §6).
 //!
 //! An RPC program that runs over RPC-over-RDMA declares, through this trait, which XDR items of
 //! its calls and replies are DDP-eligible and how large a reply can be. The transport never
-//! reduces anything else (5666bis §4.4.2: "All other XDR data items MUST NOT be reduced").
+//! reduces anything else (RFC 8166 §3.4.2: "All other XDR data items MUST NOT be reduced").
 //!
 //! How the pieces meet:
 //! - Requester, call side: the program's argument encoder calls
 //!   [`xdr::Encoder::put_ddp_opaque`] for eligible items only; the transport picks the policy.
 //! - Requester, reply side: the caller fills [`oncrpc::ReplyExpectation`] (maximum reply size and
 //!   the maximum size of each DDP-eligible reply item) so the transport can provision Write
-//!   chunks and a Reply chunk before sending (5666bis §8.3, §5.3.3).
+//!   chunks and a Reply chunk before sending (RFC 8166 §6.2, §4.3.3).
 //! - Responder, call side: [`UpperLayerBinding::call_ddp_items`] locates the eligible items in
 //!   the received arguments so the transport can check every Read chunk's Position against them
-//!   (a chunk elsewhere is a DDP-eligibility violation: GARBAGE_ARGS, 5666bis §5.5.2).
+//!   (a chunk elsewhere is a DDP-eligibility violation: GARBAGE_ARGS, RFC 8166 §4.5.2).
 //! - Responder, reply side: the program's result encoder calls `put_ddp_opaque` for eligible
 //!   items, and the transport's [`xdr::DdpPolicy`] decides whether they land in Write chunks.
 //!
-//! 5666bis §8 (RFC 8166 §6): "Requesters MUST NOT send RPC-over-RDMA messages for Upper Layer
-//! Protocols that do not have a Upper Layer Binding." The Requester therefore refuses calls of
+//! RFC 8166 §6: "Each RPC Program and Version tuple that utilizes RPC-over-RDMA version 1
+//! needs to have a ULB specification." The Requester therefore refuses calls of
 //! programs (and versions, [`UpperLayerBinding::covers_version`]) it holds no binding for.
 //! Programs whose binding makes nothing DDP-eligible use [`InlineBinding`].
 
@@ -77,7 +77,7 @@ pub trait UpperLayerBinding: Send + Sync + 'static {
     ) -> Result<Vec<Range<usize>>, UlbError>;
 
     /// The largest possible reply (RPC reply header plus results, every item inline) to this
-    /// call, or `None` when it cannot be bounded (5666bis §8.3 "Maximum Reply Size").
+    /// call, or `None` when it cannot be bounded (RFC 8166 §6.2 "Maximum Reply Size").
     fn max_reply_size(&self, vers: u32, proc_: u32, args: &[u8]) -> Option<usize>;
 
     /// Chunk-complexity limits for calls of this program.
@@ -85,7 +85,7 @@ pub trait UpperLayerBinding: Send + Sync + 'static {
         ChunkLimits::default()
     }
 
-    /// Whether this binding covers version `vers` of the program (5666bis §8: a binding is
+    /// Whether this binding covers version `vers` of the program (RFC 8166 §6: a binding is
     /// for an RPC Program and Version tuple). A Requester refuses calls of versions it does
     /// not cover. The default covers every version.
     fn covers_version(&self, vers: u32) -> bool {
@@ -95,7 +95,7 @@ pub trait UpperLayerBinding: Send + Sync + 'static {
 
     /// Whether any item of the program is DDP-eligible. When not, a Requester reduces nothing
     /// and offers no Write chunks for its calls; long messages still travel in a Position-Zero
-    /// Read chunk or the Reply chunk (5666bis §8.1). The default says some item is.
+    /// Read chunk or the Reply chunk (RFC 8166 §6.1). The default says some item is.
     fn has_ddp_items(&self) -> bool {
         true
     }
@@ -141,11 +141,13 @@ pub trait UpperLayerBinding: Send + Sync + 'static {
 /// A binding under which no item of the program is DDP-eligible (RFC 8267 §5.2 says so of
 /// NFSACL; a test program only ever called with NULL is another case). Calls and replies
 /// travel inline, or whole in a Position-Zero Read chunk or the Reply chunk when they are long
-/// (5666bis §8.1: such items "MAY, however, be moved as part of a Position Zero Read Chunk or
+/// (RFC 8166 §6.1: such items "MAY, however, be moved as part of a Position Zero Read chunk or
 /// a Reply chunk"). A Responder holding it answers a Read chunk anywhere else with
 /// GARBAGE_ARGS. It cannot bound replies: callers give the bound in
 /// [`oncrpc::ReplyExpectation::max_len`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+//= specs/rfc8166.txt#section-6.1
+//# Such data items MAY, however, be moved as part of a Position Zero Read chunk or a Reply chunk.
 pub struct InlineBinding {
     program: u32,
     versions: RangeInclusive<u32>,

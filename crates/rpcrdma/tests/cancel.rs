@@ -1,8 +1,9 @@
 //! Calls whose future is dropped before their reply (the caller's own timeout, a `select!`
-//! that took another branch): 5666bis §5.4.1 (RFC 8166 §4.3.1) says the memory of canceled
-//! RPCs is fenced too, since "a responder cannot know that the requester is no longer waiting
-//! for a reply, and might proceed to read or even update memory". Both tests run the client
-//! driver over the in-memory loopback provider.
+//! that took another branch): RFC 8166 §4.4.1 says the memory of canceled
+//! RPCs is fenced too, since "A Responder cannot know that the Requester is no longer waiting
+//! for a reply, and it might proceed to read or even update memory that the Requester might
+//! have released for other use." Both tests run the client driver over the in-memory loopback
+//! provider.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -126,7 +127,7 @@ async fn dropped_call_fences_its_chunks_and_its_late_reply_is_discarded() {
     .await
     .unwrap();
     // One credit: a call queued behind a cancelled one is sent only once the cancelled
-    // call's late reply has been received (5666bis §4.3.1), which orders the checks below.
+    // call's late reply has been received (RFC 8166 §3.3.1), which orders the checks below.
     let client_cfg = TransportConfig {
         rpc: Config {
             credits: 1,

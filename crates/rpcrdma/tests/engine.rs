@@ -71,6 +71,27 @@ fn short_message_both_ways() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-3.4.4.1
+//= type=test
+//# If a chunk contains a counted array data type, the count of array elements MUST remain in the
+//# Payload stream, while the array elements MUST be moved to the chunk.
+//= specs/rfc8166.txt#section-3.4.4.4
+//= type=test
+//# Except in special cases (covered in Section 3.5.3), a chunk MUST contain exactly one XDR data
+//# item.
+//= specs/rfc8166.txt#section-3.4.4.4
+//= type=test
+//# When a variable-length XDR data item is reduced, the sender MUST remove XDR roundup padding for
+//# that data item from the Payload stream so that data items remaining in the Payload stream begin
+//# on four-byte alignment.
+//= specs/rfc8166.txt#section-3.4.6.2
+//= type=test
+//# A Responder MUST NOT write XDR roundup padding into a Write chunk, even if the Requester made
+//# space available for it.
+//= specs/rfc8166.txt#section-3.4.6.2
+//= type=test
+//# Therefore, when returning a single variable-length result data item, a returned Write chunk's
+//# total length MUST be the same as the encoded length of the result data item.
 #[test]
 fn chunked_call_and_reply_with_odd_lengths() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -81,7 +102,7 @@ fn chunked_call_and_reply_with_odd_lengths() {
     assert_eq!(s.chunked, 4);
     assert_eq!(s.long_call, 0);
     // Every reply carried the data in the Write list; the chunk length is the item's exact
-    // length (no pad bytes written, 5666bis §4.4.6.1).
+    // length (no pad bytes written, RFC 8166 §3.4.6.2).
     for (send, n) in h.server_sends.iter().zip([4097u32, 4098, 4099, 8192]) {
         let (rh, _) = Header::decode(send).unwrap();
         let Body::Msg(c) = rh.body else {
@@ -93,6 +114,22 @@ fn chunked_call_and_reply_with_odd_lengths() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-4.3.2
+//= type=test
+//# When a Requester provides a Write list, the Responder MUST push data corresponding to
+//# DDP-eligible result data items to Requester memory referenced in the Write list.
+//= specs/rfc8166.txt#section-3.4.6.2
+//= type=test
+//# Therefore, when returning a single variable-length result data item, a returned Write chunk's
+//# total length MUST be the same as the encoded length of the result data item.
+//= specs/rfc8166.txt#section-3.4.6
+//= type=test
+//# The Responder MUST copy the segment count and all segments from the Requester-provided Write
+//# chunk into the RPC Reply message's Transport header.
+//= specs/rfc8166.txt#section-4.3.2.2
+//= type=test
+//# If this is the last or only Write chunk available and it remains unconsumed, the Responder MUST
+//# return this Write chunk as an unused Write chunk (see Section 3.4.6).
 #[test]
 fn small_ddp_items_still_use_the_write_chunk_and_unused_chunks_come_back_empty() {
     let mut h = Harness::new(
@@ -111,19 +148,22 @@ fn small_ddp_items_still_use_the_write_chunk_and_unused_chunks_come_back_empty()
     let (rh, _) = Header::decode(&h.server_sends[0]).unwrap();
     let Body::Msg(c) = rh.body else { panic!() };
     assert_eq!(c.writes.len(), 2);
-    // 5666bis §5.3.2: a small eligible item still goes through the Write chunk; its length
-    // is exact (no pad bytes, §4.4.6.1).
+    // RFC 8166 §4.3.2: a small eligible item still goes through the Write chunk; its length
+    // is exact (no pad bytes, §3.4.6.2).
     assert_eq!(c.writes[0].iter().map(|s| s.length).sum::<u32>(), 99);
-    // 5666bis §4.4.6.2: an unused Write chunk comes back with every segment length zero,
-    // and the number of segments is unchanged (§4.4.6).
+    // RFC 8166 §4.3.2.2: an unused Write chunk comes back with every segment length zero,
+    // and the number of segments is unchanged (§3.4.6).
     assert_eq!(c.writes[1].len(), 1);
     assert!(c.writes[1].iter().all(|s| s.length == 0));
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-3.3.1
+//= type=test
+//# The granted value MUST NOT be zero, since such a value would result in deadlock.
 #[test]
 fn zero_grants_are_never_sent_or_honoured() {
-    // A Responder configured with zero credits still grants one (5666bis §4.3.1).
+    // A Responder configured with zero credits still grants one (RFC 8166 §3.3.1).
     let mut h = Harness::new(cfg(8), cfg(0));
     echo(&mut h, 1, 1, 1, DdpPolicy::Inline, expect(1, 1, false));
     let (rh, _) = Header::decode(&h.server_sends[0]).unwrap();
@@ -201,6 +241,14 @@ fn chunked_calls_pulled_into_a_framed_buffer() {
     assert_eq!(h.resp.stats().err_chunk, before + 1);
 }
 
+//= specs/rfc8166.txt#section-3.4.5
+//= type=test
+//# The Position value MUST be computed from the beginning of the unreduced Payload stream, which
+//# begins at Position zero.
+//= specs/rfc8166.txt#section-3.4.4.4
+//= type=test
+//# Except in special cases (covered in Section 3.5.3), a chunk MUST contain exactly one XDR data
+//# item.
 #[test]
 fn several_write_chunks_and_read_chunks() {
     let mut h = Harness::new(
@@ -246,6 +294,20 @@ fn several_write_chunks_and_read_chunks() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-3.5.3
+//= type=test
+//# If there are no DDP- eligible data items in the Payload stream, or the Payload stream is still
+//# too large after it has been reduced, the RDMA transport MUST use RDMA Read or Write operations
+//# to convey the Payload stream itself.
+//= specs/rfc8166.txt#section-3.5.3
+//= type=test
+//# If a Reply chunk was provided and the reduced Payload stream is larger than the reply inline
+//# threshold, the Responder MUST use the Requester-provided Reply chunk for the reply.
+//= specs/rfc8166.txt#section-4.3.3
+//= type=test
+//# A Requester MUST provide a Reply chunk whenever the maximum possible size of the RPC Reply
+//# message's Transport and Payload streams is larger than the inline threshold for messages from
+//# Responder to Requester.
 #[test]
 fn long_call_long_reply_and_both() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -286,11 +348,18 @@ fn long_call_long_reply_and_both() {
     assert_eq!(h.creg.live(), 0);
 }
 
-/// 5666bis §4.3.3: "In the absence of a mechanism for discovering a peer's inline threshold,
-/// senders MUST assume 1024 bytes." Without RFC 8797 private data from the peer, neither
+/// RFC 8166 §3.3.3: "In the absence of such a mechanism, senders and receives MUST assume the
+/// inline thresholds are 1024 bytes." Without RFC 8797 private data from the peer, neither
 /// engine sends more than 1024 bytes: a 1540-byte call becomes a Long Call, a 1540-byte reply
 /// goes through the Reply chunk. With the peer's 4096 advertised, the same messages travel
 /// inline (so the test tells the two apart).
+//= specs/rfc8166.txt#section-3.3.3
+//= type=test
+//# In the absence of such a mechanism, senders and receives MUST assume the inline thresholds are
+//# 1024 bytes.
+//= specs/rfc8166.txt#section-3.5.3
+//= type=test
+//# Every RDMA read segment in this chunk MUST contain zero in its Position field.
 #[test]
 fn senders_assume_1024_bytes_without_private_data() {
     use rpcrdma::engine::{MemRegistrar, Params};
@@ -398,9 +467,14 @@ fn senders_assume_1024_bytes_without_private_data() {
 }
 
 /// The Reply chunk decision counts the reduced reply: a big DDP-eligible result that goes in a
-/// Write chunk does not also need a Reply chunk when the rest fits inline (5666bis §5.3.3 with
-/// §5.3.2; Linux's client does the same, and Linux nfsd 6.1 misreports the Reply chunk length
+/// Write chunk does not also need a Reply chunk when the rest fits inline (RFC 8166 §4.3.3 with
+/// §4.3.2; Linux's client does the same, and Linux nfsd 6.1 misreports the Reply chunk length
 /// when both are offered).
+//= specs/rfc8166.txt#section-4.3.3
+//= type=test
+//# A Requester MUST provide a Reply chunk whenever the maximum possible size of the RPC Reply
+//# message's Transport and Payload streams is larger than the inline threshold for messages from
+//# Responder to Requester.
 #[test]
 fn write_chunk_alone_when_the_reduced_reply_fits_inline() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -460,6 +534,15 @@ fn send_with_invalidate_when_one_handle() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-3.3.1
+//= type=test
+//# A Requester MUST NOT send unacknowledged requests in excess of the Responder's granted credit
+//# limit.
+//= specs/rfc8166.txt#section-3.3.3
+//= type=test
+//# A Responder MAY exceed this basic level of configuration, but a Requester MUST NOT assume more
+//# than one credit is available and MUST receive a valid reply from the Responder carrying the
+//# actual number of available credits, prior to sending its next request.
 #[test]
 fn credits_thousand_calls_32_credits() {
     let mut h = Harness::new(cfg(128), cfg(32));
@@ -473,7 +556,7 @@ fn credits_thousand_calls_32_credits() {
             &mut h.creg,
         );
         h.client_actions(a);
-        // 5666bis §4.3.3: one credit until the first reply.
+        // RFC 8166 §3.3.3: one credit until the first reply.
         if xid == 2 {
             assert_eq!(h.to_server.len(), 1);
         }
@@ -494,6 +577,10 @@ fn credits_thousand_calls_32_credits() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-3.3.1
+//= type=test
+//# A Requester MUST NOT send unacknowledged requests in excess of the Responder's granted credit
+//# limit.
 #[test]
 fn requester_never_exceeds_its_own_request() {
     let mut h = Harness::new(cfg(4), cfg(64));
@@ -538,10 +625,47 @@ fn only_send(inc: Incoming) -> Bytes {
     }
 }
 
+//= specs/rfc8166.txt#section-4.5.1
+//= type=test
+//# When a Responder detects an RPC-over-RDMA header version that it does not support (currently
+//# this document defines only version 1), it MUST reply with an RDMA_ERROR procedure and set the
+//# rdma_err value to ERR_VERS, also providing the low and high inclusive version numbers it does,
+//# in fact, support.
+//= specs/rfc8166.txt#section-4.5.2
+//= type=test
+//# If the rdma_vers field contains a recognized value, but an XDR parsing error occurs, the
+//# Responder MUST reply with an RDMA_ERROR procedure and set the rdma_err value to ERR_CHUNK.
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# If other errors are detected in the RPC-over-RDMA header of an RPC Call message, a Responder
+//# MUST send an RDMA_ERROR message back to the Requester.
+//= specs/rfc8166.txt#section-4.2.4
+//= type=test
+//# A Responder MUST silently discard RDMA_ERROR procedures.
+//= specs/rfc8166.txt#section-3.4.5
+//= type=test
+//# The value in this field MUST be a multiple of four.
+//= specs/rfc8166.txt#section-4.2.1
+//= type=test
+//# This XID MUST be the same as the XID in the RPC message.
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# o The rdma_xid field MUST contain the same XID that was in the rdma_xid field in the failing
+//# request;
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# o The rdma_vers field MUST contain the same version that was in the rdma_vers field in the
+//# failing request;
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# o The rdma_proc field MUST contain the value RDMA_ERROR; and
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# A receiver MUST silently discard an RDMA_ERROR procedure that it cannot decode.
 #[test]
 fn responder_error_paths() {
     // A version 1 server (max_version 1), as Linux: version 2 -> ERR_VERS low = high = 1,
-    // XID and version copied (5666bis §5.5.1).
+    // XID and version copied (RFC 8166 §4.5.1).
     let mut v1 = Harness::new(
         cfg(8),
         Config {
@@ -558,7 +682,7 @@ fn responder_error_paths() {
     assert_eq!(b, raw(&[77, 2, 16, 4, 2]));
     let b = only_send(h.resp.on_receive(raw(&[77, 3, 1, 0, 0, 0, 0])));
     assert_eq!(b, raw(&[77, 3, 16, 4, 1, 1, 2]));
-    // 5666bis §5.5.2: unknown proc, RDMA_NOMSG without chunks -> ERR_CHUNK.
+    // RFC 8166 §4.5.2: unknown proc, RDMA_NOMSG without chunks -> ERR_CHUNK.
     for m in [
         raw(&[78, 1, 1, 9]),
         raw(&[78, 1, 1, 1, 0, 0, 0]),
@@ -566,7 +690,7 @@ fn responder_error_paths() {
     ] {
         assert_eq!(only_send(h.resp.on_receive(m)), raw(&[78, 1, 16, 4, 2]));
     }
-    // 5666bis §5.6: RDMA_MSGP and RDMA_DONE -> ERR_CHUNK.
+    // RFC 8166 §4.6: RDMA_MSGP and RDMA_DONE -> ERR_CHUNK.
     assert_eq!(
         only_send(h.resp.on_receive(raw(&[79, 1, 1, 2, 4, 1024, 0, 0, 0]))),
         raw(&[79, 1, 16, 4, 2])
@@ -575,7 +699,7 @@ fn responder_error_paths() {
         only_send(h.resp.on_receive(raw(&[80, 1, 1, 3]))),
         raw(&[80, 1, 16, 4, 2])
     );
-    // 5666bis §5.5: malformed RDMA_ERRORs (and well-formed ones) are dropped silently.
+    // RFC 8166 §4.5: malformed RDMA_ERRORs (and well-formed ones) are dropped silently.
     assert!(matches!(
         h.resp.on_receive(raw(&[81, 1, 1, 4, 7])),
         Incoming::Nothing
@@ -585,7 +709,7 @@ fn responder_error_paths() {
         Incoming::Nothing
     ));
     assert!(matches!(h.resp.on_receive(raw(&[1])), Incoming::Nothing));
-    // 5666bis §4.4.5.1: a Position that is not a multiple of four -> ERR_CHUNK.
+    // RFC 8166 §3.4.5: a Position that is not a multiple of four -> ERR_CHUNK.
     let mut c = Chunks::default();
     c.reads.push(ReadSegment {
         position: 30,
@@ -597,7 +721,7 @@ fn responder_error_paths() {
     });
     let hd = Header::new(82, 1, Body::Msg(c)).to_bytes();
     assert_eq!(only_send(h.resp.on_receive(hd)), raw(&[82, 1, 16, 4, 2]));
-    // 5666bis §5.5.2: rdma_xid differing from the RPC XID -> ERR_CHUNK.
+    // RFC 8166 §4.5.2: rdma_xid differing from the RPC XID -> ERR_CHUNK.
     let m = echo_message(
         99,
         OpaqueAuth::none(),
@@ -616,6 +740,15 @@ fn responder_error_paths() {
     assert!(h.resp.stats().err_chunk >= 6);
 }
 
+//= specs/rfc8166.txt#section-6.1
+//= type=test
+//# The Responder MUST NOT process this RPC Call message and MUST report the violation as described
+//# in Section 4.5.2.
+//= specs/rfc8166.txt#section-4.5.2
+//= type=test
+//# When a Responder receives a valid RPC-over-RDMA header but the Responder's ULP implementation
+//# cannot parse the RPC arguments in the RPC Call message, the Responder SHOULD return an RPC Reply
+//# message with status GARBAGE_ARGS, using an RDMA_MSG procedure.
 #[test]
 fn ineligible_read_chunk_gets_garbage_args() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -645,7 +778,7 @@ fn ineligible_read_chunk_gets_garbage_args() {
         "{err}"
     );
     assert_eq!(h.resp.stats().garbage_args, 1);
-    // The GARBAGE_ARGS reply is an RDMA_MSG (5666bis §5.5.2).
+    // The GARBAGE_ARGS reply is an RDMA_MSG (RFC 8166 §4.5.2).
     let (rh, _) = Header::decode(h.server_sends.last().unwrap()).unwrap();
     assert!(matches!(rh.body, Body::Msg(_)));
     assert_eq!(h.creg.live(), 0);
@@ -671,6 +804,10 @@ impl rpcrdma::ulb::UpperLayerBinding for ClientOnlyBinding {
     }
 }
 
+//= specs/rfc8166.txt#section-6.1
+//= type=test
+//# The Responder MUST NOT process this RPC Call message and MUST report the violation as described
+//# in Section 4.5.2.
 #[test]
 fn program_without_binding_gets_garbage_args_for_chunks() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -704,6 +841,13 @@ fn program_without_binding_gets_garbage_args_for_chunks() {
     ));
 }
 
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# If errors are detected in the RPC-over-RDMA header of an RPC Reply message, a Requester MUST
+//# silently discard the message.
+//= specs/rfc8166.txt#section-4.5
+//= type=test
+//# A receiver MUST silently discard an RDMA_ERROR procedure that it cannot decode.
 #[test]
 fn requester_handles_rdma_error_and_unknown_xids() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -744,7 +888,7 @@ fn requester_handles_rdma_error_and_unknown_xids() {
 
 /// The Requester owns every call's deadline: a driver sleeps until `next_deadline` and hands
 /// it `now`. Deadlines expire in their order, whether the call was sent or still waits for a
-/// credit (5666bis §4.3.1: one credit until the first reply); calls without one never do.
+/// credit (RFC 8166 §3.3.3: one credit until the first reply); calls without one never do.
 #[test]
 fn deadlines_are_the_requesters_and_expire_in_order() {
     use std::time::Duration;
@@ -812,7 +956,7 @@ fn timeout_fences_memory_and_keeps_the_credit() {
         .poll_timeouts(start + std::time::Duration::from_secs(2), &mut h.creg);
     h.client_actions(a);
     assert!(matches!(h.done.remove(&4), Some(Err(RpcError::Timeout))));
-    // 5666bis §5.4.1: invalidated before the RPC completed.
+    // RFC 8166 §4.4.1: invalidated before the RPC completed.
     assert_eq!(h.creg.live(), 0);
     assert_eq!(
         h.req.in_flight(),
@@ -829,8 +973,8 @@ fn timeout_fences_memory_and_keeps_the_credit() {
     assert_eq!(h.req.in_flight(), 0);
 }
 
-/// 5666bis §8 (RFC 8166 §6): "Requesters MUST NOT send RPC-over-RDMA messages for Upper Layer
-/// Protocols that do not have a Upper Layer Binding." A call of a program without a binding,
+/// RFC 8166 §6: "Each RPC Program and Version tuple that utilizes RPC-over-RDMA version 1
+/// needs to have a ULB specification." A call of a program without a binding,
 /// or of a version the binding does not cover, completes at once with `NoBinding`: nothing is
 /// registered or sent, and no credit is used.
 #[test]
@@ -925,10 +1069,10 @@ fn inline_binding_is_sent_without_write_chunks() {
     }
 }
 
-/// 5666bis §5.4.1 (RFC 8166 §4.3.1): the segments of a canceled RPC are fenced, because the
-/// responder "cannot know that the requester is no longer waiting for a reply, and might
-/// proceed to read or even update memory". The call is cancelled while the server holds it
-/// (after its RDMA Read of the Read chunk); the server's RDMA Write into the Write chunk then
+/// RFC 8166 §4.4.1: the segments of a canceled RPC are fenced, because "A Responder cannot
+/// know that the Requester is no longer waiting for a reply, and it might proceed to read or
+/// even update memory that the Requester might have released for other use." The call is
+/// cancelled while the server holds it (after its RDMA Read of the Read chunk); the server's RDMA Write into the Write chunk then
 /// fails, and the late reply is discarded and counted.
 #[test]
 fn cancelled_call_fences_every_chunk_and_discards_its_late_reply() {
@@ -1025,6 +1169,11 @@ fn cancelled_call_fences_every_chunk_and_discards_its_late_reply() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-3.3.3
+//= type=test
+//# A Responder MAY exceed this basic level of configuration, but a Requester MUST NOT assume more
+//# than one credit is available and MUST receive a valid reply from the Responder carrying the
+//# actual number of available credits, prior to sending its next request.
 #[test]
 fn reconnect_retransmits_with_same_xid_and_one_credit() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -1059,6 +1208,10 @@ fn reconnect_retransmits_with_same_xid_and_one_credit() {
     assert_eq!(h.creg.live(), 0);
 }
 
+//= specs/rfc8166.txt#section-4.5.4
+//= type=test
+//# If a Responder is unable to construct and transmit an RPC Reply or RPC-over-RDMA error message,
+//# the Responder MUST close the connection to signal to the Requester that a reply was lost.
 #[test]
 fn lost_reply_xid_gets_err_chunk_after_reconnect() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -1082,7 +1235,7 @@ fn lost_reply_xid_gets_err_chunk_after_reconnect() {
     let acts = h.resp.reply_failed(call.token.xid);
     assert_eq!(acts, vec![rpcrdma::responder::Action::Close]);
     let lost = h.resp.take_lost();
-    // New connection: the retransmission gets RDMA_ERR_CHUNK (5666bis §5.5.3).
+    // New connection: the retransmission gets RDMA_ERR_CHUNK (RFC 8166 §4.5.3).
     h.resp = rpcrdma::responder::Responder::new(cfg(8), h.params, ulbs(), lost);
     let a = h.req.on_disconnect(&mut h.creg);
     h.client_actions(a);
@@ -1096,9 +1249,13 @@ fn lost_reply_xid_gets_err_chunk_after_reconnect() {
     ));
 }
 
-/// 5666bis §5.5.4 / §5.5.3: a reply whose Send fails always closes the connection; only an
+/// RFC 8166 §4.5.4 / §4.5.3: a reply whose Send fails always closes the connection; only an
 /// RDMA operational error makes its XID lost (answered with RDMA_ERR_CHUNK on the next
 /// connection). A Send flushed by a connection that broke without one is executed again.
+//= specs/rfc8166.txt#section-4.5.4
+//= type=test
+//# If a Responder is unable to construct and transmit an RPC Reply or RPC-over-RDMA error message,
+//# the Responder MUST close the connection to signal to the Requester that a reply was lost.
 #[test]
 fn send_failed_closes_and_remembers_only_operational_errors() {
     use rpcrdma::responder::Action;
@@ -1149,6 +1306,13 @@ fn gss_integrity() -> OpaqueAuth {
     }
 }
 
+//= specs/rfc8166.txt#section-8.2.2.3
+//= type=test
+//# Therefore, a sender MUST NOT reduce a Payload stream when RPCSEC_GSS integrity or encryption
+//# services are in use.
+//= specs/rfc8166.txt#section-3.5.3
+//= type=test
+//# Every RDMA read segment in this chunk MUST contain zero in its Position field.
 #[test]
 fn rpcsec_gss_integrity_is_never_reduced() {
     let mut h = Harness::new(cfg(8), cfg(8));
@@ -1212,7 +1376,7 @@ fn backchannel_interleaved_with_forward_calls() {
         hdr.encode(&mut e);
         e.into_bytes()
     };
-    // 5666bis §7.3.1: no backward call before the Upper Layer says the peer is ready.
+    // RFC 8167 §6: no backward call before the Upper Layer says the peer is ready.
     assert_eq!(h.resp.back_call(1, call(1)), Err(BackError::NotReady));
     h.resp.enable_backchannel();
     let mut sent_back = 0;
@@ -1255,7 +1419,7 @@ fn backchannel_interleaved_with_forward_calls() {
     }
     assert!(h.resp.stats().back_max_outstanding <= 2);
     // Reverse calls are RDMA_MSG, version one, empty chunk lists, non-zero credits, with
-    // the RPC CALL carrying the same XID right after the header (5666bis §7.3.4, §7.2.1).
+    // the RPC CALL carrying the same XID right after the header (RFC 8167 §5.1, §4.1).
     let mut seen = 0;
     for s in &h.server_sends {
         let (hd, n) = Header::decode(s).unwrap();
@@ -1269,7 +1433,7 @@ fn backchannel_interleaved_with_forward_calls() {
         }
     }
     assert_eq!(seen, 10);
-    // Backward replies from the client: the same rules, with a REPLY (5666bis §7.3.5).
+    // Backward replies from the client: the same rules, with a REPLY (RFC 8167 §5.2).
     let r = oncrpc::service::accepted(42, AcceptStat::Success, None);
     let Some(rpcrdma::requester::Action::Send { data, .. }) =
         h.req.back_reply(42, r.message.to_bytes())
@@ -1311,6 +1475,11 @@ impl rpcrdma::engine::Registrar for StuckRegistrar {
     }
 }
 
+//= specs/rfc8166.txt#section-4.5.4
+//= type=test
+//# After a Requester has received a reply, if it is unable to invalidate a memory region due to an
+//# unrecoverable problem, the Requester MUST close the connection to protect that memory from
+//# Responder access before the associated RPC transaction is complete.
 #[test]
 fn failed_invalidation_closes_the_connection_before_completion() {
     let mut reg = StuckRegistrar(rpcrdma::engine::MemRegistrar::new(3));
@@ -1327,16 +1496,20 @@ fn failed_invalidation_closes_the_connection_before_completion() {
     let done = out
         .iter()
         .position(|a| matches!(a, rpcrdma::requester::Action::Complete { .. }));
-    // 5666bis §5.5.4: the connection is closed to fence the memory before the RPC completes.
+    // RFC 8166 §4.5.4: the connection is closed to fence the memory before the RPC completes.
     assert!(close.unwrap() < done.unwrap());
 }
 
+//= specs/rfc8166.txt#section-3.4.5.2
+//= type=test
+//# o If the sender chooses not to include roundup padding in the chunk, the chunk's total length
+//# MUST be the same as the encoded length of the data item.
 #[test]
 fn read_chunk_length_must_match_the_byte_count() {
     let mut h = Harness::new(cfg(8), cfg(8));
     let d = pattern(3000, 2);
     let mut m = echo_message(12, OpaqueAuth::none(), reduce(1), 12, &d, &Bytes::new());
-    // The stream says 3000 bytes, the Read chunk carries 2999 (5666bis §4.4.4.1).
+    // The stream says 3000 bytes, the Read chunk carries 2999 (RFC 8166 §3.4.4.1).
     m.reduced[0].data = m.reduced[0].data.slice(..2999);
     let a = h
         .req
@@ -1350,13 +1523,17 @@ fn read_chunk_length_must_match_the_byte_count() {
     assert_eq!(h.resp.stats().garbage_args, 1);
 }
 
+//= specs/rfc8166.txt#section-3.4.5.2
+//= type=test
+//# o If the Requester chooses to include roundup padding in a Read chunk, the chunk's total length
+//# MUST be the sum of the encoded length of the data item and the length of the roundup padding.
 #[test]
 fn read_chunk_with_round_up_included_is_accepted() {
     let mut h = Harness::new(cfg(8), cfg(8));
     let d = pattern(3001, 2);
     let mut m = echo_message(13, OpaqueAuth::none(), reduce(1), 13, &d, &Bytes::new());
-    // This requester sends the XDR pad in the Read chunk (5666bis §4.4.5.1 makes omitting it
-    // optional).
+    // This requester sends the XDR pad in the Read chunk (RFC 8166 §3.4.5.2: it SHOULD NOT, so
+    // it may).
     let mut padded = m.reduced[0].data.to_vec();
     padded.extend([0, 0, 0]);
     m.reduced[0].data = Bytes::from(padded);
@@ -1371,10 +1548,15 @@ fn read_chunk_with_round_up_included_is_accepted() {
     );
 }
 
-/// RFC 8797 §4.2 / 5666bis §4.3.2: a reply comes inline only if it fits both our receive
+/// RFC 8797 §4.2 / RFC 8166 §3.3.2: a reply comes inline only if it fits both our receive
 /// buffers and the Responder's send size. Our buffers are 4096 bytes; a peer that sent no
 /// private data sends at most 1024, so a 1500-byte reply needs a Reply chunk from us, while a
 /// peer that advertised 4096 sends it inline.
+//= specs/rfc8166.txt#section-4.3.3
+//= type=test
+//# A Requester MUST provide a Reply chunk whenever the maximum possible size of the RPC Reply
+//# message's Transport and Payload streams is larger than the inline threshold for messages from
+//# Responder to Requester.
 #[test]
 fn reply_chunk_when_the_peer_sends_less_than_we_receive() {
     use rpcrdma::engine::{MemRegistrar, Params};

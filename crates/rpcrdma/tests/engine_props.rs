@@ -110,7 +110,7 @@ proptest! {
         let out = q.on_receive(msg.freeze(), None, &mut reg);
         for a in &out {
             if let Action::Complete { .. } = a {
-                // 5666bis §5.4.1: fenced before completion.
+                // RFC 8166 §4.4.1: fenced before completion.
                 prop_assert_eq!(reg.live(), 0);
             }
         }

@@ -48,6 +48,15 @@ fn body() -> impl Strategy<Value = Body> {
 }
 
 proptest! {
+    //= specs/rfc8166.txt#section-2.3.2
+    //= type=test
+    //# The RPC-over-RDMA version 1 protocol assumes that each region of registered memory MUST be
+    //# identified with a steering tag of no more than 32 bits and memory addresses of up to 64 bits
+    //# in length.
+    //= specs/rfc8166.txt#section-4
+    //= type=test
+    //# All RPC-over-RDMA header content is contained in the Transport stream; thus, it MUST be XDR
+    //# encoded.
     #[test]
     fn header_round_trip(xid in any::<u32>(), credits in any::<u32>(), body in body(), tail in prop::collection::vec(any::<u8>(), 0..16)) {
         let h = Header::new(xid, credits, body);

@@ -265,7 +265,7 @@ async fn loopback_backchannel_interleaved_with_forward_calls() {
     let conns = srv.connections();
     assert_eq!(conns.len(), 1);
     let sc = conns[0].clone();
-    // 5666bis §7.3.1: refused until the Upper Layer says the client is ready, and nothing
+    // RFC 8167 §6: refused until the Upper Layer says the client is ready, and nothing
     // reaches the client.
     let early = sc
         .back_call(0x4000_0000, 1, 0, |_| {}, Duration::from_secs(5))
@@ -379,7 +379,7 @@ async fn loopback_reconnect_after_server_disconnect() {
     {
         match r.unwrap() {
             Ok(_) => {}
-            // 5666bis §5.5.3: a reply lost to the broken connection is answered with
+            // RFC 8166 §4.5.3: a reply lost to the broken connection is answered with
             // RDMA_ERR_CHUNK when the call is retransmitted.
             Err(RpcError::RdmaErrChunk) => {}
             Err(e) => panic!("{e}"),
@@ -436,8 +436,8 @@ async fn client_with_an_inline_binding_never_reduces() {
     assert!(s.long_call >= 1);
 }
 
-/// 5666bis §8 (RFC 8166 §6): "Requesters MUST NOT send RPC-over-RDMA messages for Upper Layer
-/// Protocols that do not have a Upper Layer Binding." Over the verbs driver: the refused calls
+/// RFC 8166 §6: "Each RPC Program and Version tuple that utilizes RPC-over-RDMA version 1
+/// needs to have a ULB specification." Over the verbs driver: the refused calls
 /// fail with `NoBinding` and never reach the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_refuses_programs_without_a_binding() {

@@ -91,7 +91,7 @@ fn reads_that_complete_or_fail_are_no_longer_due() {
     assert_eq!(h.resp.next_deadline(), None);
     let late = start + Duration::from_secs(5);
     assert_eq!(h.resp.handle_timeout(late), TimedOut::default());
-    // A Read that failed: 5666bis §5.5.3, fatal to the connection; nothing stays due.
+    // A Read that failed: RFC 8166 §4.5.3, fatal to the connection; nothing stays due.
     // (A new connection each time: the Requester has one credit until its first reply.)
     let mut h = Harness::new(cfg(2), cfg(8));
     h.resp.set_read_timeout(Some(Duration::from_secs(1)));

@@ -197,7 +197,7 @@ impl StagTable {
     fn insert(&self, pd: u32, data: Box<[u8]>, access: Access) -> Arc<MrInner> {
         let mut rng = rand::rng();
         let mut map = self.map.write();
-        // RFC 8166 §10.1.2 / RFC 5042: STags should not be predictable.
+        // RFC 8166 §8.1.2 / RFC 5042: STags should not be predictable.
         let index = loop {
             let i = rng.random_range(1..(1u32 << 24));
             if !map.contains_key(&i) {

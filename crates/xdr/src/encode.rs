@@ -13,17 +13,17 @@ pub const DEFAULT_REF_THRESHOLD: usize = 512;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DdpPolicy {
     /// Encode every item inline (TCP, or RPC-over-RDMA when reduction is not allowed, e.g.
-    /// under RPCSEC_GSS integrity or privacy: RFC 8166 §9.2.2 / 5666bis §10.2.2).
+    /// under RPCSEC_GSS integrity or privacy: RFC 8166 §8.2.2.3).
     #[default]
     Inline,
-    /// Remove DDP-eligible items from the stream (RFC 8166 §3.4.3, "XDR reduction").
+    /// Remove DDP-eligible items from the stream (RFC 8166 §3.4.1, "reducing an XDR stream").
     Reduce {
         /// Items shorter than this stay inline: a Requester or Responder may send a small
         /// DDP-eligible item inline (RFC 8166 §3.4.3 leaves the choice to the sender).
         min_len: usize,
         /// At most this many items are reduced; later eligible items stay inline (for example
         /// when a Write list offers fewer chunks than the reply has eligible items,
-        /// RFC 8166 §3.6.1.1 / 5666bis §4.4.6).
+        /// RFC 8166 §4.3.2.1).
         max_items: usize,
     },
 }
@@ -33,7 +33,7 @@ pub enum DdpPolicy {
 pub struct ReducedItem {
     /// XDR Position: the byte offset in the (reduced) Payload stream where the item's contents
     /// would have started. The item's length word is already in the stream just before it
-    /// (RFC 8166 §3.5.3: the Position is a multiple of four).
+    /// (RFC 8166 §3.4.5: the Position is a multiple of four).
     pub position: usize,
     /// The item's contents, without XDR round-up padding.
     pub data: Bytes,
@@ -303,14 +303,28 @@ impl Encoder {
     /// A variable-length opaque that the Upper-Layer Binding marks **DDP-eligible**
     /// (RFC 8166 §6.1). Under [`DdpPolicy::Reduce`] its contents and padding are removed from
     /// the stream and recorded as a [`ReducedItem`]; the length word stays in the stream
-    /// (RFC 8166 §3.5.3: the chunk's Position is where the contents begin). Otherwise it is
+    /// (RFC 8166 §3.4.5: the chunk's Position is where the contents begin). Otherwise it is
     /// encoded inline exactly like [`Encoder::put_opaque_bytes`]. Returns true if reduced.
+    // The one kind of item that can be reduced is a variable-length opaque: never a union.
+    //= specs/rfc8166.txt#section-3.4.4.3
+    //# A union data type MUST NOT be made DDP-eligible, but one or more of its arms MAY be
+    //# DDP-eligible, subject to the other requirements in this section.
     pub fn put_ddp_opaque(&mut self, b: Bytes) -> bool {
+        //= specs/rfc8166.txt#section-3.5.2
+        //# If DDP-eligible data items are present in a Payload stream, a sender MAY reduce some or
+        //# all of these items by removing them from the Payload stream.
         if let DdpPolicy::Reduce { min_len, max_items } = self.policy
             && b.len() >= min_len
             && self.reduced.len() < max_items
         {
             self.put_u32(xdr_len(b.len()));
+            //= specs/rfc8166.txt#section-3.4.4.1
+            //# If a chunk contains a counted array data type, the count of array elements MUST
+            //# remain in the Payload stream, while the array elements MUST be moved to the chunk.
+            //= specs/rfc8166.txt#section-3.4.4.4
+            //# When a variable-length XDR data item is reduced, the sender MUST remove XDR roundup
+            //# padding for that data item from the Payload stream so that data items remaining in
+            //# the Payload stream begin on four-byte alignment.
             let position = self.position();
             self.reduced.push(ReducedItem { position, data: b });
             return true;

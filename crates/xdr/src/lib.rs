@@ -10,7 +10,7 @@
 //! - [`Encoder`]: builds an XDR stream as a list of [`Bytes`] parts. Small items are copied into
 //!   a growing buffer; large opaque bodies are appended **by reference** (no copy), so a 1 MiB
 //!   NFS READ result can be sent with a vectored write or placed into registered memory once.
-//! - **Reduction** (RPC-over-RDMA, RFC 8166 §3.4.3 and §3.5.3): when the encoder is given a
+//! - **Reduction** (RPC-over-RDMA, RFC 8166 §3.4.1 and §3.4.4.4): when the encoder is given a
 //!   [`DdpPolicy::Reduce`], items that the Upper-Layer Binding marks DDP-eligible
 //!   ([`Encoder::put_ddp_opaque`]) are removed from the stream together with their XDR
 //!   round-up padding. Only the length word stays in the Payload stream; the item is returned as

@@ -56,8 +56,8 @@ struct ClientInner {
     next_xid: AtomicU32,
     back: Option<Dispatcher>,
     reconnects: AtomicU64,
-    /// The Requester's decisions about calls: how each is encoded (reduction, 5666bis §8.1,
-    /// §10.2.2.3) and the short Reply chunk retries (RFC 8267 §3.1).
+    /// The Requester's decisions about calls: how each is encoded (reduction, RFC 8166 §6.1,
+    /// §8.2.2.3) and the short Reply chunk retries (RFC 8267 §3.1).
     policy: Arc<CallPolicy>,
     /// Calls sent again with a larger Reply chunk after RDMA_ERR_CHUNK.
     short_reply_retries: AtomicU64,
@@ -87,10 +87,13 @@ async fn open_client_link(
     let recv_bufs = recv_pool(
         &pd,
         nrecv,
-        // 5666bis §4.3.3: receivers support at least 1024-byte messages.
+        //= specs/rfc8166.txt#section-3.3.3
+        //# Receiver implementations MUST support inline thresholds of 1024 bytes but MAY support
+        //# larger inline thresholds values.
+        // RFC 8166 §3.3.3: receivers support at least 1024-byte messages.
         cfg.inline_recv.max(crate::privdata::DEFAULT_INLINE) as usize,
     )?;
-    // 5666bis §7.2.2.1: receives for replies and for backward calls go up before connecting.
+    // RFC 8167 §4.3.1: receives for replies and for backward calls go up before connecting.
     for (i, mr) in recv_bufs.iter().enumerate() {
         qp.post_recv(RecvWr {
             wr_id: i as u64,
@@ -139,7 +142,7 @@ impl Drop for RdmaClient {
 impl RdmaClient {
     /// Connect to an RPC-over-RDMA server. `ulbs` are the Upper-Layer Bindings of the
     /// programs this client calls: calls of any other program (or of a version its binding
-    /// does not cover) fail with [`RpcError::NoBinding`] without being sent (5666bis §8).
+    /// does not cover) fail with [`RpcError::NoBinding`] without being sent (RFC 8166 §6).
     /// [`crate::ulb::InlineBinding`] serves programs with no DDP-eligible item.
     pub async fn connect(
         addr: SocketAddr,
@@ -150,7 +153,8 @@ impl RdmaClient {
     }
 
     /// [`RdmaClient::connect`] with an optional backward-direction service (RFC 8167
-    /// callbacks; backward-direction programs need no binding, 5666bis §7.4).
+    /// callbacks; backward-direction programs need no binding here: backward messages are
+    /// inline only, which RFC 8167 §5.3 allows).
     pub async fn connect_with(
         addr: SocketAddr,
         config: TransportConfig,
@@ -309,7 +313,7 @@ fn submit_locked(st: &mut ClientState, sub: Submission, posts: &mut Vec<Post>) {
 /// The client's one timer. The Requester owns every call's deadline
 /// ([`Requester::next_deadline`]); this task sleeps until the earliest, then hands the
 /// Requester `now` ([`Requester::poll_timeouts`]), which fences the memory of the calls whose
-/// time is up (5666bis §5.4.1) and completes them with [`RpcError::Timeout`]. With no call
+/// time is up (RFC 8166 §4.4.1) and completes them with [`RpcError::Timeout`]. With no call
 /// pending it wakes once per default call timeout; a call with an earlier deadline wakes it
 /// (see `submit_locked`).
 async fn client_timer(inner: Arc<ClientInner>, timer: Arc<Notify>) {
@@ -439,7 +443,7 @@ fn perform(inner: &Arc<ClientInner>, posts: Vec<Post>) {
                 });
             }
             Post::Close => {
-                // 5666bis §5.5.4: memory that could not be invalidated is fenced by closing the
+                // RFC 8166 §4.5.4: memory that could not be invalidated is fenced by closing the
                 // connection, before the RPC completes: the QP is in the error state when
                 // `abort` returns, and the completion that follows this action comes after.
                 inner.link().conn.abort();
@@ -470,7 +474,7 @@ async fn client_recv_loop(inner: Arc<ClientInner>, mut rcq: CompletionQueue) {
     loop {
         pump_receives(&inner, &rcq).await;
         // The connection is gone: fence every registration, then reconnect and retransmit
-        // the outstanding calls with their XIDs (5666bis §7.2.2.1: fresh receive buffers).
+        // the outstanding calls with their XIDs (RFC 8167 §4.3.1: fresh receive buffers).
         let old = inner.link();
         {
             let mut st = inner.state.lock();
@@ -559,9 +563,10 @@ fn on_client_receive(inner: &Arc<ClientInner>, link: &Link, c: &verbs::Completio
 /// Cancels a call whose future is dropped before it completes (the caller's own timeout, a
 /// `select!` that took another branch, an aborted task).
 ///
-/// 5666bis §5.4.1 (RFC 8166 §4.4.1): the memory of a canceled RPC must be fenced from the
-/// responder, which "cannot know that the requester is no longer waiting for a reply, and
-/// might proceed to read or even update memory". [`Requester::cancel`] takes the XID out of
+/// RFC 8166 §4.4.1: the memory of a canceled RPC must be fenced from the Responder, since "A
+/// Responder cannot know that the Requester is no longer waiting for a reply, and it might
+/// proceed to read or even update memory that the Requester might have released for other
+/// use." [`Requester::cancel`] takes the XID out of
 /// the pending table (a late reply is discarded and counted in `late_replies`) and
 /// invalidates every region of the call through the [`VerbsRegistrar`] before `drop`
 /// returns.
@@ -589,7 +594,7 @@ impl CallGuard<'_> {
         let ClientState { req, reg, .. } = &mut *st;
         let actions = req.cancel(self.xid, err, reg);
         // Only `Complete` (whose waiter, if any, is dropped or about to be) and `Close` (an
-        // invalidation failed: 5666bis §5.5.4, fence by closing) come back from a cancel, with
+        // invalidation failed: RFC 8166 §4.5.4, fence by closing) come back from a cancel, with
         // whatever waited in the inbox; none of it needs to run in a task, so this is safe in
         // `drop`.
         apply_locked(self.inner, st, actions);
@@ -641,7 +646,7 @@ impl RdmaClient {
     async fn call_once(&self, req: &CallRequest) -> Result<Bytes, RpcError> {
         let inner = &self.inner;
         let xid = inner.next_xid.fetch_add(1, Ordering::Relaxed);
-        // How the call is encoded is the Requester's decision (5666bis §8.1, §10.2.2.3).
+        // How the call is encoded is the Requester's decision (RFC 8166 §6.1, §8.2.2.3).
         let CallEncoding {
             policy,
             no_reduction,

@@ -61,7 +61,7 @@ impl SinkPool {
 }
 
 /// Memory registration through a verbs protection domain. The provider picks random STags
-/// (5666bis §10.1.2: handles are not predictable).
+/// (RFC 8166 §8.1.2: handles are not predictable).
 pub(super) struct VerbsRegistrar {
     pd: ProtectionDomain,
     next: RegionId,
@@ -122,7 +122,7 @@ impl Registrar for VerbsRegistrar {
     fn sink_contents(&mut self, id: RegionId, len: usize) -> Result<Bytes, RegError> {
         let (mr, head) = self.regions.get(&id).ok_or(RegError::Unknown(id))?;
         // The contents are read once, as the RPC completes: fence the region and take its
-        // memory instead of copying it (5666bis §5.4.1 wants it invalidated by now anyway).
+        // memory instead of copying it (RFC 8166 §4.4.1 wants it invalidated by now anyway).
         let v = mr
             .take_vec()
             .map_err(|e| RegError::Register(e.to_string()))?;
@@ -163,7 +163,7 @@ impl Registrar for VerbsRegistrar {
 
     fn invalidate(&mut self, id: RegionId, _remote: bool) -> Result<(), RegError> {
         let (mr, _) = self.regions.remove(&id).ok_or(RegError::Unknown(id))?;
-        // 5666bis §5.4.1 / §10.1.3: the STag is dead before the RPC completes. A remote
+        // RFC 8166 §4.4.1 / §8.1.3: the STag is dead before the RPC completes. A remote
         // invalidation already did it; invalidating again locally is harmless.
         mr.invalidate();
         Ok(())
@@ -206,7 +206,7 @@ impl Router {
     }
 
     /// Whether a reply whose Send completed with `status` is lost ([`crate::lost::reply_lost`],
-    /// 5666bis §5.5.3).
+    /// RFC 8166 §4.5.3).
     pub(super) fn reply_lost(&self, status: WcStatus) -> bool {
         let completion = match status {
             WcStatus::Success => SendCompletion::Success,
@@ -300,7 +300,7 @@ impl Link {
 
     /// Post the Send of the reply to `xid`, unsignaled: a reply costs no completion to wait
     /// for. If it fails later (flushed by a connection that broke), the router hears of it and
-    /// reports the XID (5666bis §5.5.3/§5.5.4).
+    /// reports the XID (RFC 8166 §4.5.3/§4.5.4).
     pub(super) fn post_reply(
         &self,
         data: Bytes,

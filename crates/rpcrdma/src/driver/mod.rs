@@ -12,7 +12,7 @@
 //! - `client.rs`: [`RdmaClient`], its inbox, its timer and `perform`.
 //!
 //! Each connection has a registered receive-buffer pool (the credit grant plus the backward
-//! credits, 5666bis §7.2.2) and a registered send-buffer pool; one task reads the receive
+//! credits, RFC 8167 §4.3) and a registered send-buffer pool; one task reads the receive
 //! completion queue, one routes send-queue completions to whoever waits for them.
 mod client;
 mod link;

@@ -37,7 +37,7 @@ struct ServerShared {
     dispatcher: Dispatcher,
     ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
     cfg: TransportConfig,
-    /// XIDs whose replies were lost, per peer host (5666bis §5.5.3): stored here between
+    /// XIDs whose replies were lost, per peer host (RFC 8166 §4.5.3): stored here between
     /// connections, handed to each connection's Responder.
     lost: Mutex<LostReplies>,
     counters: ServerCounters,
@@ -129,7 +129,7 @@ impl ServerConnection {
     }
 
     /// The Upper Layer learnt that the client handles backward calls (for NFSv4.1, a
-    /// CREATE_SESSION or BIND_CONN_TO_SESSION asking for the back channel): 5666bis §7.3.1.
+    /// CREATE_SESSION or BIND_CONN_TO_SESSION asking for the back channel): RFC 8167 §6.
     pub fn enable_backchannel(&self) {
         self.conn.resp.lock().enable_backchannel();
     }
@@ -343,7 +343,7 @@ async fn serve_connection(
         let (resp, sh) = (resp.clone(), sh.clone());
         let (weak_link, rt) = (Arc::downgrade(&link), tokio::runtime::Handle::current());
         *link.router.on_reply_failed.lock() = Some(Box::new(move |xid| {
-            // 5666bis §5.5.4: the connection is already gone (the Send was flushed); §5.5.3:
+            // RFC 8166 §4.5.4: the connection is already gone (the Send was flushed); §4.5.3:
             // the retransmission on the next connection is answered with ERR_CHUNK.
             let actions = resp.lock().reply_failed(xid);
             // Its `Close` is performed all the same (the connection may not have noticed yet).
@@ -445,7 +445,7 @@ fn on_server_receive(
     if link.post_recv(i).is_err() {
         return false;
     }
-    // Replies lost on an earlier connection of this peer (5666bis §5.5.3).
+    // Replies lost on an earlier connection of this peer (RFC 8166 §4.5.3).
     let lost = sh.lost.lock().take(sc.peer.ip());
     let inc = {
         let mut r = sc.resp.lock();
@@ -643,7 +643,7 @@ async fn handle_incoming(
                     Err(e) => {
                         tracing::info!(peer = %sc.peer, error = %e,
                             "RDMA Read of a Read chunk failed; closing the connection");
-                        // 5666bis §5.5.3: RDMA operational errors are fatal to the connection
+                        // RFC 8166 §4.5.3: RDMA operational errors are fatal to the connection
                         // (the Responder answers with `Close`).
                         let a = resp.lock().reads_failed(p);
                         perform(a, link, resp, None).await;
@@ -662,7 +662,7 @@ async fn handle_incoming(
                         Err(e) => {
                             tracing::warn!(peer = %sc.peer, error = %e,
                                 "no memory for a call's reply; closing the connection");
-                            // 5666bis §5.5.4: a reply that cannot be sent closes the connection.
+                            // RFC 8166 §4.5.4: a reply that cannot be sent closes the connection.
                             let xid = call.token.xid;
                             let a = resp.lock().send_failed(Some(xid), false);
                             perform(a, link, resp, Some(xid)).await;
@@ -699,7 +699,7 @@ async fn handle_incoming(
                     Err(e) => {
                         tracing::warn!(peer = %sc.peer, error = %e,
                             "no memory for a reply; closing the connection");
-                        // 5666bis §5.5.4: a reply that cannot be sent closes the connection
+                        // RFC 8166 §4.5.4: a reply that cannot be sent closes the connection
                         // (no operational error: the retransmission is executed again).
                         let a = resp.lock().send_failed(Some(xid), false);
                         perform(a, link, resp, Some(xid)).await;
@@ -741,7 +741,7 @@ async fn perform(
                 None => link.send(data, invalidate).await,
             },
             Action::Close => {
-                // 5666bis §5.5.4: a reply that cannot be sent closes the connection.
+                // RFC 8166 §4.5.4: a reply that cannot be sent closes the connection.
                 tracing::info!(xid = ?xid, "the Responder closes the connection");
                 link.conn.disconnect().await;
                 return;
@@ -749,7 +749,7 @@ async fn perform(
         };
         if let Err(e) = r {
             tracing::info!(error = %e, xid = ?xid, "reply could not be sent; closing the connection");
-            // 5666bis §5.5.3: the XID is answered with RDMA_ERR_CHUNK after a reconnect only
+            // RFC 8166 §4.5.3: the XID is answered with RDMA_ERR_CHUNK after a reconnect only
             // when an RDMA operational error broke the connection (see `Router::reply_lost`).
             let op_error = link.router.op_error.load(Ordering::Relaxed);
             todo = resp.lock().send_failed(xid, op_error).into();

@@ -2,14 +2,14 @@
 //!
 //! Flow for one received message:
 //! 1. [`Responder::on_receive`] decodes the transport header. Errors become an RDMA_ERROR to
-//!    send (5666bis §5.5) or nothing. A call whose chunks must be pulled returns
+//!    send (RFC 8166 §4.5) or nothing. A call whose chunks must be pulled returns
 //!    [`Incoming::NeedReads`]: the driver RDMA Reads each [`PendingCall::reads`] chunk and hands
 //!    the data to [`Responder::complete_reads`].
 //! 2. The reassembled call is checked (XID match, chunk limits, DDP-eligibility of every Read
 //!    chunk against the Upper-Layer Binding) and returned as [`Incoming::Call`], with the
 //!    [`xdr::DdpPolicy`] the driver passes to the `oncrpc::Dispatcher`.
 //! 3. [`Responder::reply`] turns the dispatcher's reply into RDMA Writes (Write list, Reply
-//!    chunk) and one Send, choosing RDMA_MSG or RDMA_NOMSG (5666bis §4.5, §5.3.3).
+//!    chunk) and one Send, choosing RDMA_MSG or RDMA_NOMSG (RFC 8166 §3.5, §4.3.3).
 //!
 //! The same engine is the Requester of the backward direction (RFC 8167): once the Upper
 //! Layer says the peer is ready ([`Responder::enable_backchannel`]), [`Responder::back_call`]
@@ -50,7 +50,7 @@ pub enum Action {
         data: Bytes,
         invalidate: Option<u32>,
     },
-    /// Close the connection (5666bis §5.5.4: a reply that cannot be sent).
+    /// Close the connection (RFC 8166 §4.5.4: a reply that cannot be sent).
     Close,
 }
 
@@ -86,7 +86,7 @@ pub struct PendingCall {
 
 /// The most bytes a reply can put on the wire beyond one inline message: what the requester
 /// offered in its Write chunks and Reply chunk (the Responder writes no more than a chunk
-/// offers, RFC 8166 §3.4.6, §3.4.7). A server reserves memory for it before it builds the reply.
+/// offers, RFC 8166 §3.4.6, §4.3.3). A server reserves memory for it before it builds the reply.
 fn offered_len(writes: &[WriteChunk], reply: Option<&WriteChunk>) -> usize {
     writes
         .iter()
@@ -174,7 +174,7 @@ pub struct ResponderStats {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BackError {
-    /// RFC 8167 §6 / 5666bis §7.3.1: the peer has not said it handles backward calls.
+    /// RFC 8167 §6: the peer has not said it handles backward calls.
     #[error("the peer has not enabled the backward direction")]
     NotReady,
     /// RFC 8167 §6: backward messages travel inline only.
@@ -348,12 +348,14 @@ impl Responder {
     }
 
     /// Receive buffers the driver keeps posted: the forward grant plus one per outstanding
-    /// backward call (5666bis §7.2.2.2).
+    /// backward call (RFC 8167 §4.3.2).
     pub fn receives_needed(&self) -> usize {
         self.cfg.credits as usize + self.cfg.back_credits as usize
     }
 
-    /// The forward credit grant; never zero (5666bis §4.3.1).
+    /// The forward credit grant; never zero (RFC 8166 §3.3.1).
+    //= specs/rfc8166.txt#section-3.3.1
+    //# The granted value MUST NOT be zero, since such a value would result in deadlock.
     pub fn grant(&self) -> u32 {
         self.cfg.credits.max(1)
     }
@@ -376,7 +378,7 @@ impl Responder {
             ErrorResponse::Discard => self.stats.dropped += 1,
         }
         match Header::error_reply(resp, self.grant()) {
-            // 5666bis §5.5: RDMA_ERROR is never sent with Send With Invalidate (Linux does
+            // RFC 8166 §4.5: RDMA_ERROR is never sent with Send With Invalidate (Linux does
             // the same).
             Some(h) => Incoming::Respond(vec![Action::Send {
                 data: h.to_bytes(),
@@ -388,7 +390,12 @@ impl Responder {
 
     fn garbage(&mut self, xid: u32) -> Incoming {
         self.stats.garbage_args += 1;
-        // 5666bis §5.5.2: GARBAGE_ARGS travels in an RDMA_MSG.
+        // RFC 8166 §4.5.2: GARBAGE_ARGS travels in an RDMA_MSG.
+        //= specs/rfc8166.txt#section-4.5.2
+        //# When a Responder receives a valid RPC-over-RDMA header but the Responder's ULP
+        //# implementation cannot parse the RPC arguments in the RPC Call message, the Responder
+        //# SHOULD return an RPC Reply message with status GARBAGE_ARGS, using an RDMA_MSG
+        //# procedure.
         let r = oncrpc::service::accepted(xid, AcceptStat::GarbageArgs, None);
         let body = r.message.to_bytes();
         let mut data = self.header_bytes(
@@ -413,6 +420,11 @@ impl Responder {
             return self.error(ErrorResponse::Discard);
         };
         match self.version.check(vers) {
+            //= specs/rfc8166.txt#section-4.5.1
+            //# When a Responder detects an RPC-over-RDMA header version that it does not support
+            //# (currently this document defines only version 1), it MUST reply with an RDMA_ERROR
+            //# procedure and set the rdma_err value to ERR_VERS, also providing the low and high
+            //# inclusive version numbers it does, in fact, support.
             CallVersion::ErrVers { low, high } => {
                 self.stats.err_vers += 1;
                 return Incoming::Respond(vec![Action::Send {
@@ -427,18 +439,25 @@ impl Responder {
             Ok(x) => x,
             Err(e) => {
                 tracing::debug!(error = %e, "bad transport header");
+                //= specs/rfc8166.txt#section-4.5
+                //# If other errors are detected in the RPC-over-RDMA header of an RPC Call message,
+                //# a Responder MUST send an RDMA_ERROR message back to the Requester.
                 return self.error(e.response());
             }
         };
         let xid = header.xid;
         match &header.body {
             Body::Msg(_) | Body::NoMsg(_) => {}
-            // 5666bis §5.6.1 / §5.6.2: RDMA_MSGP and RDMA_DONE get RDMA_ERR_CHUNK.
+            // RFC 8166 §4.6.1: RDMA_MSGP gets RDMA_ERR_CHUNK. RDMA_DONE gets it too, although
+            // §4.6.2 says receivers MUST silently discard RDMA_DONE (not changed here: see
+            // docs/traceability.md).
             Body::MsgP { .. } | Body::Done => {
                 return self.error(HeaderError::BadProc { xid, proc_: 0 }.response());
             }
             // An RDMA_ERROR sent to a Responder has no transaction to end: drop it (and never
-            // answer an error with an error, 5666bis §5.5).
+            // answer an error with an error, RFC 8166 §4.5).
+            //= specs/rfc8166.txt#section-4.2.4
+            //# A Responder MUST silently discard RDMA_ERROR procedures.
             Body::Error(_) => {
                 self.stats.dropped += 1;
                 return Incoming::Nothing;
@@ -601,12 +620,14 @@ impl Responder {
             return Incoming::Nothing;
         };
         let read_chunks = chunks.read_chunks();
-        // Structural checks that need no Upper-Layer Binding (5666bis §5.5.2: RDMA_ERR_CHUNK).
+        // Structural checks that need no Upper-Layer Binding (RFC 8166 §4.5.2: RDMA_ERR_CHUNK).
         let pz = read_chunks.iter().filter(|c| c.position == 0).count();
         let nomsg = !matches!(header.body, Body::Msg(_));
         let mut last = 0u32;
         let bad_positions = read_chunks.iter().any(|c| {
-            // 5666bis §4.4.5.1: "The value in this field MUST be a multiple of four."
+            // RFC 8166 §3.4.5: "The value in this field MUST be a multiple of four."
+            //= specs/rfc8166.txt#section-3.4.5
+            //# The value in this field MUST be a multiple of four.
             let bad = c.position % 4 != 0 || c.position < last;
             last = c.position;
             bad
@@ -620,7 +641,7 @@ impl Responder {
         {
             return self.error(ErrorResponse::ErrChunk { xid });
         }
-        // 5666bis §5.5.3: a call whose reply was lost to an operational error on an earlier
+        // RFC 8166 §4.5.3: a call whose reply was lost to an operational error on an earlier
         // connection gets RDMA_ERR_CHUNK: no RPC-level reply is possible for that XID.
         if self.lost.remove(&xid) {
             return self.error(ErrorResponse::ErrChunk { xid });
@@ -709,7 +730,9 @@ impl Responder {
         others: Vec<(usize, Bytes)>,
     ) -> Incoming {
         let xid = p.header.xid;
-        // 5666bis §5.5.2: an rdma_xid that does not match the RPC XID is an XDR error.
+        // RFC 8166 §4.5.2: an rdma_xid that does not match the RPC XID is an XDR error.
+        //= specs/rfc8166.txt#section-4.2.1
+        //# This XID MUST be the same as the XID in the RPC message.
         if rpc_xid(&message) != Some(xid) {
             return self.error(ErrorResponse::ErrChunk { xid });
         }
@@ -739,10 +762,13 @@ impl Responder {
             }
         }
         if n_other > 0 {
-            // 5666bis §8.? / §5.5.2: only DDP-eligible items may travel in Read chunks; a
+            // RFC 8166 §6.1 / §4.5.2: only DDP-eligible items may travel in Read chunks; a
             // violation is not processed and is reported with GARBAGE_ARGS. Programs without
             // an Upper-Layer Binding have no eligible items, and neither do calls under
-            // RPCSEC_GSS integrity or privacy (5666bis §10.2.2).
+            // RPCSEC_GSS integrity or privacy (RFC 8166 §8.2.2.3).
+            //= specs/rfc8166.txt#section-6.1
+            //# The Responder MUST NOT process this RPC Call message and MUST report the violation
+            //# as described in Section 4.5.2.
             let Some(ulb) = ulb.filter(|_| !gss) else {
                 return self.garbage(xid);
             };
@@ -752,7 +778,15 @@ impl Responder {
                 Err(_) => return self.garbage(xid),
             };
             // The chunk holds the item's contents, with or without its XDR round-up
-            // (5666bis §4.4.5.1: the requester MAY omit the padding).
+            // (RFC 8166 §3.4.5.2: the Requester SHOULD NOT include the padding, and may).
+            //= specs/rfc8166.txt#section-3.4.5.2
+            //# o If the Requester chooses to include roundup padding in a Read chunk,
+            //# the chunk's total length MUST be the sum of the encoded length of the
+            //# data item and the length of the roundup padding.
+            //= specs/rfc8166.txt#section-3.4.5.2
+            //# o If the sender chooses not to include roundup padding in the chunk, the
+            //# chunk's total length MUST be the same as the encoded length of the data
+            //# item.
             let ok = others.iter().all(|(pos, d)| {
                 items.iter().any(|r| {
                     r.start + args_at == *pos
@@ -763,12 +797,18 @@ impl Responder {
                 return self.garbage(xid);
             }
         }
+        //= specs/rfc8166.txt#section-4.3.2
+        //# When a Requester provides a Write list, the Responder MUST push data corresponding to
+        //# DDP-eligible result data items to Requester memory referenced in the Write list.
+        //= specs/rfc8166.txt#section-8.2.2.3
+        //# Therefore, a sender MUST NOT reduce a Payload stream when RPCSEC_GSS integrity or
+        //# encryption services are in use.
         let policy = if gss || chunks.writes.is_empty() {
             DdpPolicy::Inline
         } else {
-            // 5666bis §5.3.2: "When a Write list is provided for the results of an RPC Call,
-            // the responder MUST provide data corresponding to DDP-eligible XDR data items via
-            // RDMA Write operations": every eligible item goes to a chunk, however small.
+            // RFC 8166 §4.3.2: "When a Requester provides a Write list, the Responder MUST push
+            // data corresponding to DDP-eligible result data items to Requester memory
+            // referenced in the Write list": every eligible item goes to a chunk, however small.
             DdpPolicy::Reduce {
                 min_len: 0,
                 max_items: chunks.writes.len(),
@@ -835,11 +875,24 @@ impl Responder {
         let msg = reply.message;
         let mut actions = Vec::new();
         // Write list: item i goes to Write chunk i, segments filled in array order; pad bytes
-        // are never written (5666bis §4.4.6, §4.4.6.1); unused chunks come back with every
-        // segment length zero (5666bis §4.4.6.2).
+        // are never written (RFC 8166 §3.4.6, §3.4.6.2); unused chunks come back with every
+        // segment length zero (RFC 8166 §4.3.2.2).
+        //= specs/rfc8166.txt#section-3.4.4.4
+        //# Except in special cases (covered in Section 3.5.3), a chunk MUST contain exactly one XDR
+        //# data item.
+        //= specs/rfc8166.txt#section-4.3.2.2
+        //# If there is a subsequent DDP-eligible result data item in the RPC Reply message, it MUST
+        //# be placed in that unconsumed Write chunk.
         let mut writes: Vec<WriteChunk> = Vec::with_capacity(token.writes.len());
         for (i, chunk) in token.writes.iter().enumerate() {
             match msg.reduced.get(i) {
+                //= specs/rfc8166.txt#section-3.4.6.2
+                //# A Responder MUST NOT write XDR roundup padding into a Write chunk, even if the
+                //# Requester made space available for it.
+                //= specs/rfc8166.txt#section-3.4.6.2
+                //# Therefore, when returning a single variable-length result data item, a returned
+                //# Write chunk's total length MUST be the same as the encoded length of the result
+                //# data item.
                 Some(item) => match fill_segments(chunk, &item.data) {
                     Some((w, updated)) => {
                         actions.extend(
@@ -848,7 +901,7 @@ impl Responder {
                         );
                         writes.push(updated);
                     }
-                    // The Write chunk is too small (5666bis §5.5.3; cel-05 §7.2.4
+                    // The Write chunk is too small (RFC 8166 §4.5.3; cel-05 §7.2.4
                     // RDMA2_ERR_WRITE_RESOURCE names the chunk, from 1, and what it needs).
                     None if self.v2() => {
                         return self.error2_actions(
@@ -861,6 +914,10 @@ impl Responder {
                     }
                     None => return self.error_actions(ErrorResponse::ErrChunk { xid }),
                 },
+                //= specs/rfc8166.txt#section-4.3.2.2
+                //# If this is the last or only Write chunk available and it remains unconsumed, the
+                //# Responder MUST return this Write chunk as an unused Write chunk (see Section
+                //# 3.4.6).
                 None => writes.push(chunk.iter().map(|s| Segment { length: 0, ..*s }).collect()),
             }
         }
@@ -870,8 +927,12 @@ impl Responder {
         }
         let payload = msg.to_bytes();
         let mut chunks = Chunks {
+            //= specs/rfc8166.txt#section-4.3.1
+            //# Responders MUST leave the Read list empty in all replies.
             reads: Vec::new(),
             writes,
+            // An inline reply does not copy the Requester's Reply chunk back (as Linux does),
+            // although RFC 8166 §4.3.3 asks for it whenever one was provided.
             reply: None,
         };
         let hdr_len = if self.v2() {
@@ -885,11 +946,23 @@ impl Responder {
             Header::new(xid, 0, Body::Msg(chunks.clone())).encoded_len()
         };
         let inline_len = hdr_len + payload.len();
+        //= specs/rfc8166.txt#section-4.3.3
+        //# If the Transport stream and Payload stream together are smaller than the reply inline
+        //# threshold, the Responder MAY return the RPC Reply message as a Short message rather than
+        //# using the Requester-provided Reply chunk.
+        //= specs/rfc8166.txt#section-3.5.3
+        //# If there are no DDP- eligible data items in the Payload stream, or the Payload stream is
+        //# still too large after it has been reduced, the RDMA transport MUST use RDMA Read or
+        //# Write operations to convey the Payload stream itself.
         let (body, inline) = if inline_len <= self.params.inline_send {
             (Body::Msg(chunks), payload)
         } else {
-            // Long Reply: the Payload stream goes through the Reply chunk
-            // (5666bis §5.3.3: "the responder MUST use the provided Reply chunk").
+            // Long Reply: the Payload stream goes through the Reply chunk (RFC 8166 §3.5.3: "the
+            // Responder MUST use the Requester-provided Reply chunk for the reply").
+            //= specs/rfc8166.txt#section-3.5.3
+            //# If a Reply chunk was provided and the reduced Payload stream is larger than the
+            //# reply inline threshold, the Responder MUST use the Requester-provided Reply
+            //# chunk for the reply.
             let fits = token
                 .reply_chunk
                 .as_ref()
@@ -946,7 +1019,7 @@ impl Responder {
 
     /// The driver reports that a Send or RDMA Write it posted for `xid` (a reply) or for no
     /// particular call failed, and whether an RDMA operational error was seen on the
-    /// connection. 5666bis §5.5.4: the connection is closed ([`Action::Close`]); §5.5.3: only
+    /// connection. RFC 8166 §4.5.4: the connection is closed ([`Action::Close`]); §4.5.3: only
     /// a reply lost to an operational error is remembered as lost (answered with
     /// RDMA_ERR_CHUNK once the Requester reconnects and retransmits): a Send flushed because
     /// the connection broke without one is executed again, or answered from the Upper
@@ -960,9 +1033,13 @@ impl Responder {
     }
 
     /// The driver reports that a reply could not be delivered (an RDMA Write or Send failed).
-    /// 5666bis §5.5.4: the connection is closed; §5.5.3: once the Requester reconnects and
+    /// RFC 8166 §4.5.4: the connection is closed; §4.5.3: once the Requester reconnects and
     /// retransmits, this XID is answered with RDMA_ERR_CHUNK.
     #[must_use = "every action the engine returns must be performed"]
+    //= specs/rfc8166.txt#section-4.5.4
+    //# If a Responder is unable to construct and transmit an RPC Reply or RPC-over-RDMA error
+    //# message, the Responder MUST close the connection to signal to the Requester that a reply was
+    //# lost.
     pub fn reply_failed(&mut self, xid: u32) -> Vec<Action> {
         self.in_progress.remove(&xid);
         if self.lost.len() < 4096 {
@@ -999,7 +1076,7 @@ impl Responder {
         self.deadlines.reads_started(p.id, now);
     }
 
-    /// The RDMA Reads of `p` failed (or could not be posted): 5666bis §5.5.3, RDMA operational
+    /// The RDMA Reads of `p` failed (or could not be posted): RFC 8166 §4.5.3, RDMA operational
     /// errors are fatal to the connection. The call is dropped.
     #[must_use = "every action the engine returns must be performed"]
     pub fn reads_failed(&mut self, p: PendingCall) -> Vec<Action> {
@@ -1038,7 +1115,7 @@ impl Responder {
 
     // ---- Backward direction (RFC 8167): this end is the Requester. ----
 
-    /// The Upper Layer says the peer handles backward calls (5666bis §7.3.1, RFC 8167 §6:
+    /// The Upper Layer says the peer handles backward calls (RFC 8167 §6:
     /// for NFSv4.1 a CREATE_SESSION or BIND_CONN_TO_SESSION asking for the back channel).
     pub fn enable_backchannel(&mut self) {
         self.back_ready = true;
@@ -1054,7 +1131,7 @@ impl Responder {
     }
 
     /// Send (or queue, when out of backward credits) a backward call: RDMA_MSG with empty
-    /// chunk lists (5666bis §7.3.4). `message` is the whole RPC call, XID `xid`.
+    /// chunk lists (RFC 8167 §5.1). `message` is the whole RPC call, XID `xid`.
     pub fn back_call(&mut self, xid: u32, message: Bytes) -> Result<Vec<Action>, BackError> {
         self.back_call_until(xid, message, None)
     }
@@ -1115,7 +1192,7 @@ impl Responder {
             return Incoming::Nothing;
         }
         self.deadlines.back_done(h.xid);
-        // RFC 8167 §4.1 / 5666bis §7.2.1: backward credits, never zero.
+        // RFC 8167 §4.1: backward credits, never zero.
         self.back_granted = h.credits.max(1);
         Incoming::BackReply {
             xid: h.xid,
