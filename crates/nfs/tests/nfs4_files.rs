@@ -338,3 +338,34 @@ async fn seek_allocate_deallocate_in_minor_version_2() {
     .await;
     served.shutdown().await;
 }
+
+/// SETATTR of a mode on a symbolic link succeeds and changes nothing (a link has no mode of
+/// its own; Linux nfsd ignores the mode there), so a client's recursive chmod, or pynfs's
+/// clean-up of its test tree, goes through links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setattr_mode_on_a_symlink_is_accepted_and_ignored() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("t"), b"x").unwrap();
+    std::fs::set_permissions(
+        tmp.path().join("t"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("t", tmp.path().join("ln")).unwrap();
+    let served = serve(tmp.path()).await;
+    let mut c = Client::new(served.nfs_addr.unwrap(), "lnmode", 16).await;
+    c.ok(vec![
+        OpArgs::Putrootfh,
+        OpArgs::Lookup(name("ln")),
+        OpArgs::Setattr {
+            stateid: Stateid4::ANONYMOUS,
+            attrs: mode_attr(0o755),
+        },
+    ])
+    .await;
+    assert_eq!(
+        std::fs::metadata(tmp.path().join("t")).unwrap().mode() & 0o7777,
+        0o600
+    );
+    served.shutdown().await;
+}

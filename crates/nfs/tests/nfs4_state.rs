@@ -331,3 +331,54 @@ async fn grace_period_accepts_only_reclaims() {
     .await;
     served.shutdown().await;
 }
+
+/// An open keeps its file for the opener: after another name is renamed over it (which
+/// unlinks it), PUTFH of its handle and CLOSE still succeed (pynfs RNM21), and the state is
+/// gone after the CLOSE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_after_rename_unlinked_the_open_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("other"), b"x").unwrap();
+    let served = serve(tmp.path()).await;
+    let mut c = Client::new(served.nfs_addr.unwrap(), "rnm21", 16).await;
+    let r = c
+        .ok(vec![
+            OpArgs::Putrootfh,
+            open_args(b"o", "target", share::ACCESS_BOTH, 0, true),
+            OpArgs::Getfh,
+        ])
+        .await;
+    let sid = stateid_of(&r[1]);
+    let fh = fh_of(&r[2]);
+    c.ok(vec![
+        OpArgs::Putrootfh,
+        OpArgs::Savefh,
+        OpArgs::Rename {
+            old: name("other"),
+            new: name("target"),
+        },
+    ])
+    .await;
+    assert_eq!(std::fs::read(tmp.path().join("target")).unwrap(), b"x");
+    c.ok(vec![
+        OpArgs::Putfh(fh.clone()),
+        OpArgs::Close {
+            seqid: 0,
+            stateid: sid,
+        },
+    ])
+    .await;
+    // The stateid went with the CLOSE.
+    c.fails(
+        vec![
+            OpArgs::Putfh(fh),
+            OpArgs::Close {
+                seqid: 0,
+                stateid: sid,
+            },
+        ],
+        Nfsstat4::BAD_STATEID,
+    )
+    .await;
+    served.shutdown().await;
+}

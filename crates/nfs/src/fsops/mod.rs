@@ -488,8 +488,12 @@ impl<'a> FsOps<'a> {
         {
             return Err(Nfsstat3::NotSync);
         }
+        // A symbolic link has no mode of its own to set (Linux has no lchmod): the request's
+        // mode is ignored and the rest applied, as Linux nfsd does (nfsd_sanitize_attrs), so a
+        // client's `chmod -R` over a tree with links succeeds.
+        let mode = s.mode.filter(|_| !is_lnk(&n.st));
         let owner = cred.uid == 0 || cred.uid == n.st.stx_uid;
-        if s.mode.is_some() && !owner {
+        if mode.is_some() && !owner {
             return Err(Nfsstat3::Perm);
         }
         if let Some(uid) = s.uid
@@ -544,11 +548,7 @@ impl<'a> FsOps<'a> {
                 AtFlags::SYMLINK_NOFOLLOW,
             )?;
         }
-        if let Some(mode) = s.mode {
-            if is_lnk(&n.st) {
-                // Linux cannot change a symbolic link's mode.
-                return Err(Nfsstat3::Inval);
-            }
+        if let Some(mode) = mode {
             // As chmod(2): a caller outside the file's group cannot set S_ISGID.
             let gid_after = s.gid.unwrap_or(n.st.stx_gid);
             let mode = if cred.uid != 0 && !cred.in_group(gid_after) {

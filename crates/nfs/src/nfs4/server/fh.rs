@@ -305,6 +305,25 @@ impl Nfs4Server {
     }
 
     /// The current filehandle as an export object; a pseudo directory gives `pseudo`.
+    /// The state key (export, inode) of the current filehandle, read from the handle itself
+    /// without resolving it: the operations that only give state back (CLOSE, LOCKU) work
+    /// on a file that another client's RENAME or REMOVE has since unlinked, which the open
+    /// keeps alive (as Linux nfsd does; pynfs RNM21). The stateid check then ties the
+    /// stateid to that key.
+    pub(super) fn current_key(&self, ctx: &Ctx<'_>, pseudo: Nfsstat4) -> Res4<FileKey> {
+        match ctx.cur.as_ref().ok_or(Nfsstat4::NOFILEHANDLE)? {
+            CurFh::Pseudo(_) => Err(pseudo),
+            CurFh::Real { x, fh } => {
+                self.rights(ctx, x)?;
+                let h = HandleData::from_fh(fh).map_err(|_| Nfsstat4::BADHANDLE)?;
+                Ok(FileKey {
+                    fsid: x.server.export().fsid(),
+                    ino: h.ino,
+                })
+            }
+        }
+    }
+
     pub(super) fn current_obj(&self, ctx: &Ctx<'_>, pseudo: Nfsstat4) -> Res4<Obj> {
         match self.current(ctx)? {
             Cur::Real(o) => Ok(*o),

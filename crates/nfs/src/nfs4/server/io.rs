@@ -52,8 +52,8 @@ impl Nfs4Server {
             OpArgs::Close { stateid, .. } => {
                 let c = ctx.client()?;
                 let sid = ctx.stateid(&stateid)?;
-                let o = self.current_obj(ctx, Nfsstat4::BAD_STATEID)?;
-                let r = self.state().close(c, &sid, o.key())?;
+                let key = self.current_key(ctx, Nfsstat4::BAD_STATEID)?;
+                let r = self.state().close(c, &sid, key)?;
                 ctx.cur_sid = Some(r);
                 Ok(OpRes::Close(r))
             }
