@@ -20,7 +20,8 @@ use super::{CmdResult, wait_for_signal};
 
 #[derive(Debug, Subcommand)]
 pub enum NfsCommand {
-    /// Export DIR over NFSv3 (with MOUNT v3 and a port mapper) until Ctrl-C or SIGTERM.
+    /// Export DIR over NFSv3 (with MOUNT v3 and a port mapper) and NFSv4.1/4.2 until Ctrl-C
+    /// or SIGTERM.
     ///
     /// By default NFS and MOUNT listen on TCP 127.0.0.1:2049, NFS over RPC-over-RDMA
     /// (soft-iWARP) on 127.0.0.1:20049 and the port mapper on 127.0.0.1:111. When 111 cannot
