@@ -163,7 +163,6 @@ fn pynfs_nfsv41_suite_passes() {
     std::fs::create_dir(&export).unwrap();
     let (_server, addr) = serve(&export);
 
-    let json = work.path().join("results.json");
     let tests = std::env::var("OXRDMA_PYNFS_TESTS")
         .unwrap_or_else(|_| "all noxattr nodeleg nocourteous".to_string());
     let mut run = Command::new(&py)
@@ -171,11 +170,11 @@ fn pynfs_nfsv41_suite_passes() {
         .arg("testserver.py")
         .arg(format!("{addr}/"))
         .args(["--maketree", "--rundeps"])
-        .arg(format!("--json={}", json.display()))
         .args(tests.split_whitespace())
         .current_dir(pynfs.join("nfs4.1"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        // Files, not pipes: a full pipe would stall pynfs until the time limit.
+        .stdout(std::fs::File::create(work.path().join("pynfs.out")).unwrap())
+        .stderr(std::fs::File::create(work.path().join("pynfs.err")).unwrap())
         .spawn()
         .expect("run pynfs testserver.py");
     let start = Instant::now();
@@ -189,8 +188,7 @@ fn pynfs_nfsv41_suite_passes() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    let out = run.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = std::fs::read_to_string(work.path().join("pynfs.out")).unwrap_or_default();
     let failed: Vec<&str> = stdout
         .lines()
         .filter(|l| l.contains(": FAILURE") || l.contains(": WARNING"))
@@ -200,23 +198,28 @@ fn pynfs_nfsv41_suite_passes() {
     assert!(
         status.success(),
         "pynfs exited with {status}: {}",
-        String::from_utf8_lossy(&out.stderr)
+        std::fs::read_to_string(work.path().join("pynfs.err")).unwrap_or_default()
     );
 
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("pynfs wrote its JSON results"))
-            .expect("pynfs JSON");
-    let count = |k: &str| v[k].as_u64().unwrap_or(u64::MAX);
-    let cases = v["testcase"].as_array().map_or(0, |a| a.len() as u64);
-    let (failures, errors, skipped) = (count("failures"), count("errors"), count("skipped"));
-    let passed = cases.saturating_sub(failures + errors + skipped);
-    println!(
-        "pynfs: {cases} cases, {passed} passed, {failures} failed, {errors} errors, {skipped} \
-         not selected or skipped"
-    );
-    assert_eq!((failures, errors), (0, 0), "pynfs failures: {failed:#?}");
+    // pynfs's own summary: "Of those: S Skipped, F Failed, W Warned, P Passed".
+    let summary = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Of those: "))
+        .expect("pynfs printed its summary line");
+    let count = |what: &str| -> u64 {
+        summary
+            .split(", ")
+            .find_map(|part| part.strip_suffix(what)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {what} count in {summary:?}"))
+    };
+    let (failed_n, warned, passed) = (count(" Failed"), count(" Warned"), count(" Passed"));
+    println!("pynfs: {summary}");
+    assert_eq!(failed_n, 0, "pynfs failures: {failed:#?}");
     assert!(
         passed >= MIN_PASSED,
         "only {passed} pynfs tests passed: the run selected too little"
     );
+    if warned > 0 {
+        println!("pynfs warnings: {failed:#?}");
+    }
 }
