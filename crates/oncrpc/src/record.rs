@@ -90,6 +90,16 @@ impl RecordDecoder {
         }
     }
 
+    /// The bytes of the record being received that are known to be coming: its earlier
+    /// fragments plus the announced length of the current one (0 between records). A driver
+    /// that reserves memory for its receive buffer reserves this much before it reads the rest
+    /// (never more than the maximum record size, which the header was checked against).
+    pub fn pending_len(&self) -> usize {
+        self.partial
+            .len()
+            .saturating_add(self.fragment.map_or(0, |f| f.len))
+    }
+
     /// Take the next complete record out of `src`, if there is one. Consumed bytes are removed
     /// from `src`; a partial fragment is left in place until the rest arrives.
     pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Bytes>, RecordError> {

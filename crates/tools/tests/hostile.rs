@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use nfs::ulb::NfsBinding;
-use oncrpc::{MemoryBudget, RpcTransport, ServerConfig, TcpClient, TcpServer};
+use oncrpc::{MemoryBudget, RpcTransport, TcpClient, TcpServer};
 use rpcrdma::{RdmaServer, TransportConfig};
 use tools::hostile::{Hostiles, Polite, Target};
 
@@ -39,6 +39,12 @@ struct Server {
 }
 
 async fn server(budget: Arc<MemoryBudget>) -> Server {
+    server_with(budget, None).await
+}
+
+/// A server whose TCP listener closes connections that take none of their replies for
+/// `send_timeout` (`None`: never).
+async fn server_with(budget: Arc<MemoryBudget>, send_timeout: Option<Duration>) -> Server {
     let tmp = tempfile::tempdir().unwrap();
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut sc = nfs::serve::ServeConfig::new(tmp.path());
@@ -55,11 +61,11 @@ async fn server(budget: Arc<MemoryBudget>) -> Server {
     let rdma = RdmaServer::bind(local, (*served.nfs_dispatcher()).clone(), vec![ulb], cfg)
         .await
         .unwrap();
+    // The NFS port's settings (`nfs serve`), drawing from the same budget as RDMA.
     let tcp = TcpServer::bind(
         local,
         served.nfs_dispatcher(),
-        ServerConfig::default()
-            .with_max_record(4 * MIB)
+        nfs::serve::nfs_tcp_config(Some(budget.clone()), send_timeout)
             .with_max_in_flight(TCP_IN_FLIGHT)
             .with_max_queued_reply_bytes(TCP_QUEUED),
     )
@@ -245,6 +251,80 @@ async fn replies_never_read_over_tcp_are_bounded_per_connection() {
     h.release().await;
     eventually("queued replies dropped with their connections", || {
         st.queued_reply_bytes() == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_never_read_over_tcp_stay_in_the_shared_budget() {
+    // One budget for both transports: 12 MiB, 4 MiB per connection. Each hostile connection
+    // asks for 64 READs of 1 MiB (64 MiB of replies) and reads none of them.
+    let s = server(MemoryBudget::new(12 * MIB, 4 * MIB)).await;
+    let b = &s.budget;
+    let mut polite = Polite::connect(&s.target, "polite").await.unwrap();
+    let idle_conns = b.connections();
+    let sampler = Sampler::start(b);
+    let refusals = b.refusals();
+    let h = Hostiles::unread_tcp(&s.target, 2, 64).await.unwrap();
+    assert_eq!(h.connected(), 2);
+    assert_eq!(
+        b.connections(),
+        idle_conns + 2,
+        "TCP connections hold a share"
+    );
+    // Their replies fill their shares, then their readers wait for memory.
+    eventually(
+        "hostile TCP replies held up to the connections' shares",
+        || b.refusals() > refusals && b.used() >= 4 * MIB,
+    )
+    .await;
+    // A well-behaved TCP client and the RDMA one are served meanwhile.
+    let t: Arc<dyn RpcTransport> = Arc::new(TcpClient::connect(s.tcp.local_addr()).await.unwrap());
+    let nfs = nfs::client::Nfs3Client::new(t);
+    for _ in 0..3 {
+        let r = nfs.read(&s.target.file, 0, MIB as u32).await.unwrap();
+        assert_eq!(r.into_result().unwrap().data.0.len(), MIB);
+    }
+    assert_eq!(polite.rounds(5).await, (15, 0));
+    assert_eq!(h.closed(), 0, "backpressure, not a closed connection");
+    h.release().await;
+    drop(nfs);
+    eventually("hostile connections released", || {
+        b.connections() == idle_conns
+    })
+    .await;
+    assert_within(b, sampler.finish().await);
+    // With every client gone, nothing is left reserved.
+    drop(polite);
+    eventually("every connection's memory back", || {
+        b.connections() == 0 && b.used() == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_client_that_takes_no_replies_is_closed_and_its_memory_returned() {
+    let s = server_with(MemoryBudget::new(12 * MIB, 4 * MIB), Some(RDMA_TIMEOUT)).await;
+    let b = &s.budget;
+    let mut polite = Polite::connect(&s.target, "polite").await.unwrap();
+    let idle_conns = b.connections();
+    let sampler = Sampler::start(b);
+    let h = Hostiles::unread_tcp(&s.target, 2, 64).await.unwrap();
+    assert_eq!(h.connected(), 2);
+    eventually("hostile TCP replies held", || b.used() >= 4 * MIB).await;
+    // Their replies stay untaken: after the send timeout the server closes both, and their
+    // memory is back, while the hostile clients still hold their ends (the proxy, which
+    // reads nothing from the server, cannot tell them).
+    eventually("hostile connections closed by the server", || {
+        b.connections() == idle_conns
+    })
+    .await;
+    assert_eq!(polite.rounds(5).await, (15, 0));
+    h.release().await;
+    assert_within(b, sampler.finish().await);
+    drop(polite);
+    eventually("every connection's memory back", || {
+        b.connections() == 0 && b.used() == 0
     })
     .await;
 }
