@@ -403,3 +403,50 @@ pub async fn serve(config: ServeConfig) -> io::Result<()> {
     served.shutdown().await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncrpc::{CallHeader, OpaqueAuth};
+
+    fn call(prog: u32, vers: u32, proc_: u32, args: &[u8]) -> bytes::Bytes {
+        let h = CallHeader {
+            xid: 7,
+            prog,
+            vers,
+            proc_,
+            cred: OpaqueAuth::none(),
+            verf: OpaqueAuth::none(),
+        };
+        let mut e = xdr::Encoder::new();
+        h.encode(&mut e);
+        let mut v = e.into_bytes().to_vec();
+        v.extend_from_slice(args);
+        v.into()
+    }
+
+    #[test]
+    fn an_nfs3_read_reserves_its_count_and_others_a_bound() {
+        let read = nfs3::ReadArgs {
+            file: nfs3::Fh3(vec![1; 32].into()),
+            offset: 0,
+            count: 1 << 20,
+        };
+        let args = xdr::to_bytes(&read);
+        let bound = nfs_reply_bound(&call(nfs3::PROGRAM, 3, nfs3::proc_::READ, &args))
+            .expect("READ has a bound");
+        assert!((1 << 20) < bound && bound < (1 << 20) + 4096, "{bound}");
+        let getattr = nfs_reply_bound(&call(nfs3::PROGRAM, 3, nfs3::proc_::GETATTR, &[]));
+        assert!(getattr.is_some_and(|b| b < 4096));
+        // An NFSv4 COMPOUND has none the transport can read: the estimate applies.
+        assert_eq!(nfs_reply_bound(&call(nfs3::PROGRAM, 4, 1, &[])), None);
+        assert_eq!(
+            nfs_reply_bound(&call(mount::PROGRAM, 3, 1, &[])),
+            Some(SMALL_REPLY)
+        );
+        assert_eq!(
+            nfs_reply_bound(&bytes::Bytes::from_static(b"junk")),
+            Some(SMALL_REPLY)
+        );
+    }
+}

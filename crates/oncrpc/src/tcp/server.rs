@@ -643,19 +643,20 @@ fn spawn_call(
         // TCP carries every result inline: no Write chunks exist.
         let reply = d.dispatch(record, ctx, DdpPolicy::Inline).await;
         // The call's record is gone: what it reserved now covers its reply, which stays
-        // reserved until written. A reply larger than reserved waits for the difference
-        // (unless the connection goes meanwhile).
+        // reserved until written. A reply larger than that gives it back and waits for the
+        // whole (as RPC-over-RDMA does: a call never holds part of its memory while it waits
+        // for the rest), unless the connection goes meanwhile.
+        let len = reply.as_ref().map_or(0, |r| r.message.len());
         if let Some(h) = held.as_mut() {
-            let len = reply.as_ref().map_or(0, |r| r.message.len());
             if len <= h.bytes() {
                 h.shrink(len);
             } else {
                 let share = h.connection().clone();
+                held = None;
                 tokio::select! {
-                    r = share.reserve_queued(len - h.bytes()) => match r {
-                        Ok(r) => { h.merge(r); }
-                        // Larger than the connection may ever hold: sent as it is, counted
-                        // up to what was reserved.
+                    r = share.reserve_queued(len) => match r {
+                        Ok(r) => held = Some(r),
+                        // Larger than the connection may ever hold: sent as it is.
                         Err(e) => tracing::debug!(error = %e, "reply larger than the budget allows"),
                     },
                     _ = tx.closed() => {
