@@ -296,6 +296,26 @@ mod tests {
     }
 
     #[test]
+    fn pending_len_is_what_the_headers_announced() {
+        let msg = encoded(&[b"0123", b"4567", b"89ab"]);
+        let wire = concat(&frame(&msg, 5));
+        let mut d = RecordDecoder::default();
+        let mut src = BytesMut::new();
+        assert_eq!(d.pending_len(), 0);
+        // The first header announces 5 bytes; after that fragment and the second header,
+        // 5 received and 5 more announced.
+        src.extend_from_slice(&wire[..4]);
+        assert_eq!(d.decode(&mut src).unwrap(), None);
+        assert_eq!(d.pending_len(), 5);
+        src.extend_from_slice(&wire[4..13]);
+        assert_eq!(d.decode(&mut src).unwrap(), None);
+        assert_eq!(d.pending_len(), 10);
+        src.extend_from_slice(&wire[13..]);
+        assert!(d.decode(&mut src).unwrap().is_some());
+        assert_eq!(d.pending_len(), 0, "nothing pending between records");
+    }
+
+    #[test]
     fn too_large_is_typed_and_sticky() {
         let mut d = RecordDecoder::new(10);
         let mut src = BytesMut::new();
