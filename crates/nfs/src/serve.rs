@@ -17,8 +17,9 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use oncrpc::{Dispatcher, ServerConfig, TcpServer};
+use oncrpc::{Dispatcher, MemoryBudget, MessageHeader, ServerConfig, TcpServer};
 
 use crate::drc::DrcConfig;
 use crate::exports::Exports;
@@ -52,6 +53,13 @@ pub struct ServeConfig {
     /// RPC-over-RDMA settings (device, credits, inline sizes, capture); soft-iWARP over TCP
     /// with the defaults when `None`.
     pub rdma_config: Option<rpcrdma::TransportConfig>,
+    /// The memory budget of the whole server: every listener, TCP and RPC-over-RDMA, draws
+    /// from it. `None`: the one in `rdma_config` if it has one, else a quarter of this
+    /// machine's memory ([`MemoryBudget::machine_default`]).
+    pub budget: Option<Arc<MemoryBudget>>,
+    /// How long a TCP client may take none of its replies before its connection is closed
+    /// and its memory given back ([`ServerConfig::send_timeout`]); `None`: no limit.
+    pub tcp_send_timeout: Option<Duration>,
     /// Exports read from an exports(5) file. When set, they are served instead of `export`
     /// (see [`crate::gate`]); when not, `export` is served to everybody who can reach the
     /// listeners ([`ExportTable::single`]).
@@ -80,6 +88,8 @@ impl ServeConfig {
             )),
             rdma: None,
             rdma_config: None,
+            budget: None,
+            tcp_send_timeout: Some(DEFAULT_TCP_SEND_TIMEOUT),
             exports: None,
             drc: Some(DrcConfig::default()),
             nfs4: Some(Nfs4Config::default()),
@@ -104,6 +114,7 @@ pub struct Served {
     pub rdma_addr: Option<SocketAddr>,
     listeners: Vec<TcpServer>,
     rdma: Option<rpcrdma::RdmaServer>,
+    budget: Arc<MemoryBudget>,
     nfs4: Option<Arc<Nfs4Server>>,
     lease_task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -128,6 +139,11 @@ impl Served {
     /// The NFSv4 server (state tables), when NFSv4 is served.
     pub fn nfs4(&self) -> Option<&Arc<Nfs4Server>> {
         self.nfs4.as_ref()
+    }
+
+    /// The memory budget every listener draws from.
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
     }
 
     /// The registry behind the port mapper.
@@ -180,6 +196,58 @@ fn tcp_netid(addr: &SocketAddr) -> String {
 /// Largest RPC record accepted: a 1 MiB WRITE plus headers, with room to spare.
 const MAX_RECORD: usize = 4 << 20;
 
+/// Default of [`ServeConfig::tcp_send_timeout`] (the RPC-over-RDMA transfer timeout's default).
+pub const DEFAULT_TCP_SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a call of a program other than NFS is assumed to need for its reply before it runs
+/// (MOUNT, the port mapper: small replies; a larger one reserves the rest once built).
+const SMALL_REPLY: usize = 64 << 10;
+
+/// What an NFS call without a bound of its own (an NFSv4 COMPOUND: its session's
+/// `ca_maxresponsesize` is not known to the transport) reserves for its reply before it runs:
+/// the largest READ and its headers.
+pub const NFS_REPLY_ESTIMATE: usize = crate::fsops::MAX_IO as usize + 4096;
+
+/// The largest reply a call on the NFS port can produce, from its record: the NFSv3 bounds
+/// RPC-over-RDMA also uses (RFC 8267 §4.1: READ count, READDIR count, READDIRPLUS maxcount),
+/// or `None` for an NFSv4 COMPOUND.
+fn nfs_reply_bound(record: &bytes::Bytes) -> Option<usize> {
+    let Ok((MessageHeader::Call(h), args)) = MessageHeader::decode_message(record) else {
+        // Not a call the dispatcher will answer with more than an error.
+        return Some(SMALL_REPLY);
+    };
+    match (h.prog, h.vers) {
+        (nfs3::PROGRAM, nfs3::VERSION) => crate::ulb::nfs3_max_reply(h.proc_, &args),
+        (nfs3::PROGRAM, VERSION4) if h.proc_ == 0 => Some(crate::ulb::RPC_REPLY_HEADER_MAX),
+        (nfs3::PROGRAM, _) => None,
+        _ => Some(SMALL_REPLY),
+    }
+}
+
+/// The TCP server settings of the NFS port: records up to a 1 MiB WRITE with room to spare,
+/// and with `budget`, every call's reply reserved before it runs at the bound its arguments
+/// give ([`nfs_reply_bound`]), or [`NFS_REPLY_ESTIMATE`].
+pub fn nfs_tcp_config(
+    budget: Option<Arc<MemoryBudget>>,
+    send_timeout: Option<Duration>,
+) -> ServerConfig {
+    let mut c = ServerConfig::default()
+        .with_max_record(MAX_RECORD)
+        .with_reply_bound(nfs_reply_bound, NFS_REPLY_ESTIMATE);
+    c.budget = budget;
+    c.send_timeout = send_timeout;
+    c
+}
+
+/// The TCP server settings of the MOUNT and port mapper listeners.
+fn small_tcp_config(budget: &Arc<MemoryBudget>, send_timeout: Option<Duration>) -> ServerConfig {
+    let mut c = ServerConfig::default()
+        .with_budget(budget.clone())
+        .with_reply_bound(|_| Some(SMALL_REPLY), SMALL_REPLY);
+    c.send_timeout = send_timeout;
+    c
+}
+
 /// Bind and start everything; see the module documentation.
 pub async fn start(config: ServeConfig) -> io::Result<Served> {
     let export = config.export.clone();
@@ -212,7 +280,14 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
             .with(table.mount_program())
             .with(Arc::new(PortmapProgram(portmapper.clone()))),
     );
-    let scfg = ServerConfig::default().with_max_record(MAX_RECORD);
+    // One budget for the whole process: the TCP listeners and the RPC-over-RDMA one.
+    let budget = config
+        .budget
+        .clone()
+        .or_else(|| config.rdma_config.as_ref().and_then(|c| c.budget.clone()))
+        .unwrap_or_else(MemoryBudget::machine_default);
+    let send_timeout = config.tcp_send_timeout;
+    let scfg = nfs_tcp_config(Some(budget.clone()), send_timeout);
     let mut listeners = Vec::new();
     let mut nfs_addr = None;
     let mut mount_addr = None;
@@ -251,7 +326,7 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
     }
     if let Some(addr) = config.mount {
         let d = Arc::new(Dispatcher::new().with(table.mount_program()));
-        let l = TcpServer::bind(addr, d, ServerConfig::default()).await?;
+        let l = TcpServer::bind(addr, d, small_tcp_config(&budget, send_timeout)).await?;
         let a = l.local_addr();
         mount_addr = Some(a);
         listeners.push(l);
@@ -265,7 +340,7 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
     }
     if let Some(addr) = config.portmap {
         let d = Arc::new(Dispatcher::new().with(Arc::new(PortmapProgram(portmapper.clone()))));
-        let l = TcpServer::bind(addr, d, ServerConfig::default()).await?;
+        let l = TcpServer::bind(addr, d, small_tcp_config(&budget, send_timeout)).await?;
         let a = l.local_addr();
         portmap_addr = Some(a);
         listeners.push(l);
@@ -277,10 +352,13 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
         // RFC 8267 §5.1: only NFS itself is offered over RPC-over-RDMA.
         let d = Dispatcher::new().with(nfs_program());
         let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
-        let r =
-            rpcrdma::RdmaServer::bind(addr, d, vec![ulb], config.rdma_config.unwrap_or_default())
-                .await
-                .map_err(io::Error::other)?;
+        let rcfg = rpcrdma::TransportConfig {
+            budget: Some(budget.clone()),
+            ..config.rdma_config.unwrap_or_default()
+        };
+        let r = rpcrdma::RdmaServer::bind(addr, d, vec![ulb], rcfg)
+            .await
+            .map_err(io::Error::other)?;
         rdma_addr = Some(r.local_addr());
         rdma = Some(r);
     }
@@ -295,6 +373,7 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
         rdma_addr,
         listeners,
         rdma,
+        budget,
         nfs4,
         lease_task,
     };
@@ -337,4 +416,51 @@ pub async fn serve(config: ServeConfig) -> io::Result<()> {
     tokio::signal::ctrl_c().await?;
     served.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncrpc::{CallHeader, OpaqueAuth};
+
+    fn call(prog: u32, vers: u32, proc_: u32, args: &[u8]) -> bytes::Bytes {
+        let h = CallHeader {
+            xid: 7,
+            prog,
+            vers,
+            proc_,
+            cred: OpaqueAuth::none(),
+            verf: OpaqueAuth::none(),
+        };
+        let mut e = xdr::Encoder::new();
+        h.encode(&mut e);
+        let mut v = e.into_bytes().to_vec();
+        v.extend_from_slice(args);
+        v.into()
+    }
+
+    #[test]
+    fn an_nfs3_read_reserves_its_count_and_others_a_bound() {
+        let read = nfs3::ReadArgs {
+            file: nfs3::Fh3(vec![1; 32].into()),
+            offset: 0,
+            count: 1 << 20,
+        };
+        let args = xdr::to_bytes(&read);
+        let bound = nfs_reply_bound(&call(nfs3::PROGRAM, 3, nfs3::proc_::READ, &args))
+            .expect("READ has a bound");
+        assert!((1 << 20) < bound && bound < (1 << 20) + 4096, "{bound}");
+        let getattr = nfs_reply_bound(&call(nfs3::PROGRAM, 3, nfs3::proc_::GETATTR, &[]));
+        assert!(getattr.is_some_and(|b| b < 4096));
+        // An NFSv4 COMPOUND has none the transport can read: the estimate applies.
+        assert_eq!(nfs_reply_bound(&call(nfs3::PROGRAM, 4, 1, &[])), None);
+        assert_eq!(
+            nfs_reply_bound(&call(mount::PROGRAM, 3, 1, &[])),
+            Some(SMALL_REPLY)
+        );
+        assert_eq!(
+            nfs_reply_bound(&bytes::Bytes::from_static(b"junk")),
+            Some(SMALL_REPLY)
+        );
+    }
 }

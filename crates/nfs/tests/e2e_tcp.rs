@@ -25,6 +25,8 @@ async fn start_on(dir: &std::path::Path) -> Served {
         portmap: Some(local()),
         rdma: None,
         rdma_config: None,
+        budget: None,
+        tcp_send_timeout: None,
         exports: None,
         drc: Some(nfs::drc::DrcConfig::default()),
         nfs4: Some(nfs::nfs4::server::Nfs4Config::default()),

@@ -249,6 +249,34 @@ impl ConnBudget {
         }
     }
 
+    /// Reserve `bytes`, waiting for as long as it takes for other reservations to be given
+    /// back (the caller decides when to stop waiting, by dropping the future). Fails at once
+    /// only for a request no amount of waiting would satisfy: larger than the connection's
+    /// or the server's whole limit.
+    pub async fn reserve_queued(
+        self: &Arc<Self>,
+        bytes: usize,
+    ) -> Result<Reservation, BudgetError> {
+        loop {
+            let freed = self.server.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            match self.try_reserve(bytes) {
+                Ok(r) => return Ok(r),
+                Err(e) if bytes > self.limit() || bytes > self.server.limit => return Err(e),
+                Err(_) => freed.await,
+            }
+        }
+    }
+
+    /// An empty reservation on this connection, to [`Reservation::merge`] others into.
+    pub fn empty(self: &Arc<Self>) -> Reservation {
+        Reservation {
+            conn: self.clone(),
+            bytes: 0,
+        }
+    }
+
     /// Bytes this connection holds now.
     pub fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
@@ -310,6 +338,36 @@ impl Reservation {
             self.conn.server.give(give);
             self.bytes = keep;
         }
+    }
+}
+
+impl Reservation {
+    /// Move up to `n` of this reservation's bytes into a new one (of the same connection),
+    /// without giving anything back: memory that changes owner (a received record handed to
+    /// its call) stays counted throughout.
+    pub fn split(&mut self, n: usize) -> Reservation {
+        let n = n.min(self.bytes);
+        self.bytes -= n;
+        Reservation {
+            conn: self.conn.clone(),
+            bytes: n,
+        }
+    }
+
+    /// The connection this reservation is drawn from.
+    pub fn connection(&self) -> &Arc<ConnBudget> {
+        &self.conn
+    }
+
+    /// Take `other`'s bytes into this reservation. Both must be drawn from the same
+    /// connection; a reservation of another connection is given back instead (and `false`
+    /// returned), so no connection's count is ever moved to another.
+    pub fn merge(&mut self, mut other: Reservation) -> bool {
+        if !Arc::ptr_eq(&self.conn, &other.conn) {
+            return false;
+        }
+        self.bytes += std::mem::take(&mut other.bytes);
+        true
     }
 }
 
@@ -419,6 +477,42 @@ mod tests {
         assert_eq!(r.bytes(), 30, "shrinking never grows");
         drop(r);
         assert_eq!((c.used(), b.used(), b.peak()), (0, 0, 80));
+    }
+
+    #[test]
+    fn split_and_merge_move_bytes_without_giving_them_back() {
+        let b = MemoryBudget::new(100, 100);
+        let c = b.connection();
+        let mut recv = c.try_reserve(70).unwrap();
+        let mut call = recv.split(30);
+        assert_eq!((recv.bytes(), call.bytes(), b.used()), (40, 30, 70));
+        assert_eq!(recv.split(1000).bytes(), 40, "never more than it holds");
+        assert_eq!((recv.bytes(), b.used()), (0, 30));
+        assert!(call.merge(c.try_reserve(20).unwrap()));
+        assert_eq!((call.bytes(), b.used()), (50, 50));
+        let mut grown = c.empty();
+        assert!(grown.merge(call));
+        assert_eq!((grown.bytes(), c.used(), b.used()), (50, 50, 50));
+        // Another connection's bytes are not taken over: they go back to the budget.
+        let other = b.connection();
+        assert!(!grown.merge(other.try_reserve(10).unwrap()));
+        assert_eq!((other.used(), b.used()), (0, 50));
+        drop(grown);
+        assert_eq!((c.used(), b.used()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_queued_reservation_waits_without_a_deadline() {
+        let b = MemoryBudget::new(100, 100);
+        let c = b.connection();
+        let held = c.try_reserve(90).unwrap();
+        let c2 = c.clone();
+        let waiter = tokio::spawn(async move { c2.reserve_queued(50).await });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        drop(held);
+        assert_eq!(waiter.await.unwrap().unwrap().bytes(), 50);
+        assert!(c.reserve_queued(101).await.is_err(), "never satisfiable");
     }
 
     #[test]

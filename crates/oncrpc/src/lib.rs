@@ -41,4 +41,6 @@ pub use message::{AcceptStat, AuthStat, CallHeader, MessageHeader, RejectedReply
 pub use null::null_program;
 pub use record::{RecordDecoder, RecordError};
 pub use service::{Call, CallContext, Dispatcher, Outcome, Program, ReplyMessage, TransportKind};
-pub use tcp::{ClientConfig, ServerConfig, TcpClient, TcpServer, TcpServerStats, serve_tcp};
+pub use tcp::{
+    ClientConfig, ReplyBound, ServerConfig, TcpClient, TcpServer, TcpServerStats, serve_tcp,
+};

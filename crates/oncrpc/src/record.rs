@@ -90,6 +90,16 @@ impl RecordDecoder {
         }
     }
 
+    /// The bytes of the record being received that are known to be coming: its earlier
+    /// fragments plus the announced length of the current one (0 between records). A driver
+    /// that reserves memory for its receive buffer reserves this much before it reads the rest
+    /// (never more than the maximum record size, which the header was checked against).
+    pub fn pending_len(&self) -> usize {
+        self.partial
+            .len()
+            .saturating_add(self.fragment.map_or(0, |f| f.len))
+    }
+
     /// Take the next complete record out of `src`, if there is one. Consumed bytes are removed
     /// from `src`; a partial fragment is left in place until the rest arrives.
     pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Bytes>, RecordError> {
@@ -283,6 +293,26 @@ mod tests {
             }
         }
         assert_eq!(out, vec![Bytes::from_static(b"0123456789ab")]);
+    }
+
+    #[test]
+    fn pending_len_is_what_the_headers_announced() {
+        let msg = encoded(&[b"0123", b"4567", b"89ab"]);
+        let wire = concat(&frame(&msg, 5));
+        let mut d = RecordDecoder::default();
+        let mut src = BytesMut::new();
+        assert_eq!(d.pending_len(), 0);
+        // The first header announces 5 bytes; after that fragment and the second header,
+        // 5 received and 5 more announced.
+        src.extend_from_slice(&wire[..4]);
+        assert_eq!(d.decode(&mut src).unwrap(), None);
+        assert_eq!(d.pending_len(), 5);
+        src.extend_from_slice(&wire[4..13]);
+        assert_eq!(d.decode(&mut src).unwrap(), None);
+        assert_eq!(d.pending_len(), 10);
+        src.extend_from_slice(&wire[13..]);
+        assert!(d.decode(&mut src).unwrap().is_some());
+        assert_eq!(d.pending_len(), 0, "nothing pending between records");
     }
 
     #[test]

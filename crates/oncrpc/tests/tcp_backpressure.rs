@@ -11,8 +11,8 @@ use bytes::{Bytes, BytesMut};
 use oncrpc::record::{RecordDecoder, write_record};
 use oncrpc::service::BoxFuture;
 use oncrpc::{
-    Call, Dispatcher, OpaqueAuth, Outcome, Program, ReplyExpectation, RpcClient, ServerConfig,
-    TcpClient, TcpServer,
+    Call, Dispatcher, MemoryBudget, OpaqueAuth, Outcome, Program, ReplyExpectation, RpcClient,
+    ServerConfig, TcpClient, TcpServer,
 };
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -131,5 +131,109 @@ async fn a_client_that_never_reads_its_replies_holds_bounded_memory() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(stats.queued_reply_bytes(), 0);
+    server.shutdown().await;
+}
+
+/// Wait (bounded: 30 s) until `cond` holds.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..3000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what}: not reached within 30 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_budget_unread_replies_stay_in_it_and_all_arrive_once_read() {
+    // 1 MiB for the server; each reply (64 KiB and its header) is larger than the 64 KiB
+    // estimate reserved before its call runs, so it reserves again once built.
+    let budget = MemoryBudget::new(1 << 20, 1 << 20);
+    let config = ServerConfig::default().with_budget(budget.clone());
+    let server = TcpServer::bind(
+        "127.0.0.1:0",
+        Arc::new(Dispatcher::new().with(Arc::new(BigReplies))),
+        config,
+    )
+    .await
+    .unwrap();
+    let mut hostile = TcpStream::connect(server.local_addr()).await.unwrap();
+    for xid in 0..CALLS {
+        write_record(&mut hostile, &call(xid)).await.unwrap();
+    }
+    eventually("the connection in the budget", || budget.connections() == 1).await;
+    // Its replies fill the budget; then its reader waits for memory.
+    eventually("the reader waits for memory", || budget.refusals() > 0).await;
+    assert!(budget.peak() <= budget.limit());
+    // No room left for another connection's receive buffer? Then it is refused (closed at
+    // once); otherwise it is served. Either way the first connection is untouched.
+    let mut other = TcpStream::connect(server.local_addr()).await.unwrap();
+    if budget.used() + (64 << 10) > budget.limit() {
+        let mut b = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(30), other.read(&mut b))
+            .await
+            .expect("a refused connection is closed")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+    }
+    drop(other);
+    // The hostile client reads at last: every reply comes.
+    let mut dec = RecordDecoder::default();
+    let mut buf = BytesMut::new();
+    let mut replies = 0;
+    while replies < CALLS {
+        while let Some(_rec) = dec.decode(&mut buf).unwrap() {
+            replies += 1;
+        }
+        if replies == CALLS {
+            break;
+        }
+        let n = tokio::time::timeout(Duration::from_secs(60), hostile.read_buf(&mut buf))
+            .await
+            .expect("replies keep coming")
+            .unwrap();
+        assert_ne!(n, 0, "server closed");
+    }
+    assert!(budget.peak() <= budget.limit(), "peak {}", budget.peak());
+    drop(hostile);
+    eventually("everything given back", || {
+        budget.connections() == 0 && budget.used() == 0
+    })
+    .await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_without_room_for_its_receive_buffer_is_refused() {
+    // Room for one connection's 64 KiB receive buffer, not two.
+    let budget = MemoryBudget::new(100 << 10, 100 << 10);
+    let server = TcpServer::bind(
+        "127.0.0.1:0",
+        Arc::new(Dispatcher::new().with(Arc::new(BigReplies))),
+        ServerConfig::default().with_budget(budget.clone()),
+    )
+    .await
+    .unwrap();
+    let first = TcpStream::connect(server.local_addr()).await.unwrap();
+    eventually("the first connection accepted", || {
+        budget.connections() == 1
+    })
+    .await;
+    let refusals = budget.refusals();
+    let mut second = TcpStream::connect(server.local_addr()).await.unwrap();
+    let mut b = [0u8; 1];
+    let n = tokio::time::timeout(Duration::from_secs(30), second.read(&mut b))
+        .await
+        .expect("the refused connection is closed")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    assert!(budget.refusals() > refusals);
+    assert_eq!(budget.connections(), 1);
+    // Once the first goes, a new connection fits again.
+    drop(first);
+    eventually("the first connection's memory back", || budget.used() == 0).await;
+    let _third = TcpStream::connect(server.local_addr()).await.unwrap();
+    eventually("a new connection accepted", || budget.connections() == 1).await;
     server.shutdown().await;
 }

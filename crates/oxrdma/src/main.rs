@@ -11,6 +11,7 @@
 
 mod cmd;
 mod endpoint;
+mod memtrim;
 
 use std::process::ExitCode;
 
@@ -94,6 +95,7 @@ fn main() -> ExitCode {
     init_tracing(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .on_thread_park(memtrim::on_park)
         .build()
     {
         Ok(rt) => rt,

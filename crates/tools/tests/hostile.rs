@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use nfs::ulb::NfsBinding;
-use oncrpc::{MemoryBudget, RpcTransport, ServerConfig, TcpClient, TcpServer};
+use oncrpc::{MemoryBudget, RpcTransport, TcpClient, TcpServer};
 use rpcrdma::{RdmaServer, TransportConfig};
 use tools::hostile::{Hostiles, Polite, Target};
 
@@ -39,6 +39,12 @@ struct Server {
 }
 
 async fn server(budget: Arc<MemoryBudget>) -> Server {
+    server_with(budget, None).await
+}
+
+/// A server whose TCP listener closes connections that take none of their replies for
+/// `send_timeout` (`None`: never).
+async fn server_with(budget: Arc<MemoryBudget>, send_timeout: Option<Duration>) -> Server {
     let tmp = tempfile::tempdir().unwrap();
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut sc = nfs::serve::ServeConfig::new(tmp.path());
@@ -55,11 +61,11 @@ async fn server(budget: Arc<MemoryBudget>) -> Server {
     let rdma = RdmaServer::bind(local, (*served.nfs_dispatcher()).clone(), vec![ulb], cfg)
         .await
         .unwrap();
+    // The NFS port's settings (`nfs serve`), drawing from the same budget as RDMA.
     let tcp = TcpServer::bind(
         local,
         served.nfs_dispatcher(),
-        ServerConfig::default()
-            .with_max_record(4 * MIB)
+        nfs::serve::nfs_tcp_config(Some(budget.clone()), send_timeout)
             .with_max_in_flight(TCP_IN_FLIGHT)
             .with_max_queued_reply_bytes(TCP_QUEUED),
     )
@@ -68,6 +74,9 @@ async fn server(budget: Arc<MemoryBudget>) -> Server {
     let target = Target::mount(rdma.local_addr(), tcp.local_addr(), "data", MIB)
         .await
         .unwrap();
+    // The TCP connection that mounted counts in the budget until the server sees it close:
+    // the tests' idle values are taken after it has.
+    eventually("the mounting client gone", || budget.connections() == 0).await;
     Server {
         _tmp: tmp,
         _served: served,
@@ -245,6 +254,83 @@ async fn replies_never_read_over_tcp_are_bounded_per_connection() {
     h.release().await;
     eventually("queued replies dropped with their connections", || {
         st.queued_reply_bytes() == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_never_read_over_tcp_stay_in_the_shared_budget() {
+    // One budget for both transports: 12 MiB, 4 MiB per connection. Each hostile connection
+    // asks for 64 READs of 1 MiB (64 MiB of replies) and reads none of them.
+    let s = server(MemoryBudget::new(12 * MIB, 4 * MIB)).await;
+    let b = &s.budget;
+    let mut polite = Polite::connect(&s.target, "polite").await.unwrap();
+    let (idle, idle_conns) = (b.used(), b.connections());
+    let st = s.tcp.stats().clone();
+    let sampler = Sampler::start(b);
+    let h = Hostiles::unread_tcp(&s.target, 2, 64).await.unwrap();
+    assert_eq!(h.connected(), 2);
+    assert_eq!(
+        b.connections(),
+        idle_conns + 2,
+        "TCP connections hold a share"
+    );
+    // Their readers stop (at the per-connection pace or for want of memory, whichever comes
+    // first) with what they hold in the budget: at least the 2 MiB pace each (every queued
+    // reply and executing call is reserved at no less than its size).
+    eventually("hostile TCP replies held in the budget", || {
+        st.read_pauses() >= 2 && b.used() >= idle + 2 * TCP_QUEUED
+    })
+    .await;
+    // A well-behaved TCP client and the RDMA one are served meanwhile.
+    let t: Arc<dyn RpcTransport> = Arc::new(TcpClient::connect(s.tcp.local_addr()).await.unwrap());
+    let nfs = nfs::client::Nfs3Client::new(t);
+    for _ in 0..3 {
+        let r = nfs.read(&s.target.file, 0, MIB as u32).await.unwrap();
+        assert_eq!(r.into_result().unwrap().data.0.len(), MIB);
+    }
+    assert_eq!(polite.rounds(5).await, (15, 0));
+    assert_eq!(h.closed(), 0, "backpressure, not a closed connection");
+    h.release().await;
+    drop(nfs);
+    eventually("hostile connections released", || {
+        b.connections() == idle_conns
+    })
+    .await;
+    assert_within(b, sampler.finish().await);
+    // With every client gone, nothing is left reserved.
+    drop(polite);
+    eventually("every connection's memory back", || {
+        b.connections() == 0 && b.used() == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_client_that_takes_no_replies_is_closed_and_its_memory_returned() {
+    let s = server_with(MemoryBudget::new(12 * MIB, 4 * MIB), Some(RDMA_TIMEOUT)).await;
+    let b = &s.budget;
+    let mut polite = Polite::connect(&s.target, "polite").await.unwrap();
+    let (idle, idle_conns) = (b.used(), b.connections());
+    let sampler = Sampler::start(b);
+    let h = Hostiles::unread_tcp(&s.target, 2, 64).await.unwrap();
+    assert_eq!(h.connected(), 2);
+    eventually("hostile TCP replies held", || b.used() >= 4 * MIB).await;
+    // Their replies stay untaken: after the send timeout the server closes both and their
+    // memory is back, while the hostile clients still hold their ends. (A client may
+    // reconnect and retransmit meanwhile, through a proxy connection that relays: its READs
+    // are answered and its new connection holds no more than its receive buffer.)
+    eventually("hostile connections closed and their memory back", || {
+        b.used() < idle + MIB
+    })
+    .await;
+    assert_eq!(polite.rounds(5).await, (15, 0));
+    h.release().await;
+    eventually("hostile clients gone", || b.connections() == idle_conns).await;
+    assert_within(b, sampler.finish().await);
+    drop(polite);
+    eventually("every connection's memory back", || {
+        b.connections() == 0 && b.used() == 0
     })
     .await;
 }

@@ -8,8 +8,8 @@ mod server;
 
 pub use client::{ClientConfig, TcpClient};
 pub use server::{
-    DEFAULT_MAX_QUEUED_REPLY_BYTES, ServerConfig, TcpServer, TcpServerStats, serve_connection,
-    serve_tcp,
+    DEFAULT_MAX_QUEUED_REPLY_BYTES, DEFAULT_REPLY_ESTIMATE, ReplyBound, ServerConfig, TcpServer,
+    TcpServerStats, serve_connection, serve_tcp,
 };
 
 use bytes::BytesMut;

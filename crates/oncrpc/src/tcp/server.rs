@@ -6,6 +6,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -15,7 +16,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use xdr::DdpPolicy;
 
-use super::reserve_for_read;
+use super::{READ_CHUNK, reserve_for_read};
+use crate::budget::{ConnBudget, MemoryBudget, Reservation};
 use crate::record::{DEFAULT_MAX_RECORD, MAX_FRAGMENT_LEN, RecordDecoder, frame, write_all_parts};
 use crate::service::{CallContext, Dispatcher, ReplyMessage, TransportKind};
 
@@ -36,10 +38,47 @@ pub struct ServerConfig {
     /// more than this (one reply over); before any reply, only `max_in_flight` bounds the
     /// first burst.
     pub max_queued_reply_bytes: usize,
+    /// The server's memory budget, shared with its other transports; `None`: connections are
+    /// bounded by the limits above only. With one, each connection takes a share
+    /// ([`ConnBudget`]) and reserves from it before it holds what its peer sends or asks
+    /// for: its receive buffer (64 KiB at least, and the whole of a larger record
+    /// before its bytes are read), each call's record while the call runs, and each call's
+    /// reply from before the call runs until its last byte is written. A connection that
+    /// cannot get its receive buffer is refused; a reservation that must wait stops the
+    /// connection's reader (TCP flow control then holds the peer).
+    pub budget: Option<Arc<MemoryBudget>>,
+    /// The largest reply a call can have, read from its record (a program's own bound, such
+    /// as an NFS READ's count); when it has none, [`ServerConfig::reply_estimate`].
+    pub reply_bound: Option<ReplyBound>,
+    /// The reply size reserved for a call before it runs when `reply_bound` gives none (or
+    /// the connection's largest reply so far, when bigger). A reply that turns out larger
+    /// reserves the difference before it is queued.
+    pub reply_estimate: usize,
+    /// How long a peer may leave the server's replies untaken (no byte of them accepted by
+    /// the socket) before its connection is closed and its memory given back; `None`: for as
+    /// long as it likes.
+    pub send_timeout: Option<Duration>,
+}
+
+/// A program-specific bound on a call's reply size, from the call's whole record (RPC header
+/// included); `None` when it has none for this call.
+#[derive(Clone)]
+pub struct ReplyBound(pub Arc<ReplyBoundFn>);
+
+/// The function behind a [`ReplyBound`].
+pub type ReplyBoundFn = dyn Fn(&Bytes) -> Option<usize> + Send + Sync;
+
+impl std::fmt::Debug for ReplyBound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplyBound(..)")
+    }
 }
 
 /// Default of [`ServerConfig::max_queued_reply_bytes`]: eight 1 MiB NFS READ replies.
 pub const DEFAULT_MAX_QUEUED_REPLY_BYTES: usize = 8 << 20;
+
+/// Default of [`ServerConfig::reply_estimate`].
+pub const DEFAULT_REPLY_ESTIMATE: usize = 64 << 10;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -47,6 +86,10 @@ impl Default for ServerConfig {
             max_record: DEFAULT_MAX_RECORD,
             max_in_flight: 128,
             max_queued_reply_bytes: DEFAULT_MAX_QUEUED_REPLY_BYTES,
+            budget: None,
+            reply_bound: None,
+            reply_estimate: DEFAULT_REPLY_ESTIMATE,
+            send_timeout: None,
         }
     }
 }
@@ -67,6 +110,30 @@ impl ServerConfig {
     /// Set the per-connection bound on reply bytes waiting to be written (at least 1).
     pub fn with_max_queued_reply_bytes(mut self, n: usize) -> Self {
         self.max_queued_reply_bytes = n.max(1);
+        self
+    }
+
+    /// Draw every connection's memory from `budget` ([`ServerConfig::budget`]).
+    pub fn with_budget(mut self, budget: Arc<MemoryBudget>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Bound each call's reply with `bound` before it runs ([`ServerConfig::reply_bound`]),
+    /// `estimate` bytes when it gives none.
+    pub fn with_reply_bound(
+        mut self,
+        bound: impl Fn(&Bytes) -> Option<usize> + Send + Sync + 'static,
+        estimate: usize,
+    ) -> Self {
+        self.reply_bound = Some(ReplyBound(Arc::new(bound)));
+        self.reply_estimate = estimate;
+        self
+    }
+
+    /// Close connections whose peer takes none of its replies for `t`.
+    pub fn with_send_timeout(mut self, t: Duration) -> Self {
+        self.send_timeout = Some(t);
         self
     }
 }
@@ -336,6 +403,67 @@ async fn cut_fired(cut: &mut Option<watch::Receiver<u64>>) {
     std::future::pending().await
 }
 
+/// What a connection holds in its server's [`MemoryBudget`].
+struct ConnMemory {
+    share: Arc<ConnBudget>,
+    /// The receive buffer: [`READ_CHUNK`], plus the record being received once its length is
+    /// known.
+    recv: Reservation,
+}
+
+impl ConnMemory {
+    /// Wait until the receive buffer's reservation covers the record being received.
+    async fn cover_receive(&mut self, decoder: &RecordDecoder) -> Result<(), String> {
+        let want = READ_CHUNK.saturating_add(decoder.pending_len());
+        if want <= self.recv.bytes() {
+            return Ok(());
+        }
+        let more = self
+            .share
+            .reserve_queued(want - self.recv.bytes())
+            .await
+            .map_err(|e| {
+                format!(
+                    "no memory for a record of {} bytes: {e}",
+                    decoder.pending_len()
+                )
+            })?;
+        self.recv.merge(more);
+        Ok(())
+    }
+
+    /// The reservation a call takes with it: its record's bytes (moved from the receive
+    /// buffer's) and its reply's `estimate`, waiting for memory when there is none.
+    async fn for_call(
+        &mut self,
+        record_len: usize,
+        estimate: usize,
+    ) -> Result<Reservation, String> {
+        let mut held = self.recv.split(record_len);
+        // Never ask for more than the connection could ever hold beside what it holds now
+        // (the wait would have no end); a reply that proves larger reserves the rest.
+        let room = self
+            .share
+            .limit()
+            .saturating_sub(self.recv.bytes().saturating_add(held.bytes()));
+        let reply = self
+            .share
+            .reserve_queued(estimate.min(room))
+            .await
+            .map_err(|e| format!("no memory for a call's reply: {e}"))?;
+        held.merge(reply);
+        Ok(held)
+    }
+}
+
+/// Why the reader stopped waiting.
+enum Stop {
+    /// Graceful shutdown or the peer's end: let the calls read so far finish.
+    Drain,
+    /// [`TcpServer::disconnect_all`]: drop everything at once.
+    Cut,
+}
+
 async fn serve_conn(
     stream: TcpStream,
     dispatcher: Arc<Dispatcher>,
@@ -350,9 +478,31 @@ async fn serve_conn(
         local: stream.local_addr().ok(),
         transport: TransportKind::Tcp,
     });
+    // The receive buffer is the first thing a connection costs: refuse the connection when it
+    // does not fit (backpressure on new connections; those already served go on).
+    let mut memory = match &config.budget {
+        None => None,
+        Some(b) => {
+            let share = b.connection();
+            match share.try_reserve(READ_CHUNK) {
+                Ok(recv) => Some(ConnMemory { share, recv }),
+                Err(e) => {
+                    tracing::warn!(peer = ?context.peer, error = %e,
+                        "RPC/TCP connection refused: memory budget");
+                    return Ok(());
+                }
+            }
+        }
+    };
     let (mut rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel();
-    let writer = tokio::spawn(writer_task(wr, rx));
+    let writer_gone = Arc::new(Notify::new());
+    let writer = tokio::spawn(writer_task(
+        wr,
+        rx,
+        config.send_timeout,
+        writer_gone.clone(),
+    ));
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
     let queue = Arc::new(ReplyQueue {
         bytes: AtomicUsize::new(0),
@@ -366,7 +516,20 @@ async fn serve_conn(
     let mut buf = BytesMut::new();
     let mut result = Ok(());
 
-    'conn: loop {
+    // Wait for `fut` unless the connection is told to stop first (shutdown, a cut, or the
+    // writer gone: the peer no longer takes replies, so nothing more is worth reading).
+    macro_rules! unless_stopped {
+        ($fut:expr) => {
+            tokio::select! {
+                v = $fut => Ok(v),
+                _ = shutdown.changed() => Err(Stop::Drain),
+                _ = writer_gone.notified() => Err(Stop::Drain),
+                _ = cut_fired(&mut cut) => Err(Stop::Cut),
+            }
+        };
+    }
+
+    let stop = 'conn: loop {
         loop {
             let record = match decoder.decode(&mut buf) {
                 Ok(Some(r)) => r,
@@ -374,51 +537,79 @@ async fn serve_conn(
                 Err(e) => {
                     tracing::warn!(peer = ?context.peer, error = %e, "closing RPC/TCP connection");
                     result = Err(io::Error::new(io::ErrorKind::InvalidData, e));
-                    break 'conn;
+                    break 'conn Stop::Drain;
                 }
             };
-            let permit = tokio::select! {
-                p = in_flight.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => break 'conn,
-                },
-                _ = shutdown.changed() => break 'conn,
-                _ = cut_fired(&mut cut) => {
-                    writer.abort();
-                    return Ok(());
-                }
+            let permit = match unless_stopped!(in_flight.clone().acquire_owned()) {
+                Ok(Ok(p)) => p,
+                Ok(Err(_)) => break 'conn Stop::Drain,
+                Err(stop) => break 'conn stop,
             };
             // Backpressure on a peer that does not read its replies: no new call from it
             // while its replies are not drained (TCP flow control then holds the rest).
-            tokio::select! {
-                _ = queue.admit(max_queued) => {}
-                _ = shutdown.changed() => break 'conn,
-                _ = cut_fired(&mut cut) => {
-                    writer.abort();
-                    return Ok(());
-                }
+            if let Err(stop) = unless_stopped!(queue.admit(max_queued)) {
+                break 'conn stop;
             }
-            spawn_call(record, &dispatcher, &context, &tx, permit, &queue);
+            // With a budget, the call's record and its reply are reserved before it runs;
+            // when they do not fit, the reader waits here for memory to come back.
+            let held = match memory.as_mut() {
+                None => None,
+                Some(m) => {
+                    let bound = config.reply_bound.as_ref().and_then(|b| (b.0)(&record));
+                    let estimate = bound.unwrap_or_else(|| {
+                        config
+                            .reply_estimate
+                            .max(queue.largest.load(Ordering::Relaxed))
+                    });
+                    match unless_stopped!(m.for_call(record.len(), estimate)) {
+                        Ok(Ok(r)) => Some(r),
+                        Ok(Err(e)) => {
+                            tracing::warn!(peer = ?context.peer, error = %e,
+                                "closing RPC/TCP connection");
+                            result = Err(io::Error::new(io::ErrorKind::OutOfMemory, e));
+                            queue.done(None);
+                            break 'conn Stop::Drain;
+                        }
+                        Err(stop) => {
+                            queue.done(None);
+                            break 'conn stop;
+                        }
+                    }
+                }
+            };
+            spawn_call(record, &dispatcher, &context, &tx, permit, &queue, held);
+        }
+        // A record whose length is known is reserved in full before its bytes are read.
+        if let Some(m) = memory.as_mut() {
+            match unless_stopped!(m.cover_receive(&decoder)) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(peer = ?context.peer, error = %e, "closing RPC/TCP connection");
+                    result = Err(io::Error::new(io::ErrorKind::OutOfMemory, e));
+                    break Stop::Drain;
+                }
+                Err(stop) => break stop,
+            }
         }
         reserve_for_read(&mut buf, &decoder);
-        tokio::select! {
-            r = rd.read_buf(&mut buf) => match r {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            },
-            _ = shutdown.changed() => break,
-            // Cut: the writer goes with its half of the socket, unwritten replies with it.
-            _ = cut_fired(&mut cut) => {
-                writer.abort();
-                return Ok(());
+        match unless_stopped!(rd.read_buf(&mut buf)) {
+            Ok(Ok(0)) => break Stop::Drain,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                result = Err(e);
+                break Stop::Drain;
             }
+            Err(stop) => break stop,
         }
+    };
+    if let Stop::Cut = stop {
+        // Cut: the writer goes with its half of the socket, unwritten replies with it.
+        writer.abort();
+        return Ok(());
     }
-    // Calls already read still run; the writer ends once each has sent its reply (or none).
+    // The receive buffer goes now; calls already read still run, and the writer ends once
+    // each has sent its reply (or none).
+    drop((buf, decoder, memory));
     drop(tx);
     match writer.await {
         Ok(Err(e)) if result.is_ok() => Err(e),
@@ -426,7 +617,14 @@ async fn serve_conn(
     }
 }
 
-type ReplyItem = (ReplyMessage, OwnedSemaphorePermit, Queued);
+/// A reply on its way to the writer: the in-flight permit, its bytes in the connection's
+/// [`ReplyQueue`] and, with a budget, its reservation, all given back once it is written.
+type ReplyItem = (
+    ReplyMessage,
+    OwnedSemaphorePermit,
+    Queued,
+    Option<Reservation>,
+);
 
 fn spawn_call(
     record: Bytes,
@@ -435,6 +633,7 @@ fn spawn_call(
     tx: &mpsc::UnboundedSender<ReplyItem>,
     permit: OwnedSemaphorePermit,
     queue: &Arc<ReplyQueue>,
+    mut held: Option<Reservation>,
 ) {
     let d = dispatcher.clone();
     let ctx = context.clone();
@@ -443,39 +642,109 @@ fn spawn_call(
     tokio::spawn(async move {
         // TCP carries every result inline: no Write chunks exist.
         let reply = d.dispatch(record, ctx, DdpPolicy::Inline).await;
+        // The call's record is gone: what it reserved now covers its reply, which stays
+        // reserved until written. A reply larger than that gives it back and waits for the
+        // whole (as RPC-over-RDMA does: a call never holds part of its memory while it waits
+        // for the rest), unless the connection goes meanwhile.
+        let len = reply.as_ref().map_or(0, |r| r.message.len());
+        if let Some(h) = held.as_mut() {
+            if len <= h.bytes() {
+                h.shrink(len);
+            } else {
+                let share = h.connection().clone();
+                held = None;
+                tokio::select! {
+                    r = share.reserve_queued(len) => match r {
+                        Ok(r) => held = Some(r),
+                        // Larger than the connection may ever hold: sent as it is.
+                        Err(e) => tracing::debug!(error = %e, "reply larger than the budget allows"),
+                    },
+                    _ = tx.closed() => {
+                        queue.done(None);
+                        return;
+                    }
+                }
+            }
+        }
         // The permit travels with the reply and is released once it has been written, so
         // replies the peer is slow to read also count against the limit; their bytes count
         // until written (or dropped with the connection).
         if let Some(queued) = queue.done(reply.as_ref().map(|r| r.message.len()))
             && let Some(reply) = reply
         {
-            let _ = tx.send((reply, permit, queued));
+            let _ = tx.send((reply, permit, queued, held));
         }
     });
 }
 
+/// Write `parts`; with `idle`, fail with `TimedOut` when the peer takes none of them for that
+/// long (the socket accepts no byte: its buffers are full and the peer does not read).
+async fn write_parts(
+    wr: &mut OwnedWriteHalf,
+    parts: &mut VecDeque<Bytes>,
+    idle: Option<Duration>,
+) -> io::Result<()> {
+    let Some(idle) = idle else {
+        return write_all_parts(wr, parts).await;
+    };
+    let left = |p: &VecDeque<Bytes>| p.iter().map(Bytes::len).sum::<usize>();
+    loop {
+        let before = left(parts);
+        // `write_all_parts` takes parts off as the socket accepts them, so what is left after
+        // the timeout is exactly what was not written.
+        match tokio::time::timeout(idle, write_all_parts(wr, parts)).await {
+            Ok(r) => return r,
+            Err(_) if left(parts) < before => {}
+            Err(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the peer took none of its replies for {idle:?}"),
+                ));
+            }
+        }
+    }
+}
+
 async fn writer_task(
+    wr: OwnedWriteHalf,
+    rx: mpsc::UnboundedReceiver<ReplyItem>,
+    idle: Option<Duration>,
+    gone: Arc<Notify>,
+) -> io::Result<()> {
+    let r = write_replies(wr, rx, idle).await;
+    if let Err(e) = &r
+        && e.kind() == io::ErrorKind::TimedOut
+    {
+        tracing::warn!(error = %e, "closing RPC/TCP connection: replies not taken");
+    }
+    // The reader stops at once: with no writer, its calls' replies have nowhere to go.
+    gone.notify_one();
+    r
+}
+
+async fn write_replies(
     mut wr: OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<ReplyItem>,
+    idle: Option<Duration>,
 ) -> io::Result<()> {
     const BATCH: usize = 64;
     let mut parts = VecDeque::new();
-    let mut permits = Vec::with_capacity(BATCH);
-    while let Some((reply, permit, queued)) = rx.recv().await {
+    let mut held = Vec::with_capacity(BATCH);
+    while let Some((reply, permit, queued, reserved)) = rx.recv().await {
         parts.extend(frame(&reply.message, MAX_FRAGMENT_LEN));
-        permits.push((permit, queued));
+        held.push((permit, queued, reserved));
         // Coalesce replies that are already waiting into one vectored write.
-        while permits.len() < BATCH {
+        while held.len() < BATCH {
             match rx.try_recv() {
-                Ok((reply, permit, queued)) => {
+                Ok((reply, permit, queued, reserved)) => {
                     parts.extend(frame(&reply.message, MAX_FRAGMENT_LEN));
-                    permits.push((permit, queued));
+                    held.push((permit, queued, reserved));
                 }
                 Err(_) => break,
             }
         }
-        write_all_parts(&mut wr, &mut parts).await?;
-        permits.clear();
+        write_parts(&mut wr, &mut parts, idle).await?;
+        held.clear();
     }
     wr.shutdown().await
 }

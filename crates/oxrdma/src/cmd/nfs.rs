@@ -8,6 +8,7 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
@@ -98,16 +99,22 @@ pub struct ServeArgs {
     /// The path clients mount [default: /].
     #[arg(long, value_name = "PATH", default_value = "/")]
     export: String,
-    /// The most memory RPC-over-RDMA clients can make the server hold, for receive buffers
-    /// and the Read chunks it pulls (bytes, or with a K, M or G suffix) [default: a quarter of
-    /// this machine's memory]. Each connection may use an eighth of it (at least 4 MiB); a
-    /// connection that does not fit is refused, calls that do not fit wait for memory.
+    /// The most memory clients can make the server hold, over NFS on TCP and RPC-over-RDMA
+    /// together: receive buffers, the Read chunks it pulls, calls and their replies until
+    /// sent (bytes, or with a K, M or G suffix) [default: a quarter of this machine's
+    /// memory]. Each connection may use an eighth of it (at least 4 MiB); a connection that
+    /// does not fit is refused, calls that do not fit wait for memory.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_memory: Option<usize>,
     /// How long an RPC-over-RDMA client may take to answer the server's RDMA Read of its
-    /// Read chunks before its connection is closed and its memory given back [default: 30].
+    /// Read chunks, and a TCP client to take any of its replies, before its connection is
+    /// closed and its memory given back [default: 30].
     #[arg(long, value_name = "SECS")]
     rdma_timeout: Option<u64>,
+    /// Print where the server's memory is every SECS seconds, on stderr: the budget's use and
+    /// peak, the pooled READ buffers held idle, and the resident set.
+    #[arg(long, value_name = "SECS")]
+    memory_log: Option<u64>,
 }
 
 /// `1048576`, `512K`, `64M`, `2G` (powers of 1024).
@@ -178,10 +185,15 @@ async fn serve(a: ServeArgs) -> CmdResult {
         Some(a.rdma.unwrap_or(localhost(nfs::ulb::NFS_RDMA_PORT)))
     };
     cfg.mount = a.mount_port.map(|p| SocketAddr::new(tcp.ip(), p));
+    // One budget for every listener of the process (TCP and RPC-over-RDMA).
+    cfg.budget = a.max_memory.map(oncrpc::MemoryBudget::with_limit);
+    if let Some(secs) = a.rdma_timeout {
+        cfg.tcp_send_timeout = Some(Duration::from_secs(secs));
+    }
     if a.max_memory.is_some() || a.rdma_timeout.is_some() {
         let d = rpcrdma::TransportConfig::default();
         cfg.rdma_config = Some(rpcrdma::TransportConfig {
-            budget: a.max_memory.map(oncrpc::MemoryBudget::with_limit),
+            budget: cfg.budget.clone(),
             rdma_timeout: a.rdma_timeout.map_or(d.rdma_timeout, Duration::from_secs),
             ..d
         });
@@ -222,14 +234,51 @@ async fn serve(a: ServeArgs) -> CmdResult {
         );
     }
     print_served(&served, &a);
+    let watcher = tokio::spawn(watch_memory(
+        served.budget().clone(),
+        a.memory_log.map(Duration::from_secs),
+    ));
     match &a.exports {
         Some(file) => serve_until_signal(&served, file).await,
         None => wait_for_signal().await,
     }
+    watcher.abort();
     eprintln!("oxrdma: shutting down");
     // Open TCP connections (a kernel client keeps one) are given a moment to finish.
     let _ = tokio::time::timeout(Duration::from_secs(5), served.shutdown()).await;
     Ok(())
+}
+
+/// Once a second: when connections have closed, ask the runtime to give the memory they held
+/// back to the system ([`crate::memtrim`]); with `log`, print the budget, the idle pooled
+/// buffers and the resident set every `log`.
+async fn watch_memory(budget: Arc<oncrpc::MemoryBudget>, log: Option<Duration>) {
+    let mut last_conns = budget.connections();
+    let mut last_log = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let conns = budget.connections();
+        if conns < last_conns {
+            crate::memtrim::request();
+        }
+        last_conns = conns;
+        if let Some(every) = log
+            && last_log.elapsed() >= every
+        {
+            last_log = tokio::time::Instant::now();
+            let rss = tools::hostile::proc_status_kib(std::process::id(), "VmRSS");
+            eprintln!(
+                "oxrdma: memory: budget used {} KiB, peak {} KiB of {} KiB; {} connections; \
+                 pooled idle {} KiB; RSS {} KiB",
+                budget.used() >> 10,
+                budget.peak() >> 10,
+                budget.limit() >> 10,
+                conns,
+                oncrpc::bufpool::idle_bytes() >> 10,
+                rss.map_or_else(|| "?".to_string(), |k| k.to_string()),
+            );
+        }
+    }
 }
 
 /// Serve until Ctrl-C or SIGTERM; on SIGHUP re-read the exports file and serve what it says
