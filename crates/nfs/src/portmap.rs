@@ -14,7 +14,7 @@ use oncrpc::service::BoxFuture;
 use oncrpc::{Call, Outcome, Program};
 use xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
 
-use crate::xdr_util::{xdr_opaque, xdr_struct};
+use crate::xdr_util::{args_or_garbage, xdr_opaque, xdr_struct};
 
 /// Port mapper / rpcbind program number.
 pub const PROGRAM: u32 = 100000;
@@ -249,24 +249,13 @@ impl Portmapper {
         let proc_ = call.header.proc_;
         let mut dec = call.args_decoder();
         let mut enc = call.reply_encoder();
-        macro_rules! args {
-            ($t:ty) => {{
-                let Ok(v) = <$t>::decode(&mut dec) else {
-                    return Outcome::GarbageArgs;
-                };
-                if dec.finish().is_err() {
-                    return Outcome::GarbageArgs;
-                }
-                v
-            }};
-        }
         // Only local or loopback peers may change registrations (rpcbind's rule).
         let privileged = call.context.peer.is_none_or(|p| p.ip().is_loopback());
         if vers == 2 {
             match proc_ {
                 pmap_proc::NULL => {}
                 pmap_proc::SET => {
-                    let m = args!(Mapping);
+                    let m = args_or_garbage!(dec, Mapping);
                     let ok = privileged
                         && u16::try_from(m.port).is_ok()
                         && netid(m.prot, false).is_some()
@@ -283,16 +272,16 @@ impl Portmapper {
                     enc.put_bool(ok);
                 }
                 pmap_proc::UNSET => {
-                    let m = args!(Mapping);
+                    let m = args_or_garbage!(dec, Mapping);
                     let ok = privileged && self.unset(m.prog, m.vers, None);
                     enc.put_bool(ok);
                 }
                 pmap_proc::GETPORT => {
-                    let m = args!(Mapping);
+                    let m = args_or_garbage!(dec, Mapping);
                     enc.put_u32(self.pmap_getport(&m));
                 }
                 pmap_proc::DUMP => {
-                    let _ = args!(crate::xdr_util::Void);
+                    let _ = args_or_garbage!(dec, crate::xdr_util::Void);
                     self.pmap_dump().encode(&mut enc);
                 }
                 _ => return Outcome::ProcUnavail,
@@ -301,7 +290,7 @@ impl Portmapper {
             match proc_ {
                 rpcb_proc::NULL => {}
                 rpcb_proc::SET => {
-                    let r = args!(Rpcb);
+                    let r = args_or_garbage!(dec, Rpcb);
                     let addr = std::str::from_utf8(&r.addr.0).ok().and_then(parse_uaddr);
                     let netid = String::from_utf8_lossy(&r.netid.0).into_owned();
                     let ok = match addr {
@@ -317,7 +306,7 @@ impl Portmapper {
                     enc.put_bool(ok);
                 }
                 rpcb_proc::UNSET => {
-                    let r = args!(Rpcb);
+                    let r = args_or_garbage!(dec, Rpcb);
                     let netid = String::from_utf8_lossy(&r.netid.0).into_owned();
                     let n = (!netid.is_empty()).then_some(netid.as_str());
                     enc.put_bool(privileged && self.unset(r.prog, r.vers, n));
@@ -325,7 +314,7 @@ impl Portmapper {
                 rpcb_proc::GETADDR | rpcb_proc::GETVERSADDR
                     if proc_ == rpcb_proc::GETADDR || vers == 4 =>
                 {
-                    let r = args!(Rpcb);
+                    let r = args_or_garbage!(dec, Rpcb);
                     let netid = String::from_utf8_lossy(&r.netid.0).into_owned();
                     // RFC 1833 §2.2.1: GETVERSADDR wants exactly that version; GETADDR may
                     // return another version's address if the requested one is absent.
@@ -341,11 +330,11 @@ impl Portmapper {
                     enc.put_string(s.as_bytes());
                 }
                 rpcb_proc::DUMP => {
-                    let _ = args!(crate::xdr_util::Void);
+                    let _ = args_or_garbage!(dec, crate::xdr_util::Void);
                     self.rpcb_dump().encode(&mut enc);
                 }
                 rpcb_proc::GETTIME => {
-                    let _ = args!(crate::xdr_util::Void);
+                    let _ = args_or_garbage!(dec, crate::xdr_util::Void);
                     let now = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_secs());

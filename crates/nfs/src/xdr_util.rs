@@ -144,4 +144,19 @@ pub fn decode_exact<T: for<'a> xdr::XdrDecode<'a>>(buf: &bytes::Bytes) -> xdr::R
     Ok(v)
 }
 
-pub(crate) use {xdr_enum, xdr_opaque, xdr_struct};
+/// Decodes a call's arguments as `$t` from the decoder `$dec`, all of them: otherwise the
+/// enclosing function returns GARBAGE_ARGS (RFC 5531 §9, `accept_stat`: the procedure cannot
+/// decode its arguments).
+macro_rules! args_or_garbage {
+    ($dec:ident, $t:ty) => {{
+        let Ok(v) = <$t as xdr::XdrDecode>::decode(&mut $dec) else {
+            return oncrpc::Outcome::GarbageArgs;
+        };
+        if $dec.finish().is_err() {
+            return oncrpc::Outcome::GarbageArgs;
+        }
+        v
+    }};
+}
+
+pub(crate) use {args_or_garbage, xdr_enum, xdr_opaque, xdr_struct};

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncrpc::{CallRequest, OpaqueAuth, ReplyExpectation, RpcError, RpcTransport};
+use oncrpc::{AuthSys, CallRequest, OpaqueAuth, ReplyExpectation, RpcError, RpcTransport};
 use xdr::{XdrDecode, XdrEncode};
 
 use crate::mount;
@@ -69,6 +69,17 @@ struct Caller {
     rpc: Arc<dyn RpcTransport>,
     cred: OpaqueAuth,
     timeout: Option<Duration>,
+}
+
+/// The AUTH_SYS credential (RFC 5531 Appendix A) every client sends as machine "oxrdma".
+fn auth_sys(uid: u32, gid: u32, gids: Vec<u32>) -> OpaqueAuth {
+    OpaqueAuth::sys(&AuthSys {
+        stamp: 0,
+        machinename: Bytes::from_static(b"oxrdma"),
+        uid,
+        gid,
+        gids,
+    })
 }
 
 impl Caller {

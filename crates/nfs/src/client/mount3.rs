@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use oncrpc::{AuthSys, OpaqueAuth, ReplyExpectation, RpcTransport};
+use oncrpc::{ReplyExpectation, RpcTransport};
 use xdr::{XdrDecode, XdrEncode};
 
-use super::{Caller, ClientError};
+use super::{Caller, ClientError, auth_sys};
 use crate::mount::{self, DirPath, Exports, MountList, MountRes};
 use crate::nfs3::*;
 use crate::xdr_util::Void;
@@ -31,13 +31,7 @@ impl MountClient {
         MountClient {
             c: Caller {
                 rpc,
-                cred: OpaqueAuth::sys(&AuthSys {
-                    stamp: 0,
-                    machinename: Bytes::from_static(b"oxrdma"),
-                    uid: 0,
-                    gid: 0,
-                    gids: Vec::new(),
-                }),
+                cred: auth_sys(0, 0, Vec::new()),
                 timeout: None,
             },
         }

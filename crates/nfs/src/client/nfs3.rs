@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncrpc::{AuthSys, OpaqueAuth, RpcTransport};
+use oncrpc::{OpaqueAuth, RpcTransport};
 use xdr::{XdrDecode, XdrEncode};
 
-use super::{Caller, ClientError};
+use super::{Caller, ClientError, auth_sys};
 use crate::nfs3::*;
 use crate::ulb;
 use crate::xdr_util::Void;
@@ -51,13 +51,7 @@ impl Nfs3Client {
 
     /// Call with an AUTH_SYS credential.
     pub fn with_auth_sys(mut self, uid: u32, gid: u32, gids: Vec<u32>) -> Self {
-        self.c.cred = OpaqueAuth::sys(&AuthSys {
-            stamp: 0,
-            machinename: Bytes::from_static(b"oxrdma"),
-            uid,
-            gid,
-            gids,
-        });
+        self.c.cred = auth_sys(uid, gid, gids);
         self
     }
 

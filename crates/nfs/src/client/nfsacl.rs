@@ -2,10 +2,9 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use oncrpc::{AuthSys, OpaqueAuth, ReplyExpectation, RpcTransport};
+use oncrpc::{OpaqueAuth, ReplyExpectation, RpcTransport};
 
-use super::{Caller, ClientError};
+use super::{Caller, ClientError, auth_sys};
 use crate::nfs3::*;
 use crate::ulb;
 
@@ -49,13 +48,7 @@ impl NfsAclClient {
 
     /// Call with an AUTH_SYS credential.
     pub fn with_auth_sys(mut self, uid: u32, gid: u32, gids: Vec<u32>) -> Self {
-        self.c.cred = OpaqueAuth::sys(&AuthSys {
-            stamp: 0,
-            machinename: Bytes::from_static(b"oxrdma"),
-            uid,
-            gid,
-            gids,
-        });
+        self.c.cred = auth_sys(uid, gid, gids);
         self
     }
 

@@ -1,18 +1,15 @@
 //! The MOUNT v3 program (RFC 1813 Appendix I) over the export.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 use bytes::Bytes;
 use oncrpc::service::BoxFuture;
-use oncrpc::{AuthStat, Call, Outcome, Program};
-use xdr::{XdrDecode, XdrEncode};
+use oncrpc::{Call, Outcome, Program};
 
-use super::{NfsServer, cred_of};
-use crate::mount::{
-    self, DirPath, ExportNode, Fhandle3, List, MountBody, MountOk, MountRes, Mountstat3, Name,
-};
-use crate::xdr_util::Void;
+use super::NfsServer;
+use crate::mount::{self, DirPath, ExportNode, Fhandle3, List, MountOk, MountRes, Mountstat3};
+use crate::mountd::{self, MountSource};
 
 impl NfsServer {
     pub(super) fn export_names(&self) -> Vec<String> {
@@ -73,88 +70,21 @@ impl Program for MountProgram {
         "mountd"
     }
     fn call(&self, call: Call) -> BoxFuture<'_, Outcome> {
-        let server = self.0.clone();
-        Box::pin(async move {
-            let host = call
-                .context
-                .peer
-                .map_or_else(|| "local".to_string(), |p: SocketAddr| p.ip().to_string());
-            let mut dec = call.args_decoder();
-            let mut enc = call.reply_encoder();
-            macro_rules! args {
-                ($t:ty) => {{
-                    let Ok(v) = <$t>::decode(&mut dec) else {
-                        return Outcome::GarbageArgs;
-                    };
-                    if dec.finish().is_err() {
-                        return Outcome::GarbageArgs;
-                    }
-                    v
-                }};
-            }
-            match call.header.proc_ {
-                mount::proc_::NULL => {
-                    let _ = args!(Void);
-                }
-                mount::proc_::MNT => {
-                    let p = args!(DirPath);
-                    if cred_of(&call.credential).is_err() {
-                        return Outcome::AuthError(AuthStat::TooWeak);
-                    }
-                    let s = server.clone();
-                    let res = tokio::task::spawn_blocking(move || s.mnt(p.as_bytes(), &host)).await;
-                    match res {
-                        Ok(r) => r.encode(&mut enc),
-                        Err(_) => return Outcome::SystemErr,
-                    }
-                }
-                mount::proc_::DUMP => {
-                    let _ = args!(Void);
-                    let m = server
-                        .mounts
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .clone();
-                    List(
-                        m.into_iter()
-                            .map(|(h, d)| MountBody {
-                                hostname: Name(Bytes::from(h)),
-                                directory: DirPath(Bytes::from(d)),
-                            })
-                            .collect(),
-                    )
-                    .encode(&mut enc);
-                }
-                mount::proc_::UMNT => {
-                    let p = args!(DirPath);
-                    let p = String::from_utf8_lossy(p.as_bytes()).into_owned();
-                    server
-                        .mounts
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .retain(|(h, d)| {
-                            !(h == &host && d.trim_end_matches('/') == p.trim_end_matches('/'))
-                        });
-                }
-                mount::proc_::UMNTALL => {
-                    let _ = args!(Void);
-                    server
-                        .mounts
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .retain(|(h, _)| h != &host);
-                }
-                mount::proc_::EXPORT => {
-                    let _ = args!(Void);
-                    List(vec![ExportNode {
-                        dir: DirPath(Bytes::from(server.opts.name.clone())),
-                        groups: List(Vec::new()),
-                    }])
-                    .encode(&mut enc);
-                }
-                _ => return Outcome::ProcUnavail,
-            }
-            Outcome::Success(enc.finish())
-        })
+        Box::pin(mountd::call(self.0.clone(), call))
+    }
+}
+
+impl MountSource for NfsServer {
+    fn mnt(&self, path: &[u8], _peer: Option<SocketAddr>, host: &str) -> MountRes {
+        NfsServer::mnt(self, path, host)
+    }
+    fn mounts(&self) -> MutexGuard<'_, Vec<(String, String)>> {
+        self.mounts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn export_list(&self) -> List<ExportNode> {
+        List(vec![ExportNode {
+            dir: DirPath(Bytes::from(self.opts.name.clone())),
+            groups: List(Vec::new()),
+        }])
     }
 }

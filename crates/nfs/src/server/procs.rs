@@ -130,7 +130,7 @@ impl NfsServer {
     }
 
     /// The CREATE-style result of a creation in `dir`.
-    pub(super) fn new_obj(&self, dir: &Node, r: NfsResult<Statx>) -> NewObjRes {
+    fn new_obj(&self, dir: &Node, r: NfsResult<Statx>) -> NewObjRes {
         let dir_wcc = self.wcc(&dir.st, &dir.rel);
         match r {
             Ok(st) => Res::Ok(NewObjOk {
@@ -272,7 +272,7 @@ impl NfsServer {
     /// index to start at. The cookie of entry i is i + 1, so it stays meaningful across calls
     /// as long as the directory does not change (the verifier is not checked, as knfsd does
     /// not).
-    pub(super) fn readdir_common(
+    fn readdir_common(
         &self,
         cred: &Cred,
         fh: &Fh3,
@@ -289,6 +289,16 @@ impl NfsServer {
             return Err((Nfsstat3::BadCookie, attr));
         }
         Ok((dir, entries, start))
+    }
+
+    /// RFC 1813 §3.3.16, §3.3.17: NFS3ERR_TOOSMALL when not even one entry fits the count.
+    fn too_small<T>(&self, dir: &Node) -> Res<T, AttrOnly> {
+        Res::Err(
+            Nfsstat3::TooSmall,
+            AttrOnly {
+                attributes: Some(self.export.fattr(&dir.st)),
+            },
+        )
     }
 
     pub(super) fn readdir(&self, cred: &Cred, a: ReaddirArgs) -> ReaddirRes {
@@ -316,12 +326,7 @@ impl NfsServer {
             out.push(e);
         }
         if out.is_empty() && !eof {
-            return Res::Err(
-                Nfsstat3::TooSmall,
-                AttrOnly {
-                    attributes: Some(self.export.fattr(&dir.st)),
-                },
-            );
+            return self.too_small(&dir);
         }
         Res::Ok(ReaddirOk {
             dir_attributes: Some(self.export.fattr(&dir.st)),
@@ -400,12 +405,7 @@ impl NfsServer {
             out.push(e);
         }
         if out.is_empty() && !eof {
-            return Res::Err(
-                Nfsstat3::TooSmall,
-                AttrOnly {
-                    attributes: Some(self.export.fattr(&dir.st)),
-                },
-            );
+            return self.too_small(&dir);
         }
         Res::Ok(ReaddirplusOk {
             dir_attributes: Some(self.export.fattr(&dir.st)),
