@@ -298,23 +298,6 @@ impl ExportTable {
     }
 }
 
-/// True for the NFSv3 procedures a read-only export refuses with NFS3ERR_ROFS.
-fn modifies(p: u32) -> bool {
-    matches!(
-        p,
-        proc_::SETATTR
-            | proc_::WRITE
-            | proc_::CREATE
-            | proc_::MKDIR
-            | proc_::SYMLINK
-            | proc_::MKNOD
-            | proc_::REMOVE
-            | proc_::RMDIR
-            | proc_::RENAME
-            | proc_::LINK
-    )
-}
-
 /// Encode procedure `p`'s failure result with `status`: the status, then the procedure's
 /// `resfail` arm with every attribute absent (RFC 1813 §3.3: post_op_attr and pre_op_attr are
 /// optional, so "no attributes" is always a valid failure body).
@@ -407,7 +390,7 @@ impl Program for GatedNfs {
             let Some(rule) = t.admit(x, peer) else {
                 return Box::pin(std::future::ready(refuse(Nfsstat3::Acces)));
             };
-            if rule.options.read_only && modifies(p) {
+            if rule.options.read_only && nfs3::modifies(p) {
                 return Box::pin(std::future::ready(refuse(Nfsstat3::Rofs)));
             }
             if !matches!(call.credential, Credential::Sys(_) | Credential::None) {
