@@ -12,8 +12,9 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use oncrpc::service::BoxFuture;
 use oncrpc::{Call, Outcome, Program};
-use xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
+use xdr::XdrEncode;
 
+pub use crate::xdr_util::{List, MAX_LIST};
 use crate::xdr_util::{args_or_garbage, xdr_opaque, xdr_struct};
 
 /// Port mapper / rpcbind program number.
@@ -24,8 +25,6 @@ pub const PORT: u16 = 111;
 pub const IPPROTO_TCP: u32 = 6;
 /// IPPROTO_UDP.
 pub const IPPROTO_UDP: u32 = 17;
-/// Decoder bound on DUMP list length.
-pub const MAX_LIST: usize = 4096;
 /// Decoder bound on netid / address / owner strings.
 pub const MAX_STR: u32 = 1024;
 
@@ -69,25 +68,6 @@ xdr_opaque! {
 xdr_struct! {
     /// `rpcb` (RPCBIND v3/v4).
     pub struct Rpcb { pub prog: u32, pub vers: u32, pub netid: RpcbString, pub addr: RpcbString, pub owner: RpcbString }
-}
-
-/// A linked list (`pmaplist`, `rpcblist`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct List<T>(pub Vec<T>);
-
-impl<T: XdrEncode> XdrEncode for List<T> {
-    fn encode(&self, enc: &mut Encoder) {
-        enc.put_list(&self.0, |e, v| v.encode(e));
-    }
-    fn encoded_len(&self) -> usize {
-        4 + self.0.iter().map(|v| 4 + v.encoded_len()).sum::<usize>()
-    }
-}
-
-impl<'a, T: XdrDecode<'a>> XdrDecode<'a> for List<T> {
-    fn decode(dec: &mut Decoder<'a>) -> xdr::Result<Self> {
-        dec.list(MAX_LIST, T::decode).map(List)
-    }
 }
 
 /// Format a socket address as an RPC universal address (RFC 1833 §2.1 / RFC 5665 §5.2.3).
