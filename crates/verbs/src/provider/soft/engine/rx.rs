@@ -175,17 +175,23 @@ impl Engine {
                 self.terminate(1, term::DDP_ETYPE_TAGGED, term::DDP_T_BASE_BOUNDS, Some(u));
                 return;
             }
-            let Some(r) = self.reads_out.pop_front() else {
-                return;
-            };
-            if !r.rtr && r.signaled {
-                self.outbox.push_send(self.wc(
-                    r.wr_id,
-                    WcOpcode::RdmaRead,
-                    WcStatus::Success,
-                    r.got as u32,
-                ));
-            }
+            self.read_done();
+        }
+    }
+
+    /// The last Read Response segment of the oldest outstanding read arrived: it leaves the
+    /// queue, with a completion when the work request asked for one (an RTR probe has none).
+    fn read_done(&mut self) {
+        let Some(r) = self.reads_out.pop_front() else {
+            return;
+        };
+        if !r.rtr && r.signaled {
+            self.outbox.push_send(self.wc(
+                r.wr_id,
+                WcOpcode::RdmaRead,
+                WcStatus::Success,
+                r.got as u32,
+            ));
         }
     }
 
@@ -478,17 +484,7 @@ impl Engine {
         };
         r.got += len as u64;
         if h.last {
-            let Some(r) = self.reads_out.pop_front() else {
-                return;
-            };
-            if !r.rtr && r.signaled {
-                self.outbox.push_send(self.wc(
-                    r.wr_id,
-                    WcOpcode::RdmaRead,
-                    WcStatus::Success,
-                    r.got as u32,
-                ));
-            }
+            self.read_done();
         }
     }
 
