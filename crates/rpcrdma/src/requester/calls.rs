@@ -6,7 +6,7 @@ use oncrpc::RpcError;
 
 use super::{Action, NULL_REPLY_MAX, OutCall, Outstanding, Requester};
 use crate::engine::{RegError, Registrar, unreduced_positions};
-use crate::header::{Body, Chunks, Header, ReadChunk, ReadSegment, WriteChunk};
+use crate::header::{Body, Chunks, Header, ReadChunk, WriteChunk};
 use crate::header_v2::{Body2, ChunkLists, Direction, Header2};
 use crate::version::Version;
 
@@ -268,15 +268,7 @@ impl Requester {
             }];
             o.regions.push(r);
             all.extend(read_chunks);
-            chunks.reads = all
-                .iter()
-                .flat_map(|c| {
-                    c.segments.iter().map(|s| ReadSegment {
-                        position: c.position,
-                        target: *s,
-                    })
-                })
-                .collect();
+            chunks.set_read_chunks(&all);
             let handle = inv(&chunks);
             let h = CallHeader::new(v2, xid, cfg.credits, true, chunks, handle, Direction::Call);
             if h.encoded_len() > send_limit {
