@@ -407,6 +407,17 @@ impl HeaderError {
 }
 
 impl Header {
+    /// An RDMA_MSG header carrying `chunks`, or RDMA_NOMSG when `nomsg` (a version 2 message
+    /// taken into version 1's shape).
+    pub(crate) fn msg_or_nomsg(xid: u32, credits: u32, chunks: Chunks, nomsg: bool) -> Header {
+        let body = if nomsg {
+            Body::NoMsg(chunks)
+        } else {
+            Body::Msg(chunks)
+        };
+        Header::new(xid, credits, body)
+    }
+
     /// A header with the given XID, version 1, credits and body.
     pub fn new(xid: u32, credits: u32, body: Body) -> Self {
         Header {

@@ -96,15 +96,7 @@ impl Requester {
                         );
                     }
                 }
-                let mut v1 = Header::new(
-                    xid,
-                    h.credits,
-                    if nomsg {
-                        Body::NoMsg(l.chunks)
-                    } else {
-                        Body::Msg(l.chunks)
-                    },
-                );
+                let mut v1 = Header::msg_or_nomsg(xid, h.credits, l.chunks, nomsg);
                 v1.vers = RPCRDMA_VERSION_2;
                 self.on_message(v1, inline, remote_invalidated, reg)
             }

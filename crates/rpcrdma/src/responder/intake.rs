@@ -112,15 +112,7 @@ impl Responder {
                     );
                 }
                 let inv = l.invalidate();
-                let mut v1 = Header::new(
-                    xid,
-                    h.credits,
-                    if nomsg {
-                        Body::NoMsg(l.chunks)
-                    } else {
-                        Body::Msg(l.chunks)
-                    },
-                );
+                let mut v1 = Header::msg_or_nomsg(xid, h.credits, l.chunks, nomsg);
                 v1.vers = 2;
                 self.on_call(v1, inline, inv)
             }
