@@ -12,7 +12,7 @@ use crate::mount::{self, DirPath, ExportNode, Fhandle3, List, MountOk, MountRes,
 use crate::mountd::{self, MountSource};
 
 impl NfsServer {
-    pub(super) fn export_names(&self) -> Vec<String> {
+    fn export_names(&self) -> Vec<String> {
         vec![
             self.opts.name.clone(),
             self.export.root_path().to_string_lossy().into_owned(),

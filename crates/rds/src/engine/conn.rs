@@ -65,7 +65,7 @@ impl Engine {
         self.want_connect(now, id);
     }
 
-    pub(super) fn backoff_step(&mut self, id: PathId) {
+    fn backoff_step(&mut self, id: PathId) {
         let max = self.cfg.backoff_max;
         if let Some(p) = self.path_mut(id) {
             // facts "Reconnect": random delay in [0, current), current doubling up to 1 s.
@@ -84,7 +84,7 @@ impl Engine {
             .get_mut(usize::from(id.index))
     }
 
-    pub(super) fn new_token(&mut self) -> Token {
+    fn new_token(&mut self) -> Token {
         let t = self.next_token;
         self.next_token += 1;
         t
@@ -203,7 +203,7 @@ impl Engine {
         self.actions.push_back(Action::Transmit(token));
     }
 
-    pub(super) fn detach(&mut self, now: Instant, id: PathId, token: Token, reconnect: bool) {
+    fn detach(&mut self, now: Instant, id: PathId, token: Token, reconnect: bool) {
         self.bound.remove(&token);
         let Some(path) = self.path_mut(id) else {
             return;

@@ -98,7 +98,7 @@ impl Engine {
         }
     }
 
-    pub(super) fn set_local_cong(&mut self, port: u16, c: bool) {
+    fn set_local_cong(&mut self, port: u16, c: bool) {
         self.local_cong.set(port, c);
         // Spec 3.1 "Congestion control": send the update to every connected node.
         let peers: Vec<Ipv4Addr> = self.conns.keys().copied().collect();
@@ -107,7 +107,7 @@ impl Engine {
         }
     }
 
-    pub(super) fn queue_cong_map(&mut self, peer: Ipv4Addr) {
+    fn queue_cong_map(&mut self, peer: Ipv4Addr) {
         let Some(conn) = self.conns.get_mut(&peer) else {
             return;
         };

@@ -21,11 +21,7 @@ pub(super) struct RxAssembler {
 
 impl RxAssembler {
     /// Feeds bytes; calls `f` for each complete message. Returns a protocol error on a bad header.
-    pub(super) fn feed(
-        &mut self,
-        mut data: &[u8],
-        mut f: impl FnMut(Header, Bytes),
-    ) -> Result<(), WireError> {
+    fn feed(&mut self, mut data: &[u8], mut f: impl FnMut(Header, Bytes)) -> Result<(), WireError> {
         while !data.is_empty() {
             match &self.header {
                 None => {
@@ -128,7 +124,7 @@ impl Engine {
         Ok(())
     }
 
-    pub(super) fn on_message(
+    fn on_message(
         &mut self,
         now: Instant,
         id: PathId,

@@ -161,7 +161,7 @@ impl Requester {
     }
 
     /// Register memory and build the Send for one call.
-    pub(super) fn build(&mut self, xid: u32, reg: &mut dyn Registrar) -> Result<Bytes, RpcError> {
+    fn build(&mut self, xid: u32, reg: &mut dyn Registrar) -> Result<Bytes, RpcError> {
         let params = self.params;
         let cfg = self.cfg.clone();
         let version = self.version.current();

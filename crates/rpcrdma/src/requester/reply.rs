@@ -54,7 +54,7 @@ impl Requester {
 
     /// A version 2 message (cel-05 §7.2): replies and backward calls take the version 1 path
     /// in version 1's shape; errors are handled here.
-    pub(super) fn on_receive_v2(
+    fn on_receive_v2(
         &mut self,
         buf: Bytes,
         remote_invalidated: Option<u32>,
@@ -111,7 +111,7 @@ impl Requester {
     }
 
     /// RDMA2_ERROR for one of our calls (cel-05 §7.2.4).
-    pub(super) fn on_error_v2(
+    fn on_error_v2(
         &mut self,
         xid: u32,
         credits: u32,
@@ -182,7 +182,7 @@ impl Requester {
     }
 
     /// A reply or backward call in version 1's shape (either version on the wire).
-    pub(super) fn on_message(
+    fn on_message(
         &mut self,
         h: Header,
         inline: Bytes,
@@ -220,7 +220,7 @@ impl Requester {
         out
     }
 
-    pub(super) fn reply_result(
+    fn reply_result(
         &mut self,
         xid: u32,
         h: &Header,
@@ -378,12 +378,7 @@ impl Requester {
         self.send_back_reply(xid, h, message)
     }
 
-    pub(super) fn send_back_reply(
-        &mut self,
-        xid: u32,
-        h: CallHeader,
-        message: Bytes,
-    ) -> Option<Action> {
+    fn send_back_reply(&mut self, xid: u32, h: CallHeader, message: Bytes) -> Option<Action> {
         if h.encoded_len() + message.len() > self.params.inline_send {
             // Backward messages are inline only (5666bis §7.3.3); drop and let the caller
             // time out rather than send what the peer cannot receive.

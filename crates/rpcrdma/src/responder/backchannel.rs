@@ -21,7 +21,7 @@ impl Responder {
         self.back_ready
     }
 
-    pub(super) fn back_limit(&self) -> usize {
+    fn back_limit(&self) -> usize {
         self.cfg.back_credits.max(1).min(self.back_granted.max(1)) as usize
     }
 

@@ -66,7 +66,7 @@ impl Responder {
     }
 
     /// A version 2 message (cel-05 §7.2).
-    pub(super) fn on_receive_v2(&mut self, buf: Bytes) -> Incoming {
+    fn on_receive_v2(&mut self, buf: Bytes) -> Incoming {
         let lim = Decode2Limits::default();
         let (h, hlen) = match Header2::decode_with(&buf, &lim) {
             Ok(x) => x,
@@ -156,11 +156,7 @@ impl Responder {
     }
 
     /// A transport property message from the peer (cel-05 §6.3).
-    pub(super) fn on_property(
-        &mut self,
-        xid: u32,
-        m: crate::header_v2::PropertyMessage,
-    ) -> Incoming {
+    fn on_property(&mut self, xid: u32, m: crate::header_v2::PropertyMessage) -> Incoming {
         use crate::header_v2::PropertyMessage as P;
         match m {
             // §6.3.1, §6.3.4: the peer's values; unknown properties are ignored. Its RBSIZ is
@@ -185,7 +181,7 @@ impl Responder {
         }
     }
 
-    pub(super) fn apply_peer(&mut self, set: &crate::props::PropSet) -> Incoming {
+    fn apply_peer(&mut self, set: &crate::props::PropSet) -> Incoming {
         match self.props.apply_peer(set) {
             Ok(()) => {
                 self.params.inline_send = self.props.send_limit() as usize;
@@ -198,12 +194,7 @@ impl Responder {
 
     /// A call (either version, its header in version 1's shape): the checks common to both,
     /// then its Read chunks or the dispatcher.
-    pub(super) fn on_call(
-        &mut self,
-        header: Header,
-        inline: Bytes,
-        inv_handle: Option<u32>,
-    ) -> Incoming {
+    fn on_call(&mut self, header: Header, inline: Bytes, inv_handle: Option<u32>) -> Incoming {
         let xid = header.xid;
         let Some(chunks) = header.body.chunks() else {
             return Incoming::Nothing;

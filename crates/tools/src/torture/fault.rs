@@ -19,7 +19,7 @@ pub(super) enum Cutter {
 }
 
 impl Cutter {
-    pub(super) async fn cut(&self) {
+    async fn cut(&self) {
         match self {
             Cutter::Tcp(s) => s.disconnect_all(),
             Cutter::Rdma(s) => {
