@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use crate::nfs3::proc_;
+use crate::nfs3;
 
 /// Bytes of the arguments that go into the checksum (see the module documentation).
 pub const CSUM_PREFIX: usize = 1024;
@@ -148,19 +148,8 @@ impl Key {
 
 /// Whether NFSv3 procedure `proc_` goes through the cache.
 pub fn is_cached_proc(proc_: u32) -> bool {
-    matches!(
-        proc_,
-        proc_::SETATTR
-            | proc_::WRITE
-            | proc_::CREATE
-            | proc_::MKDIR
-            | proc_::SYMLINK
-            | proc_::MKNOD
-            | proc_::REMOVE
-            | proc_::RMDIR
-            | proc_::RENAME
-            | proc_::LINK
-    )
+    // The non-idempotent procedures are the ones that change the file system.
+    nfs3::modifies(proc_)
 }
 
 /// What to do with a call ([`ReplyCache::begin`]).
@@ -468,6 +457,7 @@ impl Drop for Ticket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nfs3::proc_;
 
     fn key(xid: u32, args: &[u8]) -> Key {
         Key::new(

@@ -19,22 +19,22 @@
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bytes::Bytes;
 use oncrpc::service::BoxFuture;
 use oncrpc::{AuthStat, Call, Credential, Outcome, Program};
-use xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
+use xdr::{Decoder, Encoder, XdrDecode};
 
 use crate::drc::DrcConfig;
 use crate::exports::{ClientOptions, ClientRule, ClientSpec, ExportEntry, Exports, Squash};
 use crate::mount::{
-    self, DirPath, ExportNode, Fhandle3, List, MountBody, MountOk, MountRes, Mountstat3, Name,
+    self, DirPath, ExportNode, Fhandle3, List, MountOk, MountRes, Mountstat3, Name,
 };
+use crate::mountd::{self, MountSource};
 use crate::nfs3::{self, Nfsstat3, proc_};
 use crate::server::{ExportOptions, NfsServer};
 use crate::vfs::{Export, HandleData};
-use crate::xdr_util::Void;
 
 /// One export and the server behind it.
 pub struct Exported {
@@ -298,23 +298,6 @@ impl ExportTable {
     }
 }
 
-/// True for the NFSv3 procedures a read-only export refuses with NFS3ERR_ROFS.
-fn modifies(p: u32) -> bool {
-    matches!(
-        p,
-        proc_::SETATTR
-            | proc_::WRITE
-            | proc_::CREATE
-            | proc_::MKDIR
-            | proc_::SYMLINK
-            | proc_::MKNOD
-            | proc_::REMOVE
-            | proc_::RMDIR
-            | proc_::RENAME
-            | proc_::LINK
-    )
-}
-
 /// Encode procedure `p`'s failure result with `status`: the status, then the procedure's
 /// `resfail` arm with every attribute absent (RFC 1813 §3.3: post_op_attr and pre_op_attr are
 /// optional, so "no attributes" is always a valid failure body).
@@ -407,7 +390,7 @@ impl Program for GatedNfs {
             let Some(rule) = t.admit(x, peer) else {
                 return Box::pin(std::future::ready(refuse(Nfsstat3::Acces)));
             };
-            if rule.options.read_only && modifies(p) {
+            if rule.options.read_only && nfs3::modifies(p) {
                 return Box::pin(std::future::ready(refuse(Nfsstat3::Rofs)));
             }
             if !matches!(call.credential, Credential::Sys(_) | Credential::None) {
@@ -418,6 +401,18 @@ impl Program for GatedNfs {
         }
         let program = x.program.clone();
         Box::pin(async move { program.call(call).await })
+    }
+}
+
+impl MountSource for ExportTable {
+    fn mnt(&self, path: &[u8], peer: Option<SocketAddr>, _host: &str) -> MountRes {
+        ExportTable::mnt(self, path, peer)
+    }
+    fn mounts(&self) -> MutexGuard<'_, Vec<(String, String)>> {
+        self.mounts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn export_list(&self) -> List<ExportNode> {
+        ExportTable::export_list(self)
     }
 }
 
@@ -435,72 +430,7 @@ impl Program for GatedMount {
         "mountd"
     }
     fn call(&self, call: Call) -> BoxFuture<'_, Outcome> {
-        let t = self.0.clone();
-        Box::pin(async move {
-            let peer = call.context.peer;
-            let host = peer.map_or_else(|| "local".to_string(), |p| p.ip().to_string());
-            let mut dec = call.args_decoder();
-            let mut enc = call.reply_encoder();
-            macro_rules! args {
-                ($t:ty) => {{
-                    let Ok(v) = <$t>::decode(&mut dec) else {
-                        return Outcome::GarbageArgs;
-                    };
-                    if dec.finish().is_err() {
-                        return Outcome::GarbageArgs;
-                    }
-                    v
-                }};
-            }
-            let mounts = || t.mounts.lock().unwrap_or_else(|e| e.into_inner());
-            match call.header.proc_ {
-                mount::proc_::NULL => {
-                    let _ = args!(Void);
-                }
-                mount::proc_::MNT => {
-                    let p = args!(DirPath);
-                    if !matches!(call.credential, Credential::Sys(_) | Credential::None) {
-                        return Outcome::AuthError(AuthStat::TooWeak);
-                    }
-                    let t2 = t.clone();
-                    let res = tokio::task::spawn_blocking(move || t2.mnt(p.as_bytes(), peer)).await;
-                    match res {
-                        Ok(r) => r.encode(&mut enc),
-                        Err(_) => return Outcome::SystemErr,
-                    }
-                }
-                mount::proc_::DUMP => {
-                    let _ = args!(Void);
-                    let m = mounts().clone();
-                    List(
-                        m.into_iter()
-                            .map(|(h, d)| MountBody {
-                                hostname: Name(Bytes::from(h)),
-                                directory: DirPath(Bytes::from(d)),
-                            })
-                            .collect(),
-                    )
-                    .encode(&mut enc);
-                }
-                mount::proc_::UMNT => {
-                    let p = args!(DirPath);
-                    let p = String::from_utf8_lossy(p.as_bytes()).into_owned();
-                    mounts().retain(|(h, d)| {
-                        !(h == &host && d.trim_end_matches('/') == p.trim_end_matches('/'))
-                    });
-                }
-                mount::proc_::UMNTALL => {
-                    let _ = args!(Void);
-                    mounts().retain(|(h, _)| h != &host);
-                }
-                mount::proc_::EXPORT => {
-                    let _ = args!(Void);
-                    t.export_list().encode(&mut enc);
-                }
-                _ => return Outcome::ProcUnavail,
-            }
-            Outcome::Success(enc.finish())
-        })
+        Box::pin(mountd::call(self.0.clone(), call))
     }
 }
 

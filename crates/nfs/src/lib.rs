@@ -62,6 +62,7 @@ pub mod exports;
 pub mod fsops;
 pub mod gate;
 pub mod mount;
+mod mountd;
 pub mod nfs3;
 pub mod nfs4;
 pub mod nfsacl;

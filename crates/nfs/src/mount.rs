@@ -5,6 +5,7 @@
 use xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
 
 use crate::nfs3::FHSIZE;
+pub use crate::xdr_util::{List, MAX_LIST};
 use crate::xdr_util::{xdr_enum, xdr_opaque, xdr_struct};
 
 /// MOUNT program number.
@@ -15,8 +16,6 @@ pub const VERSION: u32 = 3;
 pub const MNTPATHLEN: u32 = 1024;
 /// MNTNAMLEN.
 pub const MNTNAMLEN: u32 = 255;
-/// Decoder bound on DUMP / EXPORT list lengths.
-pub const MAX_LIST: usize = 4096;
 
 /// Procedure numbers (RFC 1813 Appendix I).
 pub mod proc_ {
@@ -115,25 +114,6 @@ impl<'a> XdrDecode<'a> for MountRes {
 xdr_struct! {
     /// One `mountbody` of the DUMP list.
     pub struct MountBody { pub hostname: Name, pub directory: DirPath }
-}
-
-/// `mountlist` (DUMP result) or a list of `groupnode`s: a linked list.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct List<T>(pub Vec<T>);
-
-impl<T: XdrEncode> XdrEncode for List<T> {
-    fn encode(&self, enc: &mut Encoder) {
-        enc.put_list(&self.0, |e, v| v.encode(e));
-    }
-    fn encoded_len(&self) -> usize {
-        4 + self.0.iter().map(|v| 4 + v.encoded_len()).sum::<usize>()
-    }
-}
-
-impl<'a, T: XdrDecode<'a>> XdrDecode<'a> for List<T> {
-    fn decode(dec: &mut Decoder<'a>) -> xdr::Result<Self> {
-        dec.list(MAX_LIST, T::decode).map(List)
-    }
 }
 
 xdr_struct! {

@@ -56,6 +56,25 @@ pub mod proc_ {
     pub const COUNT: u32 = 22;
 }
 
+/// Whether NFSv3 procedure `proc_` changes the file system (RFC 1813 §3.3): SETATTR, WRITE,
+/// CREATE, MKDIR, SYMLINK, MKNOD, REMOVE, RMDIR, RENAME and LINK. A read-only export refuses
+/// these with NFS3ERR_ROFS; the duplicate request cache replays them.
+pub fn modifies(proc_: u32) -> bool {
+    matches!(
+        proc_,
+        proc_::SETATTR
+            | proc_::WRITE
+            | proc_::CREATE
+            | proc_::MKDIR
+            | proc_::SYMLINK
+            | proc_::MKNOD
+            | proc_::REMOVE
+            | proc_::RMDIR
+            | proc_::RENAME
+            | proc_::LINK
+    )
+}
+
 /// ACCESS bits (RFC 1813 §3.3.4).
 pub mod access {
     pub const READ: u32 = 0x0001;

@@ -12,9 +12,10 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use oncrpc::service::BoxFuture;
 use oncrpc::{Call, Outcome, Program};
-use xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
+use xdr::XdrEncode;
 
-use crate::xdr_util::{xdr_opaque, xdr_struct};
+pub use crate::xdr_util::{List, MAX_LIST};
+use crate::xdr_util::{args_or_garbage, xdr_opaque, xdr_struct};
 
 /// Port mapper / rpcbind program number.
 pub const PROGRAM: u32 = 100000;
@@ -24,8 +25,6 @@ pub const PORT: u16 = 111;
 pub const IPPROTO_TCP: u32 = 6;
 /// IPPROTO_UDP.
 pub const IPPROTO_UDP: u32 = 17;
-/// Decoder bound on DUMP list length.
-pub const MAX_LIST: usize = 4096;
 /// Decoder bound on netid / address / owner strings.
 pub const MAX_STR: u32 = 1024;
 
@@ -69,25 +68,6 @@ xdr_opaque! {
 xdr_struct! {
     /// `rpcb` (RPCBIND v3/v4).
     pub struct Rpcb { pub prog: u32, pub vers: u32, pub netid: RpcbString, pub addr: RpcbString, pub owner: RpcbString }
-}
-
-/// A linked list (`pmaplist`, `rpcblist`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct List<T>(pub Vec<T>);
-
-impl<T: XdrEncode> XdrEncode for List<T> {
-    fn encode(&self, enc: &mut Encoder) {
-        enc.put_list(&self.0, |e, v| v.encode(e));
-    }
-    fn encoded_len(&self) -> usize {
-        4 + self.0.iter().map(|v| 4 + v.encoded_len()).sum::<usize>()
-    }
-}
-
-impl<'a, T: XdrDecode<'a>> XdrDecode<'a> for List<T> {
-    fn decode(dec: &mut Decoder<'a>) -> xdr::Result<Self> {
-        dec.list(MAX_LIST, T::decode).map(List)
-    }
 }
 
 /// Format a socket address as an RPC universal address (RFC 1833 §2.1 / RFC 5665 §5.2.3).
@@ -249,24 +229,13 @@ impl Portmapper {
         let proc_ = call.header.proc_;
         let mut dec = call.args_decoder();
         let mut enc = call.reply_encoder();
-        macro_rules! args {
-            ($t:ty) => {{
-                let Ok(v) = <$t>::decode(&mut dec) else {
-                    return Outcome::GarbageArgs;
-                };
-                if dec.finish().is_err() {
-                    return Outcome::GarbageArgs;
-                }
-                v
-            }};
-        }
         // Only local or loopback peers may change registrations (rpcbind's rule).
         let privileged = call.context.peer.is_none_or(|p| p.ip().is_loopback());
         if vers == 2 {
             match proc_ {
                 pmap_proc::NULL => {}
                 pmap_proc::SET => {
-                    let m = args!(Mapping);
+                    let m = args_or_garbage!(dec, Mapping);
                     let ok = privileged
                         && u16::try_from(m.port).is_ok()
                         && netid(m.prot, false).is_some()
@@ -283,16 +252,16 @@ impl Portmapper {
                     enc.put_bool(ok);
                 }
                 pmap_proc::UNSET => {
-                    let m = args!(Mapping);
+                    let m = args_or_garbage!(dec, Mapping);
                     let ok = privileged && self.unset(m.prog, m.vers, None);
                     enc.put_bool(ok);
                 }
                 pmap_proc::GETPORT => {
-                    let m = args!(Mapping);
+                    let m = args_or_garbage!(dec, Mapping);
                     enc.put_u32(self.pmap_getport(&m));
                 }
                 pmap_proc::DUMP => {
-                    let _ = args!(crate::xdr_util::Void);
+                    let _ = args_or_garbage!(dec, crate::xdr_util::Void);
                     self.pmap_dump().encode(&mut enc);
                 }
                 _ => return Outcome::ProcUnavail,
@@ -301,7 +270,7 @@ impl Portmapper {
             match proc_ {
                 rpcb_proc::NULL => {}
                 rpcb_proc::SET => {
-                    let r = args!(Rpcb);
+                    let r = args_or_garbage!(dec, Rpcb);
                     let addr = std::str::from_utf8(&r.addr.0).ok().and_then(parse_uaddr);
                     let netid = String::from_utf8_lossy(&r.netid.0).into_owned();
                     let ok = match addr {
@@ -317,7 +286,7 @@ impl Portmapper {
                     enc.put_bool(ok);
                 }
                 rpcb_proc::UNSET => {
-                    let r = args!(Rpcb);
+                    let r = args_or_garbage!(dec, Rpcb);
                     let netid = String::from_utf8_lossy(&r.netid.0).into_owned();
                     let n = (!netid.is_empty()).then_some(netid.as_str());
                     enc.put_bool(privileged && self.unset(r.prog, r.vers, n));
@@ -325,7 +294,7 @@ impl Portmapper {
                 rpcb_proc::GETADDR | rpcb_proc::GETVERSADDR
                     if proc_ == rpcb_proc::GETADDR || vers == 4 =>
                 {
-                    let r = args!(Rpcb);
+                    let r = args_or_garbage!(dec, Rpcb);
                     let netid = String::from_utf8_lossy(&r.netid.0).into_owned();
                     // RFC 1833 §2.2.1: GETVERSADDR wants exactly that version; GETADDR may
                     // return another version's address if the requested one is absent.
@@ -341,11 +310,11 @@ impl Portmapper {
                     enc.put_string(s.as_bytes());
                 }
                 rpcb_proc::DUMP => {
-                    let _ = args!(crate::xdr_util::Void);
+                    let _ = args_or_garbage!(dec, crate::xdr_util::Void);
                     self.rpcb_dump().encode(&mut enc);
                 }
                 rpcb_proc::GETTIME => {
-                    let _ = args!(crate::xdr_util::Void);
+                    let _ = args_or_garbage!(dec, crate::xdr_util::Void);
                     let now = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_secs());

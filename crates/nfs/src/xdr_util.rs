@@ -144,4 +144,43 @@ pub fn decode_exact<T: for<'a> xdr::XdrDecode<'a>>(buf: &bytes::Bytes) -> xdr::R
     Ok(v)
 }
 
-pub(crate) use {xdr_enum, xdr_opaque, xdr_struct};
+/// Decoder bound on the length of a [`List`] (MOUNT's DUMP and EXPORT lists, the port mapper's
+/// DUMP lists).
+pub const MAX_LIST: usize = 4096;
+
+/// An XDR linked list (RFC 4506 §4.19: each item behind a TRUE, ended by FALSE): MOUNT's
+/// `mountlist`, `exports` and `groups`, the port mapper's `pmaplist` and `rpcblist`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct List<T>(pub Vec<T>);
+
+impl<T: xdr::XdrEncode> xdr::XdrEncode for List<T> {
+    fn encode(&self, enc: &mut xdr::Encoder) {
+        enc.put_list(&self.0, |e, v| v.encode(e));
+    }
+    fn encoded_len(&self) -> usize {
+        4 + self.0.iter().map(|v| 4 + v.encoded_len()).sum::<usize>()
+    }
+}
+
+impl<'a, T: xdr::XdrDecode<'a>> xdr::XdrDecode<'a> for List<T> {
+    fn decode(dec: &mut xdr::Decoder<'a>) -> xdr::Result<Self> {
+        dec.list(MAX_LIST, T::decode).map(List)
+    }
+}
+
+/// Decodes a call's arguments as `$t` from the decoder `$dec`, all of them: otherwise the
+/// enclosing function returns GARBAGE_ARGS (RFC 5531 §9, `accept_stat`: the procedure cannot
+/// decode its arguments).
+macro_rules! args_or_garbage {
+    ($dec:ident, $t:ty) => {{
+        let Ok(v) = <$t as xdr::XdrDecode>::decode(&mut $dec) else {
+            return oncrpc::Outcome::GarbageArgs;
+        };
+        if $dec.finish().is_err() {
+            return oncrpc::Outcome::GarbageArgs;
+        }
+        v
+    }};
+}
+
+pub(crate) use {args_or_garbage, xdr_enum, xdr_opaque, xdr_struct};

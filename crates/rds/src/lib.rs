@@ -52,6 +52,8 @@ pub mod error;
 pub mod rdma;
 pub mod socket;
 pub mod tcp;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod wire;
 
 pub use engine::{Engine, EngineConfig, EngineInfo, TransportKind};

@@ -1,36 +1,17 @@
 //! The RDS tools (ping, stress, raw-TCP baseline) over real loopback TCP: 127.0.0.1 (the smaller
 //! address, which connects) and 127.0.0.2.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::SocketAddrV4;
 use std::time::Duration;
 
-use rds::{RdsStack, StackConfig};
-
-const A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
-const B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+use rds::RdsStack;
+use rds::testing::B;
 
 /// Two stacks sharing one free TCP port number on two loopback addresses.
 async fn pair(paths: u16) -> (RdsStack, RdsStack) {
-    for _ in 0..20 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or(0);
-        let mut ca = StackConfig::new(A);
-        ca.tcp_port = port;
-        ca.max_paths = paths;
-        let mut cb = StackConfig::new(B);
-        cb.tcp_port = port;
-        cb.max_paths = paths;
-        let Ok(a) = RdsStack::start(ca).await else {
-            continue;
-        };
-        match RdsStack::start(cb).await {
-            Ok(b) => return (a, b),
-            Err(_) => a.shutdown(),
-        }
-    }
-    panic!("no free port pair");
+    rds::testing::loopback_pair(paths)
+        .await
+        .expect("no free port pair")
 }
 
 /// The ping and stress library functions produce sane figures over loopback (no timing

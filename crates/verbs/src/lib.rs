@@ -72,13 +72,13 @@
 //! The public types ([`Device`], [`ProtectionDomain`], [`CompletionQueue`], [`QueuePair`],
 //! [`Connection`]) hand each call to their provider (module `provider`):
 //! * soft-iWARP (`provider::soft`): protocol logic is sans-IO — [`wire`] holds the checked
-//!   decoders, [`handshake`] the MPA setup, [`engine`] the RDMAP/DDP state machine of one QP.
+//!   decoders, `handshake` the MPA setup, [`engine`] the RDMAP/DDP state machine of one QP.
 //!   Around them a thin tokio driver: the connection manager, one reader and one writer task per
 //!   connection, and the transmit scheduling. TCP_NODELAY, FPDUs of at most the TCP MSS
 //!   rounded down to 8, vectored writes straight from registered memory and, without CRC,
 //!   payload read from the socket straight into the target region;
 //! * loopback (`provider::loopback`): the same driver over in-process pipes;
-//! * rdma-core (module `hw`, feature `rdma-core`), behind one internal interface.
+//! * rdma-core (`provider::rdma_core`, feature `rdma-core`), behind one internal interface.
 //!
 //! Connections can be captured to pcap files ([`ConnParams::capture_dir`],
 //! [`SoftIwarpConfig::capture_dir`] or `OXRDMA_PCAP_DIR`) that tshark decodes as MPA/DDP/RDMAP
@@ -87,7 +87,7 @@
 //! ## What it does not do
 //! No MPA markers (refused with R, like siw), no memory windows, atomics or immediate data (siw
 //! has none), no shared receive queues, no multi-SGE Read sinks, IPv6 endpoints are written as
-//! IPv4 in captures. The rdma-core provider has its own list (module `hw`): no captures, CRC and
+//! IPv4 in captures. The rdma-core provider has its own list (`provider::rdma_core`): no captures, CRC and
 //! peer-to-peer mode are the kernel driver's business, and its tagged offsets are virtual
 //! addresses (always address regions through [`MemoryRegion::addr`]).
 
@@ -100,25 +100,10 @@ mod provider;
 mod qp;
 pub mod wire;
 
-/// The capture module's old name.
-pub use capture as pcap;
-/// The rdma-core provider (feature `rdma-core`), kept at its old path.
-#[cfg(feature = "rdma-core")]
-pub use provider::rdma_core as hw;
-/// The soft-iWARP engine, kept at its old path (the fuzz targets use [`engine::RxHarness`]).
+/// The soft-iWARP engine: the sans-IO RDMAP/DDP state machine of one queue pair. Public
+/// because the fuzz targets and property tests drive its receive path ([`engine::RxHarness`]);
+/// the provider module around it is internal.
 pub use provider::soft::engine;
-/// The MPA connection setup, kept at its old path.
-pub use provider::soft::handshake;
-
-/// The connection manager's types at their old path (they now live with the provider
-/// dispatch: [`Device`], [`Connection`], …).
-pub mod cm {
-    pub use crate::conn::{CmEvent, ConnParams, ConnStats, ConnectRequest, Connection, Listener};
-    pub use crate::device::{Device, Provider};
-    pub use crate::provider::loopback::{LOOPBACK_FPDU, LoopbackFabric};
-    pub use crate::provider::soft::{MAX_FPDU, SoftIwarpConfig, TxSchedule};
-    pub use crate::qp::QueuePair;
-}
 
 pub use conn::{CmEvent, ConnParams, ConnStats, ConnectRequest, Connection, Listener};
 pub use cq::{
@@ -127,10 +112,10 @@ pub use cq::{
 };
 pub use device::{Device, Provider};
 pub use engine::{QpState, RtrKind};
-#[cfg(feature = "rdma-core")]
-pub use hw::{RdmaCoreConfig, RdmaCoreDevice, rdma_core_devices};
 pub use mem::{Access, MemoryRegion, ProtectionDomain};
 pub use provider::loopback::LoopbackFabric;
+#[cfg(feature = "rdma-core")]
+pub use provider::rdma_core::{RdmaCoreConfig, RdmaCoreDevice, rdma_core_devices};
 pub use provider::soft::{SoftIwarpConfig, TxSchedule};
 pub use qp::QueuePair;
 pub use wire::ddp::Terminate;

@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::{Action, PendingCall, Responder, TimedOut};
+
 /// Deadlines by what they bound.
 #[derive(Debug, Default)]
 pub(super) struct Deadlines {
@@ -85,6 +87,57 @@ impl Deadlines {
         Expired {
             reads: self.reads.len() != before,
             back_calls,
+        }
+    }
+}
+
+impl Responder {
+    /// Bound the time a peer may take to answer the RDMA Reads of one call (`None`, the
+    /// default: no bound).
+    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) {
+        self.deadlines.read_timeout = timeout;
+    }
+
+    /// The driver posted the RDMA Reads of `p` at `now`: they are due by `now` plus the read
+    /// timeout.
+    pub fn reads_started(&mut self, p: &PendingCall, now: Instant) {
+        self.deadlines.reads_started(p.id, now);
+    }
+
+    /// The RDMA Reads of `p` failed (or could not be posted): RFC 8166 §4.5.3, RDMA operational
+    /// errors are fatal to the connection. The call is dropped.
+    #[must_use = "every action the engine returns must be performed"]
+    pub fn reads_failed(&mut self, p: PendingCall) -> Vec<Action> {
+        self.deadlines.reads_done(p.id);
+        vec![Action::Close]
+    }
+
+    /// The earliest deadline of this connection: RDMA Reads of a call's Read chunks, backward
+    /// calls.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.next()
+    }
+
+    /// Everything due at `now`: a peer that did not answer RDMA Reads in time loses the
+    /// connection (`Close`: its memory and the sinks come back); backward calls whose time is
+    /// up are abandoned like [`Responder::cancel_back`].
+    pub fn handle_timeout(&mut self, now: Instant) -> TimedOut {
+        let expired = self.deadlines.expire(now);
+        let mut actions = Vec::new();
+        if expired.reads {
+            tracing::info!("the peer did not answer an RDMA Read in time; closing the connection");
+            actions.push(Action::Close);
+        }
+        for &xid in &expired.back_calls {
+            self.back_queue.retain(|(x, _)| *x != xid);
+            self.back_outstanding.remove(&xid);
+        }
+        if !expired.back_calls.is_empty() {
+            actions.extend(self.pump_back());
+        }
+        TimedOut {
+            back_calls: expired.back_calls,
+            actions,
         }
     }
 }

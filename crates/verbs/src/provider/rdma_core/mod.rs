@@ -53,9 +53,9 @@ use parking_lot::Mutex;
 use rdma_mummy_sys as sys;
 use tokio::io::unix::AsyncFd;
 
+use crate::QpState;
 use crate::VerbsError;
 use crate::cq::{Completion, CqInner, Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
-use crate::engine::QpState;
 use crate::mem::Access;
 
 mod cm;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::engine::RtrKind;
+use super::engine::RtrKind;
 use crate::wire::mpa::{FrameKind, IrdOrd, MAX_ULP_PRIVATE_DATA, MpaFrame};
 
 /// Linux siw: the initiator waits 10 s for the MPA Reply.

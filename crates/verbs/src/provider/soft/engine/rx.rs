@@ -151,12 +151,7 @@ impl Engine {
     fn on_read_response(&mut self, h: &DdpHeader, stag: u32, to: u64, data: &[u8], u: &[u8]) {
         let Some(r) = self.reads_out.front_mut() else {
             // RFC 5040 §4.8: a Read Response with no matching request.
-            self.terminate(
-                0,
-                term::RDMAP_ETYPE_REMOTE_OPERATION,
-                term::RDMAP_UNEXPECTED_OPCODE,
-                Some(u),
-            );
+            self.unexpected_opcode(u);
             return;
         };
         if stag != r.sink_stag
@@ -180,33 +175,51 @@ impl Engine {
                 self.terminate(1, term::DDP_ETYPE_TAGGED, term::DDP_T_BASE_BOUNDS, Some(u));
                 return;
             }
-            let Some(r) = self.reads_out.pop_front() else {
-                return;
-            };
-            if !r.rtr && r.signaled {
-                self.outbox.push_send(self.wc(
-                    r.wr_id,
-                    WcOpcode::RdmaRead,
-                    WcStatus::Success,
-                    r.got as u32,
-                ));
-            }
+            self.read_done();
         }
+    }
+
+    /// The last Read Response segment of the oldest outstanding read arrived: it leaves the
+    /// queue, with a completion when the work request asked for one (an RTR probe has none).
+    fn read_done(&mut self) {
+        let Some(r) = self.reads_out.pop_front() else {
+            return;
+        };
+        if !r.rtr && r.signaled {
+            self.outbox.push_send(self.wc(
+                r.wr_id,
+                WcOpcode::RdmaRead,
+                WcStatus::Success,
+                r.got as u32,
+            ));
+        }
+    }
+
+    /// Terminate for a message of the wrong kind for where it arrived (RFC 5040 §4.8, remote
+    /// operation error: unexpected opcode). `u` is the offending ULPDU.
+    fn unexpected_opcode(&mut self, u: &[u8]) {
+        self.terminate(
+            0,
+            term::RDMAP_ETYPE_REMOTE_OPERATION,
+            term::RDMAP_UNEXPECTED_OPCODE,
+            Some(u),
+        );
+    }
+
+    /// Terminate for an untagged message out of sequence (RFC 5041 §7.2, untagged buffer
+    /// error: MSN range). `u` is the offending ULPDU.
+    fn msn_out_of_range(&mut self, u: &[u8]) {
+        self.terminate(1, term::DDP_ETYPE_UNTAGGED, term::DDP_U_MSN_RANGE, Some(u));
     }
 
     fn on_send(&mut self, h: &DdpHeader, inv_stag: u32, msn: u32, mo: u32, data: &[u8], u: &[u8]) {
         if !h.opcode.is_send() {
-            self.terminate(
-                0,
-                term::RDMAP_ETYPE_REMOTE_OPERATION,
-                term::RDMAP_UNEXPECTED_OPCODE,
-                Some(u),
-            );
+            self.unexpected_opcode(u);
             return;
         }
         // RFC 5041 §5.3: MSN and MO are checked strictly, segments arrive in order on TCP.
         if msn != self.expect_send {
-            self.terminate(1, term::DDP_ETYPE_UNTAGGED, term::DDP_U_MSN_RANGE, Some(u));
+            self.msn_out_of_range(u);
             return;
         }
         let cur_got = self.rx_send.as_ref().map_or(0, |r| r.got);
@@ -296,16 +309,11 @@ impl Engine {
 
     fn on_read_request(&mut self, h: &DdpHeader, msn: u32, mo: u32, data: &[u8], u: &[u8]) {
         if h.opcode != Opcode::ReadRequest {
-            self.terminate(
-                0,
-                term::RDMAP_ETYPE_REMOTE_OPERATION,
-                term::RDMAP_UNEXPECTED_OPCODE,
-                Some(u),
-            );
+            self.unexpected_opcode(u);
             return;
         }
         if msn != self.expect_rreq {
-            self.terminate(1, term::DDP_ETYPE_UNTAGGED, term::DDP_U_MSN_RANGE, Some(u));
+            self.msn_out_of_range(u);
             return;
         }
         if mo != 0 || !h.last {
@@ -476,17 +484,7 @@ impl Engine {
         };
         r.got += len as u64;
         if h.last {
-            let Some(r) = self.reads_out.pop_front() else {
-                return;
-            };
-            if !r.rtr && r.signaled {
-                self.outbox.push_send(self.wc(
-                    r.wr_id,
-                    WcOpcode::RdmaRead,
-                    WcStatus::Success,
-                    r.got as u32,
-                ));
-            }
+            self.read_done();
         }
     }
 

@@ -1,291 +1,30 @@
-//! `nfs torture`: a bounded fault-injection run of mixed NFSv3 operations against an
-//! in-process server, with connection drops injected from either side, each operation's
-//! outcome checked against a model of the file tree.
-//!
-//! One client makes one operation at a time (so the model knows the outcome of each), drawn
-//! from a seeded RNG: CREATE (guarded), MKDIR, RMDIR, REMOVE, RENAME, LINK, SYMLINK, SETATTR
-//! (size), WRITE, READ (whole file, compared bit for bit), GETATTR, LOOKUP and READDIRPLUS
-//! (names compared). The names come from a small pool, so operations collide: a CREATE of a
-//! name that exists must answer NFS3ERR_EXIST, a REMOVE of one that does not NFS3ERR_NOENT.
-//!
-//! Drops are spread over the run at random operations, each from one of three places:
-//! - **client**: the client drops its connection at a random moment while the call is under
-//!   way (`TcpClient::disconnect`, `RdmaClient::disconnect`);
-//! - **server, before**: the server closes the connection when the call arrives, before
-//!   executing it (`TcpServer::disconnect_all`, `rpcrdma::ServerConnection::disconnect`);
-//! - **server, after**: the server executes the call, then closes the connection and sends
-//!   no reply, so the reply is lost and only the duplicate request cache can answer the
-//!   retransmission of a non-idempotent call correctly.
-//!
-//! Either way the client reconnects and retransmits under the same XID. An operation counts
-//! as completed when its call returns; "exactly once" shows in the model check, since a
-//! non-idempotent operation executed twice answers differently (EXIST, NOENT, another size).
-//! At the end every file is read back over NFS and from the export directory and compared
-//! with the model.
+//! One operation at a time against the server, each outcome checked against the model, and the
+//! final read-back.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::SocketAddr;
+use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use nfs::client::{ClientError, Nfs3Client};
-use nfs::drc::{DrcConfig, DrcStats};
 use nfs::nfs3::{CreateHow3, Fh3, Ftype3, Nfsstat3, Sattr3, SetattrArgs, StableHow};
-use nfs::server::{ExportOptions, NfsServer};
-use nfs::ulb::NfsBinding;
-use oncrpc::service::BoxFuture;
-use oncrpc::{Call, Dispatcher, Outcome, Program, RpcTransport, ServerConfig, TcpClient};
+use rand::Rng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use rpcrdma::{RdmaClient, RdmaServer, TransportConfig};
 
-/// Which transport the run uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    /// ONC RPC over TCP.
-    Tcp,
-    /// RPC-over-RDMA over soft-iWARP.
-    Rdma,
+use super::TortureReport;
+use super::model::{Inode, Model, Node, name, pattern};
+
+pub(super) struct Run<'a> {
+    pub(super) c: Nfs3Client,
+    pub(super) root: Fh3,
+    pub(super) m: Model,
+    pub(super) rng: StdRng,
+    pub(super) max_file: usize,
+    pub(super) report: &'a mut TortureReport,
 }
 
-impl std::fmt::Display for Transport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Transport::Tcp => "tcp",
-            Transport::Rdma => "rdma",
-        })
-    }
-}
+pub(super) type Outcome3<T> = Result<(Nfsstat3, Option<T>), ClientError>;
 
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct TortureConfig {
-    pub transport: Transport,
-    /// Operations to make.
-    pub ops: u64,
-    /// Connection drops to inject (spread over the operations; at most one per operation).
-    pub drops: u64,
-    /// RNG seed (the same seed makes the same operations and drop points).
-    pub seed: u64,
-    /// Stop issuing operations after this long.
-    pub time_limit: Duration,
-    /// Largest file the run makes.
-    pub max_file: usize,
-    /// The server's duplicate request cache; `None` runs without one, to show what the
-    /// campaign finds then.
-    pub drc: Option<DrcConfig>,
-}
-
-impl Default for TortureConfig {
-    fn default() -> Self {
-        TortureConfig {
-            transport: Transport::Rdma,
-            ops: 10_000,
-            drops: 50,
-            seed: 1,
-            time_limit: Duration::from_secs(600),
-            max_file: 256 << 10,
-            drc: Some(DrcConfig::default()),
-        }
-    }
-}
-
-/// What a run found.
-#[derive(Debug, Clone, Default)]
-pub struct TortureReport {
-    pub ops: u64,
-    /// Operations whose call returned (an NFS status, success or not).
-    pub completed: u64,
-    /// Operations whose call failed at the RPC level (timeout, transport).
-    pub failed: u64,
-    /// Operations whose outcome differed from the model.
-    pub mismatches: u64,
-    /// The first few mismatches and failures, described.
-    pub problems: Vec<String>,
-    pub drops_client: u64,
-    pub drops_server_before: u64,
-    pub drops_server_after: u64,
-    /// RDMA reconnections of the client (0 over TCP, which does not count them).
-    pub reconnects: u64,
-    /// Files compared at the end (over NFS and on disk), and their bytes.
-    pub files_checked: u64,
-    pub bytes_checked: u64,
-    /// Files, links or directories of the final tree that differ from the model.
-    pub final_mismatches: u64,
-    pub drc: DrcStats,
-    pub elapsed: Duration,
-    /// Operations by kind.
-    pub by_kind: BTreeMap<&'static str, u64>,
-}
-
-/// Why a run could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TortureError {
-    #[error("I/O: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("RPC-over-RDMA: {0}")]
-    Rdma(#[from] rpcrdma::driver::DriverError),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Point {
-    Before,
-    After,
-}
-
-enum Cutter {
-    Tcp(Arc<oncrpc::TcpServer>),
-    Rdma(Arc<RdmaServer>),
-}
-
-impl Cutter {
-    async fn cut(&self) {
-        match self {
-            Cutter::Tcp(s) => s.disconnect_all(),
-            Cutter::Rdma(s) => {
-                for c in s.connections() {
-                    c.disconnect().await;
-                }
-            }
-        }
-    }
-}
-
-/// The NFS program with a server-side drop armed for the next call.
-struct Fault {
-    inner: Arc<dyn Program>,
-    armed: Mutex<Option<Point>>,
-    cutter: OnceLock<Cutter>,
-}
-
-impl Program for Fault {
-    fn program(&self) -> u32 {
-        self.inner.program()
-    }
-    fn versions(&self) -> (u32, u32) {
-        self.inner.versions()
-    }
-    fn name(&self) -> &'static str {
-        "nfs"
-    }
-    fn call(&self, call: Call) -> BoxFuture<'_, Outcome> {
-        Box::pin(async move {
-            let point = self
-                .armed
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take();
-            let cut = || async {
-                if let Some(c) = self.cutter.get() {
-                    c.cut().await;
-                }
-            };
-            match point {
-                None => self.inner.call(call).await,
-                Some(Point::Before) => {
-                    cut().await;
-                    Outcome::NoReply
-                }
-                Some(Point::After) => {
-                    // Executed (and, if cacheable, its reply in the cache), then the
-                    // connection goes and the reply with it: answering nothing makes sure
-                    // the reply cannot slip out before the cut takes effect.
-                    let _executed = self.inner.call(call).await;
-                    cut().await;
-                    Outcome::NoReply
-                }
-            }
-        })
-    }
-}
-
-enum Client {
-    Tcp(Arc<TcpClient>),
-    Rdma(Arc<RdmaClient>),
-}
-
-impl Client {
-    async fn disconnect(&self) {
-        match self {
-            Client::Tcp(c) => c.disconnect(),
-            Client::Rdma(c) => c.disconnect().await,
-        }
-    }
-}
-
-/// A file's contents and handle.
-struct Inode {
-    data: Vec<u8>,
-    fh: Fh3,
-}
-
-#[derive(Clone)]
-enum Node {
-    File(u64),
-    Dir,
-    Link(Vec<u8>),
-}
-
-#[derive(Default)]
-struct Model {
-    names: BTreeMap<String, Node>,
-    inodes: HashMap<u64, Inode>,
-    next_ino: u64,
-}
-
-impl Model {
-    fn files(&self) -> Vec<String> {
-        self.names
-            .iter()
-            .filter(|(_, n)| matches!(n, Node::File(_)))
-            .map(|(k, _)| k.clone())
-            .collect()
-    }
-    fn file(&self, name: &str) -> Option<&Inode> {
-        match self.names.get(name) {
-            Some(Node::File(i)) => self.inodes.get(i),
-            _ => None,
-        }
-    }
-    fn unlink(&mut self, name: &str) {
-        if let Some(Node::File(i)) = self.names.remove(name)
-            && !self
-                .names
-                .values()
-                .any(|n| matches!(n, Node::File(j) if *j == i))
-        {
-            self.inodes.remove(&i);
-        }
-    }
-}
-
-const NAMES: usize = 24;
-
-fn name(rng: &mut StdRng) -> String {
-    format!("n{:02}", rng.random_range(0..NAMES))
-}
-
-fn pattern(rng: &mut StdRng, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    rng.fill(&mut v[..]);
-    v
-}
-
-struct Run<'a> {
-    c: Nfs3Client,
-    root: Fh3,
-    m: Model,
-    rng: StdRng,
-    max_file: usize,
-    report: &'a mut TortureReport,
-}
-
-type Outcome3<T> = Result<(Nfsstat3, Option<T>), ClientError>;
-
-fn status<T, F>(r: Result<nfs::nfs3::Res<T, F>, ClientError>) -> Outcome3<T> {
+pub(super) fn status<T, F>(r: Result<nfs::nfs3::Res<T, F>, ClientError>) -> Outcome3<T> {
     r.map(|res| match res {
         nfs::nfs3::Res::Ok(t) => (Nfsstat3::Ok, Some(t)),
         nfs::nfs3::Res::Err(s, _) => (s, None),
@@ -293,7 +32,7 @@ fn status<T, F>(r: Result<nfs::nfs3::Res<T, F>, ClientError>) -> Outcome3<T> {
 }
 
 impl Run<'_> {
-    fn problem(&mut self, what: String) {
+    pub(super) fn problem(&mut self, what: String) {
         if self.report.problems.len() < 20 {
             self.report.problems.push(what);
         }
@@ -310,7 +49,7 @@ impl Run<'_> {
     }
 
     /// One random operation. `Err` when the call failed at the RPC level.
-    async fn step(&mut self) -> Result<(), ClientError> {
+    pub(super) async fn step(&mut self) -> Result<(), ClientError> {
         let kind = self.rng.random_range(0..100u32);
         let (label, res) = match kind {
             0..=11 => ("CREATE", self.create().await),
@@ -659,7 +398,7 @@ impl Run<'_> {
     }
 
     /// Compare the final tree, over NFS and on disk, with the model.
-    async fn verify(&mut self, dir: &Path) {
+    pub(super) async fn verify(&mut self, dir: &Path) {
         let names: Vec<(String, Node)> = self
             .m
             .names
@@ -701,153 +440,4 @@ impl Run<'_> {
             self.problem(format!("final tree: names {on_disk:?}, model {want:?}"));
         }
     }
-}
-
-/// Run a torture campaign on a fresh in-process server over a temporary directory.
-pub async fn run(cfg: &TortureConfig) -> Result<TortureReport, TortureError> {
-    let tmp = tempfile::tempdir()?;
-    let dir = tmp.path().to_path_buf();
-    let server = {
-        let d = dir.clone();
-        let drc = cfg.drc;
-        tokio::task::spawn_blocking(move || {
-            NfsServer::with_drc(
-                &d,
-                ExportOptions {
-                    read_only: false,
-                    name: "/".into(),
-                },
-                drc,
-            )
-        })
-        .await
-        .map_err(std::io::Error::other)??
-    };
-    let fault = Arc::new(Fault {
-        inner: server.nfs_program(),
-        armed: Mutex::new(None),
-        cutter: OnceLock::new(),
-    });
-    let dispatcher = Dispatcher::new().with(fault.clone());
-    let local: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
-    let client = match cfg.transport {
-        Transport::Tcp => {
-            let s = oncrpc::TcpServer::bind(
-                local,
-                Arc::new(dispatcher),
-                ServerConfig::default().with_max_record(4 << 20),
-            )
-            .await?;
-            let addr = s.local_addr();
-            let _ = fault.cutter.set(Cutter::Tcp(Arc::new(s)));
-            let c = oncrpc::ClientConfig::default()
-                .with_max_retransmits(8)
-                .with_max_record(4 << 20);
-            Client::Tcp(Arc::new(TcpClient::connect_with(addr, c).await?))
-        }
-        Transport::Rdma => {
-            let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
-            let s =
-                RdmaServer::bind(local, dispatcher, vec![ulb], TransportConfig::default()).await?;
-            let addr = s.local_addr();
-            let _ = fault.cutter.set(Cutter::Rdma(Arc::new(s)));
-            let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
-            Client::Rdma(Arc::new(
-                RdmaClient::connect(addr, TransportConfig::default(), vec![ulb]).await?,
-            ))
-        }
-    };
-    let transport: Arc<dyn RpcTransport> = match &client {
-        Client::Tcp(c) => c.clone(),
-        Client::Rdma(c) => c.clone(),
-    };
-    let uid = rustix::process::getuid().as_raw();
-    let gid = rustix::process::getgid().as_raw();
-    let nfs = Nfs3Client::new(transport).with_auth_sys(uid, gid, vec![]);
-    let root = server
-        .export()
-        .root_handle()
-        .map_err(|s| std::io::Error::other(format!("root handle: {s}")))?;
-
-    let mut rng = StdRng::seed_from_u64(cfg.seed);
-    // Drop points: distinct operations, never the first.
-    let mut drop_at = BTreeSet::new();
-    let drops = cfg.drops.min(cfg.ops.saturating_sub(1));
-    while (drop_at.len() as u64) < drops {
-        drop_at.insert(rng.random_range(1..cfg.ops));
-    }
-    let mut report = TortureReport {
-        ops: 0,
-        ..TortureReport::default()
-    };
-    let start = Instant::now();
-    {
-        let mut run = Run {
-            c: nfs,
-            root,
-            m: Model::default(),
-            rng: StdRng::seed_from_u64(cfg.seed ^ 0x5eed),
-            max_file: cfg.max_file.max(64 << 10),
-            report: &mut report,
-        };
-        for i in 0..cfg.ops {
-            if start.elapsed() >= cfg.time_limit {
-                break;
-            }
-            run.report.ops += 1;
-            let r = if drop_at.contains(&i) {
-                match rng.random_range(0..3u32) {
-                    0 => {
-                        run.report.drops_client += 1;
-                        let delay = Duration::from_micros(rng.random_range(0..2000));
-                        let client = &client;
-                        let (r, ()) = tokio::join!(run.step(), async move {
-                            // Injection timing, not synchronisation: a random moment of the
-                            // call (or just after it).
-                            tokio::time::sleep(delay).await;
-                            client.disconnect().await;
-                        });
-                        r
-                    }
-                    side => {
-                        let p = if side == 1 {
-                            run.report.drops_server_before += 1;
-                            Point::Before
-                        } else {
-                            run.report.drops_server_after += 1;
-                            Point::After
-                        };
-                        *fault
-                            .armed
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(p);
-                        let r = run.step().await;
-                        // Disarm if the operation made no call.
-                        fault
-                            .armed
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .take();
-                        r
-                    }
-                }
-            } else {
-                run.step().await
-            };
-            match r {
-                Ok(()) => run.report.completed += 1,
-                Err(e) => {
-                    run.report.failed += 1;
-                    run.problem(format!("operation {i} failed: {e}"));
-                }
-            }
-        }
-        run.verify(&dir).await;
-    }
-    report.elapsed = start.elapsed();
-    if let Client::Rdma(c) = &client {
-        report.reconnects = c.reconnects();
-    }
-    report.drc = server.drc_stats().unwrap_or_default();
-    Ok(report)
 }

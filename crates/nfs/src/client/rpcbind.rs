@@ -1,0 +1,97 @@
+//! The port mapper client (RFC 1833: PMAP v2 and RPCBIND v3/v4).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use oncrpc::{OpaqueAuth, ReplyExpectation, RpcTransport};
+
+use super::{Caller, ClientError};
+use crate::portmap::{self, Mapping, Rpcb, RpcbString};
+use crate::xdr_util::Void;
+
+/// A port mapper / rpcbind client.
+#[derive(Clone)]
+pub struct PortmapClient {
+    c: Caller,
+}
+
+impl std::fmt::Debug for PortmapClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PortmapClient")
+            .field("transport", &self.c.rpc.describe())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PortmapClient {
+    /// A client calling with AUTH_NONE.
+    pub fn new(rpc: Arc<dyn RpcTransport>) -> Self {
+        PortmapClient {
+            c: Caller {
+                rpc,
+                cred: OpaqueAuth::none(),
+                timeout: None,
+            },
+        }
+    }
+
+    /// PMAPPROC_GETPORT (v2): the TCP port of (prog, vers), 0 when unregistered.
+    pub async fn getport(&self, prog: u32, vers: u32) -> Result<u16, ClientError> {
+        let port: u32 = self
+            .c
+            .call(
+                portmap::PROGRAM,
+                2,
+                portmap::pmap_proc::GETPORT,
+                Mapping {
+                    prog,
+                    vers,
+                    prot: portmap::IPPROTO_TCP,
+                    port: 0,
+                },
+                ReplyExpectation::default(),
+            )
+            .await?;
+        Ok(u16::try_from(port).unwrap_or(0))
+    }
+
+    /// PMAPPROC_DUMP (v2).
+    pub async fn dump(&self) -> Result<portmap::List<Mapping>, ClientError> {
+        self.c
+            .call(
+                portmap::PROGRAM,
+                2,
+                portmap::pmap_proc::DUMP,
+                Void,
+                ReplyExpectation::default(),
+            )
+            .await
+    }
+
+    /// RPCBPROC_GETADDR (rpcbind `vers` 3 or 4): the universal address, empty when unregistered.
+    pub async fn getaddr(
+        &self,
+        vers: u32,
+        prog: u32,
+        prog_vers: u32,
+        netid: &str,
+    ) -> Result<String, ClientError> {
+        let s: RpcbString = self
+            .c
+            .call(
+                portmap::PROGRAM,
+                vers,
+                portmap::rpcb_proc::GETADDR,
+                Rpcb {
+                    prog,
+                    vers: prog_vers,
+                    netid: RpcbString(Bytes::copy_from_slice(netid.as_bytes())),
+                    addr: RpcbString::default(),
+                    owner: RpcbString::default(),
+                },
+                ReplyExpectation::default(),
+            )
+            .await?;
+        Ok(String::from_utf8_lossy(s.as_bytes()).into_owned())
+    }
+}

@@ -1,0 +1,164 @@
+use super::*;
+use crate::wire::{self, Message};
+
+fn engine(ip: [u8; 4]) -> Engine {
+    let mut c = EngineConfig::tcp(Ipv4Addr::from(ip));
+    c.seed = Some(5);
+    Engine::new(c)
+}
+
+#[test]
+fn reconnect_backoff_is_random_doubling_and_capped() {
+    let mut e = engine([10, 0, 0, 1]);
+    e.bind(1000).unwrap();
+    let now = Instant::now();
+    let peer = Ipv4Addr::new(10, 0, 0, 2);
+    let _ = e.ping(now, 1000, peer);
+    let id = PathId { peer, index: 0 };
+    // First try immediately.
+    assert_eq!(e.poll_action(), Some(Action::Connect(id)));
+    let mut cap = Duration::from_millis(2);
+    let mut t = now;
+    for _ in 0..20 {
+        e.connect_failed(t, id);
+        let at = e.poll_timeout().expect("retry scheduled");
+        let d = at - t;
+        assert!(d < cap, "delay {d:?} not below {cap:?}");
+        assert!(d < Duration::from_secs(1));
+        // Nothing happens before the time; the connect is issued at it.
+        e.handle_timeout(at - Duration::from_nanos(1).min(d));
+        assert!(d.is_zero() || e.poll_action().is_none());
+        e.handle_timeout(at);
+        assert_eq!(e.poll_action(), Some(Action::Connect(id)));
+        t = at;
+        cap = (cap * 2).min(Duration::from_secs(1));
+    }
+    // A successful connect resets the back-off: the next failure retries quickly again.
+    assert!(e.connected(t, id).is_some());
+}
+
+#[test]
+fn larger_address_drops_own_connect_and_smaller_resets_inbound() {
+    let now = Instant::now();
+    let mut hi = engine([10, 0, 0, 9]);
+    let lo_ip = Ipv4Addr::new(10, 0, 0, 1);
+    hi.bind(7).unwrap();
+    let _ = hi.ping(now, 7, lo_ip);
+    let id = PathId {
+        peer: lo_ip,
+        index: 0,
+    };
+    assert_eq!(hi.poll_action(), Some(Action::Connect(id)));
+    assert_eq!(
+        hi.connected(now, id),
+        None,
+        "the larger side drops its own connect"
+    );
+    let mut lo = engine([10, 0, 0, 1]);
+    assert_eq!(
+        lo.accept(now, Ipv4Addr::new(10, 0, 0, 9)),
+        AcceptOutcome::Reject
+    );
+    assert_eq!(
+        lo.poll_action(),
+        Some(Action::Connect(PathId {
+            peer: Ipv4Addr::new(10, 0, 0, 9),
+            index: 0
+        }))
+    );
+}
+
+#[test]
+fn sport_zero_ping_is_ignored_and_ping_is_answered() {
+    let now = Instant::now();
+    let mut e = engine([10, 0, 0, 2]);
+    let AcceptOutcome::Accept(tok) = e.accept(now, Ipv4Addr::new(10, 0, 0, 1)) else {
+        panic!("accept");
+    };
+    let mut stream = Vec::new();
+    stream.extend_from_slice(&CongMap::header().encode().unwrap());
+    stream.extend_from_slice(&CongMap::new().encode());
+    stream.extend_from_slice(&wire::ping(1, 0).encode().unwrap());
+    stream.extend_from_slice(&wire::ping(2, 4000).encode().unwrap());
+    e.on_recv(now, tok, &stream).unwrap();
+    let mut out = Vec::new();
+    while let Some(b) = e.poll_transmit(tok) {
+        out.extend_from_slice(&b);
+    }
+    // Our stream: cong map (48 + 8192), probe, then exactly one pong (to port 4000).
+    let mut off = 0;
+    let mut pongs = Vec::new();
+    while off < out.len() {
+        let (m, n) = Message::decode(&out[off..]).unwrap();
+        off += n;
+        if m.header.sport == 0 && m.header.dport != 0 && !m.header.is_cong_map() {
+            pongs.push(m.header.dport);
+        }
+    }
+    assert_eq!(pongs, vec![4000]);
+}
+
+/// A sender that ignores the congestion map: its messages are accepted past the receive
+/// buffer (spec 3.1), up to the hard limit, then dropped and counted; the queue never
+/// holds more than the limit plus nothing, and drains normally.
+#[test]
+fn a_sender_that_ignores_congestion_is_dropped_past_the_hard_limit() {
+    let now = Instant::now();
+    let mut c = EngineConfig::tcp(Ipv4Addr::new(10, 0, 0, 2));
+    c.seed = Some(5);
+    c.rcvbuf_hard_factor = 2;
+    c.rcvbuf_hard_slack = 0;
+    let mut e = Engine::new(c);
+    e.bind(4000).unwrap();
+    e.set_rcvbuf(4000, 10_000);
+    let AcceptOutcome::Accept(tok) = e.accept(now, Ipv4Addr::new(10, 0, 0, 1)) else {
+        panic!("accept");
+    };
+    let mut stream = Vec::new();
+    stream.extend_from_slice(&CongMap::header().encode().unwrap());
+    stream.extend_from_slice(&CongMap::new().encode());
+    e.on_recv(now, tok, &stream).unwrap();
+    // 100 messages of 1000 bytes, sent at once whatever the map says.
+    let mut stream = Vec::new();
+    for seq in 1..=100u64 {
+        let m = Message {
+            header: Header {
+                seq,
+                sport: 1234,
+                dport: 4000,
+                ..Header::default()
+            },
+            payload: Bytes::from(vec![seq as u8; 1000]),
+        };
+        stream.extend_from_slice(&m.encode().unwrap());
+    }
+    e.on_recv(now, tok, &stream).unwrap();
+    let port = |e: &Engine| e.info().ports.into_iter().find(|p| p.port == 4000).unwrap();
+    let p = port(&e);
+    // Congested past 10,000 bytes, accepted up to 2 × 10,000, the other 80 dropped.
+    assert!(p.congested);
+    assert_eq!(p.queued, 20_000);
+    assert_eq!(p.dropped, 80);
+    // Our map went out with the port marked.
+    assert!(e.local_cong.get(4000));
+    // What was accepted is delivered in order; then the port takes messages again.
+    for seq in 1..=20u8 {
+        let d = e.recv(4000).expect("queued");
+        assert_eq!(d.payload[0], seq);
+    }
+    assert!(e.recv(4000).is_none());
+    let p = port(&e);
+    assert!(!p.congested && p.queued == 0);
+    let m = Message {
+        header: Header {
+            seq: 101,
+            sport: 1234,
+            dport: 4000,
+            ..Header::default()
+        },
+        payload: Bytes::from_static(b"after"),
+    };
+    e.on_recv(now, tok, &m.encode().unwrap()).unwrap();
+    assert_eq!(&e.recv(4000).expect("accepted again").payload[..], b"after");
+    assert_eq!(port(&e).dropped, 80);
+}
