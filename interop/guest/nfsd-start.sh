@@ -10,6 +10,9 @@ mountpoint -q /var/lib/nfs/rpc_pipefs || mount -t rpc_pipefs rpc_pipefs /var/lib
 pgrep -x rpcbind >/dev/null || rpcbind -w
 exportfs -ra
 pgrep -x rpc.mountd >/dev/null || rpc.mountd -p 20048
+# GRACE (seconds, >= 10): a shorter NFSv4 grace period than the default lease, for callers that
+# open files at once (pynfs); it must be set before nfsd starts.
+if [ -n "${GRACE:-}" ] && ! pgrep -x nfsd >/dev/null; then echo "$GRACE" > /proc/fs/nfsd/nfsv4gracetime; fi
 pgrep -x nfsd >/dev/null || rpc.nfsd 4
 grep -q '^rdma 20049' /proc/fs/nfsd/portlist || echo "rdma 20049" > /proc/fs/nfsd/portlist
 echo "nfsd portlist: $(tr '\n' ' ' < /proc/fs/nfsd/portlist)"

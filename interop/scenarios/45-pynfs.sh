@@ -39,7 +39,7 @@ log=$IX_SCN_OUT/guest.log
 srv_pid=
 trap 'touch "$IX_SHARE/tmp/nfs-host-done"; [ -n "$srv_pid" ] && kill "$srv_pid" 2>/dev/null' EXIT
 ix_guest "$log" -t $((IX_LIMIT - 30)) -d "$IX_SHARE" -p "$FT:2049" \
-    -f "$IX_HERE/guest/nfsd-serve-host.sh" WAIT=$((IX_LIMIT - 120)) BASELINE=0 & gpid=$!
+    -f "$IX_HERE/guest/nfsd-serve-host.sh" WAIT=$((IX_LIMIT - 120)) BASELINE=0 GRACE=10 & gpid=$!
 
 # The host's server, on an ephemeral port (its ADDRS line tells which).
 export_dir=$IX_SCN_OUT/oxrdma-export
@@ -58,6 +58,8 @@ run_pynfs() { # NAME SERVER/PATH
         $TESTS) > "$work/$1.out" 2>&1
 }
 pids=()
+# nfsd's grace period (GRACE=10 above) must be over before pynfs makes its tree.
+sleep 12
 if [ -e "$IX_SHARE/tmp/nfs-guest-ready" ]; then run_pynfs nfsd "127.0.0.1:$FT/export" & pids+=($!)
 else cell nfsd fail "guest nfsd never became ready: $(tail -2 "$log" | tr '\n' ' ')"; fi
 if [ -n "$ox_addr" ]; then run_pynfs oxrdma "$ox_addr/" & pids+=($!)
