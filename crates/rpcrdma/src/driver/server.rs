@@ -402,13 +402,22 @@ async fn serve_connection(
     sh.conns.lock().remove(&conn_id);
     timer_task.abort();
     sc.back_waiters.lock().clear();
-    let lost = resp.lock().take_lost();
+    let lost = {
+        let mut r = resp.lock();
+        // No call starts RDMA Reads from now on, and no Read deadline is left to wait for.
+        r.connection_closed();
+        r.take_lost()
+    };
     sh.lost.lock().record(peer.ip(), lost);
+    // Calls waiting for memory (their Read chunks' sinks, their replies) end at once instead
+    // of being given it once other calls of this connection let theirs go.
+    sc.budget.close();
     link.conn.disconnect().await;
     link.router_task.abort();
     // Calls still waiting for an RDMA Read (a peer that never answered) end now, so their
-    // sinks and memory go back at once rather than whenever the tasks are next polled.
-    link.router.waiters.lock().clear();
+    // sinks and memory go back at once rather than whenever the tasks are next polled; and a
+    // wait begun after this point ends at once (nothing routes its completion any more).
+    link.router.close();
     // Replies flushed by the disconnect that the router did not get to (it may be cancelled
     // mid-way; what it did report is already recorded).
     while let Some(c) = scq.try_next() {
@@ -593,6 +602,12 @@ async fn handle_incoming(
                     + reply_estimate(p.reply_offered_len());
                 match sc.budget.reserve(want, timeout).await {
                     Ok(r) => held.push(r),
+                    // The connection closed while the call waited: it is dropped.
+                    Err(oncrpc::BudgetError::Closed { .. }) => {
+                        let a = resp.lock().reads_failed(p);
+                        perform(a, link, resp, None).await;
+                        return;
+                    }
                     Err(e) => {
                         tracing::warn!(peer = %sc.peer, error = %e,
                             "no memory for a call's Read chunks; closing the connection");
@@ -605,10 +620,18 @@ async fn handle_incoming(
                 // The Responder owns the Reads' deadline (`TransportConfig::rdma_timeout`): a
                 // peer that does not answer them in time loses the connection, which ends
                 // the waits below.
-                {
+                // (A call that waited for its memory while the connection closed posts nothing:
+                // its Reads would be flushed, or never completed.)
+                let refused = {
                     let mut r = resp.lock();
-                    r.reads_started(&p, Instant::now());
+                    let started = r.reads_started(&p, Instant::now());
                     sc.arm(&r);
+                    !started
+                };
+                if refused {
+                    let a = resp.lock().reads_failed(p);
+                    perform(a, link, resp, None).await;
+                    return;
                 }
                 let read = match p.frame() {
                     // One chunk in the middle of the call (an NFS WRITE's data): pull it into
