@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use oncrpc::{CallRequest, MemoryBudget, ReplyExpectation, RpcTransport};
+use oncrpc::{CallRequest, MemoryBudget, ReplyExpectation, RpcError, RpcTransport};
 use rpcrdma::engine::Config;
 use rpcrdma::ulb::UpperLayerBinding;
 use rpcrdma::{RdmaClient, RdmaServer, TransportConfig};
@@ -201,4 +201,58 @@ async fn a_call_waiting_for_memory_ends_when_its_connection_closes() {
     assert_eq!(budget.used(), 0);
     drop(other);
     assert_eq!(budget.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backward_call_on_a_closed_connection_ends_at_once() {
+    // Issue 20, the backward direction: a call made through a handle on a connection that has
+    // closed is refused (or ended by the close), not left waiting for a deadline no timer
+    // watches any more, holding the connection's share.
+    let budget = MemoryBudget::new(4 << 20, 4 << 20);
+    let srv = server_with(budget.clone(), Duration::from_secs(3600)).await;
+    let back =
+        oncrpc::Dispatcher::new().with(Arc::new(oncrpc::null::NullProgram::new(0x4000_0000, 1, 1)));
+    let cfg = TransportConfig {
+        rpc: Config {
+            credits: 32,
+            ..Config::default()
+        },
+        device: Some(Device::soft_iwarp()),
+        reconnect_attempts: 0,
+        ..TransportConfig::default()
+    };
+    let c = RdmaClient::connect_with(srv.local_addr(), cfg, ulb_list(), Some(back))
+        .await
+        .unwrap();
+    // A forward call: the server has registered the connection by its reply.
+    c.call(CallRequest::null(PROG, VERS)).await.unwrap();
+    let sc = srv.connections().pop().expect("the connection");
+    sc.enable_backchannel();
+    assert_eq!(
+        sc.back_call(0x4000_0000, 1, 0, |_| {}, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        Bytes::new()
+    );
+    c.disconnect().await;
+    drop(c);
+    eventually("the server saw the connection close", || {
+        srv.connections().is_empty()
+    })
+    .await;
+    // The caller's own timeout is an hour; the bound here only keeps a failure finite.
+    let r = tokio::time::timeout(
+        Duration::from_secs(60),
+        sc.back_call(0x4000_0000, 1, 0, |_| {}, Duration::from_secs(3600)),
+    )
+    .await
+    .expect("a backward call on a closed connection ends");
+    assert!(matches!(r, Err(RpcError::Closed)), "{r:?}");
+    // The handle was all that held the connection: its memory is back with it.
+    drop(sc);
+    eventually("the closed connection released", || {
+        budget.connections() == 0
+    })
+    .await;
+    assert_eq!(budget.used(), 0);
 }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use common::*;
 use oncrpc::{OpaqueAuth, ReplyExpectation};
 use rpcrdma::engine::Config;
-use rpcrdma::responder::{Action, Incoming, PendingCall, TimedOut};
+use rpcrdma::responder::{Action, BackError, Incoming, PendingCall, TimedOut};
 
 fn cfg(back_credits: u32) -> Config {
     Config {
@@ -253,4 +253,40 @@ fn backward_calls_past_their_deadline_are_abandoned_and_free_their_credit() {
         .unwrap();
     let _ = h.resp.cancel_back(4);
     assert_eq!(h.resp.next_deadline(), None);
+}
+
+#[test]
+fn a_closed_connection_drops_its_backward_calls_and_accepts_none() {
+    let mut h = Harness::new(cfg(2), cfg(2));
+    let start = Instant::now();
+    h.resp.enable_backchannel();
+    let d = start + Duration::from_secs(10);
+    // One sent (one backward credit), one queued behind it.
+    assert_eq!(
+        h.resp
+            .back_call_until(1, back_call_message(1), Some(d))
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(
+        h.resp
+            .back_call_until(2, back_call_message(2), Some(d))
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(h.resp.next_deadline(), Some(d));
+    h.resp.connection_closed();
+    // Nothing left due (the driver tells their callers), nothing outstanding, nothing more.
+    assert_eq!(h.resp.next_deadline(), None);
+    assert_eq!(h.resp.back_outstanding(), 0);
+    assert_eq!(
+        h.resp.back_call_until(3, back_call_message(3), Some(d)),
+        Err(BackError::Closed)
+    );
+    assert_eq!(
+        h.resp.back_call(4, back_call_message(4)),
+        Err(BackError::Closed)
+    );
+    assert_eq!(h.resp.poll_back(), Vec::new());
 }

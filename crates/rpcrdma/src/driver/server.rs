@@ -168,6 +168,10 @@ impl ServerConnection {
         };
         let actions = match sent {
             Ok(a) => a,
+            Err(responder::BackError::Closed) => {
+                c.back_waiters.lock().remove(&xid);
+                return Err(RpcError::Closed);
+            }
             Err(err) => {
                 c.back_waiters.lock().remove(&xid);
                 return Err(RpcError::Transport(err.to_string()));
@@ -401,13 +405,16 @@ async fn serve_connection(
     }
     sh.conns.lock().remove(&conn_id);
     timer_task.abort();
-    sc.back_waiters.lock().clear();
     let lost = {
         let mut r = resp.lock();
-        // No call starts RDMA Reads from now on, and no Read deadline is left to wait for.
+        // No call starts RDMA Reads from now on, no backward call is accepted, and no
+        // deadline is left to wait for (the timer is gone).
         r.connection_closed();
         r.take_lost()
     };
+    // After the Responder is closed: a backward call either was accepted before (its waiter
+    // is in the map by then, and ends here) or is refused.
+    sc.back_waiters.lock().clear();
     sh.lost.lock().record(peer.ip(), lost);
     // Calls waiting for memory (their Read chunks' sinks, their replies) end at once instead
     // of being given it once other calls of this connection let theirs go.

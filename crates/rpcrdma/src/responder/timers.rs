@@ -134,9 +134,14 @@ impl Responder {
 
     /// The driver's connection is gone (its queue pair in error, its completions no longer
     /// waited for): no RDMA Reads start from now on ([`Responder::reads_started`] says
-    /// `false`), and no Read deadline is left to wait for.
+    /// `false`), no backward call is accepted ([`BackError::Closed`](super::BackError)), and
+    /// nothing is left due: the backward calls under way are dropped (the driver tells their
+    /// callers the connection is gone).
     pub fn connection_closed(&mut self) {
         self.deadlines.close();
+        self.deadlines.back.clear();
+        self.back_queue.clear();
+        self.back_outstanding.clear();
     }
 
     /// Whether the connection is closing or closed (see [`Responder::reads_started`]).
