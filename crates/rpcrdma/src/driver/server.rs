@@ -64,6 +64,18 @@ struct ServerConn {
 }
 
 impl ServerConn {
+    /// A call found no memory for `what`: a warning, unless the connection had closed while
+    /// the call waited (its share refuses everything then; nothing was short).
+    fn no_memory(&self, e: &oncrpc::BudgetError, what: &str) {
+        if matches!(e, oncrpc::BudgetError::Closed { .. }) {
+            tracing::debug!(peer = %self.peer,
+                "the connection closed while a call waited for memory for {what}");
+        } else {
+            tracing::warn!(peer = %self.peer, error = %e,
+                "no memory for {what}; closing the connection");
+        }
+    }
+
     /// Wake the timer if the Responder's next deadline is earlier than what it sleeps until.
     /// Called with the Responder locked (as the timer sets `armed`), so no deadline is missed.
     fn arm(&self, resp: &Responder) {
@@ -690,8 +702,7 @@ async fn handle_incoming(
                     {
                         Ok(r) => held.push(r),
                         Err(e) => {
-                            tracing::warn!(peer = %sc.peer, error = %e,
-                                "no memory for a call's reply; closing the connection");
+                            sc.no_memory(&e, "a call's reply");
                             // RFC 8166 §4.5.4: a reply that cannot be sent closes the connection.
                             let xid = call.token.xid;
                             let a = resp.lock().send_failed(Some(xid), false);
@@ -727,8 +738,7 @@ async fn handle_incoming(
                 let actions = match hold_in_budget(actions, &sc.budget, timeout, pre).await {
                     Ok(a) => a,
                     Err(e) => {
-                        tracing::warn!(peer = %sc.peer, error = %e,
-                            "no memory for a reply; closing the connection");
+                        sc.no_memory(&e, "a reply");
                         // RFC 8166 §4.5.4: a reply that cannot be sent closes the connection
                         // (no operational error: the retransmission is executed again).
                         let a = resp.lock().send_failed(Some(xid), false);
