@@ -15,7 +15,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// Why a reservation was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,6 +37,9 @@ pub enum BudgetError {
         used: usize,
         limit: usize,
     },
+    /// The connection is closed ([`ConnBudget::close`]): it reserves nothing more.
+    #[error("connection closed: {requested} bytes requested")]
+    Closed { requested: usize },
 }
 
 /// A server-wide byte budget shared by all of its connections.
@@ -135,6 +138,7 @@ impl MemoryBudget {
         Arc::new(ConnBudget {
             server: self.clone(),
             used: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -173,6 +177,8 @@ impl MemoryBudget {
 pub struct ConnBudget {
     server: Arc<MemoryBudget>,
     used: AtomicUsize,
+    /// Set by [`ConnBudget::close`]: every reservation asked for from then on is refused.
+    closed: AtomicBool,
 }
 
 impl fmt::Debug for ConnBudget {
@@ -191,8 +197,29 @@ impl Drop for ConnBudget {
 }
 
 impl ConnBudget {
+    /// The connection is gone: refuse every reservation from now on, and end at once the ones
+    /// waiting for memory ([`ConnBudget::reserve`], [`ConnBudget::reserve_queued`]) with
+    /// [`BudgetError::Closed`]. What is already reserved stays so until it is dropped.
+    ///
+    /// A call of a closed connection that waited for memory would otherwise go on waiting
+    /// (holding the connection's state, and so its share) and, once given memory, start work
+    /// for a peer that is no longer there.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        // The waiters re-check `closed` when woken (they registered before checking it).
+        self.server.freed.notify_waiters();
+    }
+
+    /// Whether [`ConnBudget::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
     /// Reserve `bytes`, or say which limit refuses them. Nothing is reserved on refusal.
     pub fn try_reserve(self: &Arc<Self>, bytes: usize) -> Result<Reservation, BudgetError> {
+        if self.is_closed() {
+            return Err(BudgetError::Closed { requested: bytes });
+        }
         let limit = self.limit();
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
@@ -224,7 +251,8 @@ impl ConnBudget {
 
     /// Reserve `bytes`, waiting up to `wait` for other reservations to be given back (the
     /// queueing form of backpressure). A request larger than the connection's whole limit
-    /// fails at once: no amount of waiting would satisfy it.
+    /// fails at once: no amount of waiting would satisfy it. So does every request once the
+    /// connection is closed, the waiting ones included ([`ConnBudget::close`]).
     pub async fn reserve(
         self: &Arc<Self>,
         bytes: usize,
@@ -239,7 +267,7 @@ impl ConnBudget {
             freed.as_mut().enable();
             match self.try_reserve(bytes) {
                 Ok(r) => return Ok(r),
-                Err(e) if bytes > self.limit() || bytes > self.server.limit => return Err(e),
+                Err(e) if self.never_satisfiable(&e, bytes) => return Err(e),
                 Err(e) => {
                     if tokio::time::timeout_at(deadline, freed).await.is_err() {
                         return Err(e);
@@ -252,7 +280,8 @@ impl ConnBudget {
     /// Reserve `bytes`, waiting for as long as it takes for other reservations to be given
     /// back (the caller decides when to stop waiting, by dropping the future). Fails at once
     /// only for a request no amount of waiting would satisfy: larger than the connection's
-    /// or the server's whole limit.
+    /// or the server's whole limit, or made of a closed connection (a waiting one ends when
+    /// it closes).
     pub async fn reserve_queued(
         self: &Arc<Self>,
         bytes: usize,
@@ -263,10 +292,16 @@ impl ConnBudget {
             freed.as_mut().enable();
             match self.try_reserve(bytes) {
                 Ok(r) => return Ok(r),
-                Err(e) if bytes > self.limit() || bytes > self.server.limit => return Err(e),
+                Err(e) if self.never_satisfiable(&e, bytes) => return Err(e),
                 Err(_) => freed.await,
             }
         }
+    }
+
+    /// A refusal no amount of waiting would turn around: the connection is closed, or `bytes`
+    /// is over its or the server's whole limit.
+    fn never_satisfiable(&self, e: &BudgetError, bytes: usize) -> bool {
+        matches!(e, BudgetError::Closed { .. }) || bytes > self.limit() || bytes > self.server.limit
     }
 
     /// An empty reservation on this connection, to [`Reservation::merge`] others into.
@@ -400,6 +435,7 @@ fn machine_default_limit() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn reservations_are_bounded_per_connection_and_per_server() {
@@ -552,6 +588,50 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    #[tokio::test]
+    async fn closing_a_connection_ends_its_waiting_reservations_at_once() {
+        let b = MemoryBudget::new(100, 100);
+        let (c, other) = (b.connection(), b.connection());
+        let held = other.try_reserve(90).unwrap();
+        // Both wait for memory that only `held` could give, and no deadline comes in this test.
+        let (c1, c2) = (c.clone(), c.clone());
+        let timed = tokio::spawn(async move { c1.reserve(50, Duration::from_secs(3600)).await });
+        let queued = tokio::spawn(async move { c2.reserve_queued(50).await });
+        // Let both register and find no room (a current-thread runtime: they run as this
+        // task yields).
+        for _ in 0..100 {
+            if b.refusals() >= 2 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(b.refusals(), 2, "both are waiting");
+        assert!(!timed.is_finished() && !queued.is_finished());
+        c.close();
+        assert!(c.is_closed());
+        assert_eq!(
+            timed.await.unwrap().unwrap_err(),
+            BudgetError::Closed { requested: 50 }
+        );
+        assert_eq!(
+            queued.await.unwrap().unwrap_err(),
+            BudgetError::Closed { requested: 50 }
+        );
+        // Nothing more for it, whatever the room; the other connection is unaffected.
+        drop(held);
+        assert!(matches!(
+            c.try_reserve(1),
+            Err(BudgetError::Closed { requested: 1 })
+        ));
+        assert!(matches!(
+            c.reserve(1, Duration::from_secs(3600)).await,
+            Err(BudgetError::Closed { .. })
+        ));
+        assert_eq!(other.try_reserve(100).unwrap().bytes(), 100);
+        drop((c, other));
+        assert_eq!((b.used(), b.connections()), (0, 0));
     }
 
     #[test]

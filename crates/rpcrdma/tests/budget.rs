@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use oncrpc::{CallRequest, MemoryBudget, ReplyExpectation, RpcTransport};
+use oncrpc::{CallRequest, MemoryBudget, ReplyExpectation, RpcError, RpcTransport};
 use rpcrdma::engine::Config;
 use rpcrdma::ulb::UpperLayerBinding;
 use rpcrdma::{RdmaClient, RdmaServer, TransportConfig};
@@ -37,7 +37,13 @@ fn ulb_list() -> Vec<Arc<dyn UpperLayerBinding>> {
 }
 
 async fn server(budget: Arc<MemoryBudget>) -> RdmaServer {
+    server_with(budget, TransportConfig::default().rdma_timeout).await
+}
+
+/// A server whose calls wait up to `rdma_timeout` for memory and for their RDMA Reads.
+async fn server_with(budget: Arc<MemoryBudget>, rdma_timeout: Duration) -> RdmaServer {
     let cfg = TransportConfig {
+        rdma_timeout,
         rpc: Config {
             credits: 32,
             ..Config::default()
@@ -153,4 +159,100 @@ async fn a_connection_whose_receive_buffers_do_not_fit_is_refused() {
         third.call(echo_req(2, d.clone())).await.unwrap(),
         echo_results_bytes(2, &d, &[])
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_for_memory_ends_when_its_connection_closes() {
+    // Issue 20. A call whose Read chunk needs memory the budget does not have waits for it;
+    // its connection closes meanwhile. The call ends with the connection: it neither keeps the
+    // connection's share (and its receive buffers' reservation) until its wait runs out, nor
+    // is given memory later to post RDMA Reads on a queue pair nobody routes completions of
+    // any more, where its wait and its reservation would never end.
+    let budget = MemoryBudget::new(4 << 20, 4 << 20);
+    // No deadline of the server's ends the wait within this test.
+    let srv = server_with(budget.clone(), Duration::from_secs(3600)).await;
+    let c = Arc::new(client(&srv).await.unwrap());
+    eventually("the connection counted", || budget.connections() == 1).await;
+    // Everything the connection's receive buffers left is held elsewhere.
+    let other = budget.connection();
+    let hog = other.try_reserve(budget.limit() - budget.used()).unwrap();
+    let refusals = budget.refusals();
+    let call = {
+        let c = c.clone();
+        tokio::spawn(async move { c.call(echo_req(1, Bytes::from(vec![0x33; 1 << 20]))).await })
+    };
+    eventually("the call waits for memory", || budget.refusals() > refusals).await;
+    assert!(!call.is_finished());
+    // The client goes away.
+    c.disconnect().await;
+    assert!(call.await.unwrap().is_err(), "the call is not answered");
+    drop(c);
+    eventually("the closed connection released", || {
+        budget.connections() == 1
+    })
+    .await;
+    assert_eq!(
+        budget.used(),
+        hog.bytes(),
+        "nothing held for the closed connection"
+    );
+    // The memory comes back: nothing of the closed connection takes it.
+    drop(hog);
+    assert_eq!(budget.used(), 0);
+    drop(other);
+    assert_eq!(budget.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backward_call_on_a_closed_connection_ends_at_once() {
+    // Issue 20, the backward direction: a call made through a handle on a connection that has
+    // closed is refused (or ended by the close), not left waiting for a deadline no timer
+    // watches any more, holding the connection's share.
+    let budget = MemoryBudget::new(4 << 20, 4 << 20);
+    let srv = server_with(budget.clone(), Duration::from_secs(3600)).await;
+    let back =
+        oncrpc::Dispatcher::new().with(Arc::new(oncrpc::null::NullProgram::new(0x4000_0000, 1, 1)));
+    let cfg = TransportConfig {
+        rpc: Config {
+            credits: 32,
+            ..Config::default()
+        },
+        device: Some(Device::soft_iwarp()),
+        reconnect_attempts: 0,
+        ..TransportConfig::default()
+    };
+    let c = RdmaClient::connect_with(srv.local_addr(), cfg, ulb_list(), Some(back))
+        .await
+        .unwrap();
+    // A forward call: the server has registered the connection by its reply.
+    c.call(CallRequest::null(PROG, VERS)).await.unwrap();
+    let sc = srv.connections().pop().expect("the connection");
+    sc.enable_backchannel();
+    assert_eq!(
+        sc.back_call(0x4000_0000, 1, 0, |_| {}, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        Bytes::new()
+    );
+    c.disconnect().await;
+    drop(c);
+    eventually("the server saw the connection close", || {
+        srv.connections().is_empty()
+    })
+    .await;
+    // The caller's own timeout is an hour; the bound here only keeps a failure finite.
+    let r = tokio::time::timeout(
+        Duration::from_secs(60),
+        sc.back_call(0x4000_0000, 1, 0, |_| {}, Duration::from_secs(3600)),
+    )
+    .await
+    .expect("a backward call on a closed connection ends");
+    assert!(matches!(r, Err(RpcError::Closed)), "{r:?}");
+    // The handle was all that held the connection: its memory is back with it.
+    drop(sc);
+    eventually("the closed connection released", || {
+        budget.connections() == 0
+    })
+    .await;
+    assert_eq!(budget.used(), 0);
 }

@@ -179,6 +179,8 @@ pub(super) struct Router {
     pub(super) on_reply_failed: Mutex<Option<ReplyFailed>>,
     /// A completion failed with an RDMA operational error (not a flush).
     pub(super) op_error: std::sync::atomic::AtomicBool,
+    /// Set under the `waiters` lock by [`Router::close`]: nothing routes completions any more.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 pub(super) type ReplyFailed = Box<dyn Fn(u32) + Send + Sync>;
@@ -191,10 +193,26 @@ impl Router {
         self.next.fetch_add(1, Ordering::Relaxed) + 1
     }
 
+    /// A wait for the completion of work request `id`. Once the router is closed the wait
+    /// ends at once (its sender dropped: the caller counts it flushed), as the completion
+    /// would never be routed to it.
     pub(super) fn wait(&self, id: u64) -> oneshot::Receiver<WcStatus> {
         let (tx, rx) = oneshot::channel();
-        self.waiters.lock().insert(id, tx);
+        let mut waiters = self.waiters.lock();
+        if !self.closed.load(Ordering::Relaxed) {
+            waiters.insert(id, tx);
+        }
         rx
+    }
+
+    /// The connection is gone and its completions are no longer routed: end every wait, the
+    /// ones made from now on included ([`Router::wait`]). A call that posts its RDMA Reads
+    /// after the connection's teardown (its QP flushes them into a queue nobody reads) would
+    /// otherwise wait for ever, holding its sink and its memory budget (issue 20).
+    pub(super) fn close(&self) {
+        let mut waiters = self.waiters.lock();
+        self.closed.store(true, Ordering::Relaxed);
+        waiters.clear();
     }
 
     /// Record a send-queue completion's status: anything but success or a flush is an RDMA
@@ -417,4 +435,25 @@ pub(super) fn recv_pool(
     (0..nrecv)
         .map(|_| pd.register_len(recv_size, Access::LOCAL_WRITE))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::oneshot::error::TryRecvError;
+
+    #[test]
+    fn a_closed_router_ends_every_wait_the_later_ones_included() {
+        let r = Router::default();
+        let mut before = r.wait(r.id());
+        assert_eq!(before.try_recv(), Err(TryRecvError::Empty));
+        r.close();
+        // Waiting: ended by the close.
+        assert_eq!(before.try_recv(), Err(TryRecvError::Closed));
+        // Begun after it (a call that posts its RDMA Reads on a connection already torn
+        // down): ended at once, as its completion will never be routed.
+        let mut after = r.wait(r.id());
+        assert_eq!(after.try_recv(), Err(TryRecvError::Closed));
+        assert!(r.waiters.lock().is_empty());
+    }
 }

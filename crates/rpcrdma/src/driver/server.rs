@@ -64,6 +64,18 @@ struct ServerConn {
 }
 
 impl ServerConn {
+    /// A call found no memory for `what`: a warning, unless the connection had closed while
+    /// the call waited (its share refuses everything then; nothing was short).
+    fn no_memory(&self, e: &oncrpc::BudgetError, what: &str) {
+        if matches!(e, oncrpc::BudgetError::Closed { .. }) {
+            tracing::debug!(peer = %self.peer,
+                "the connection closed while a call waited for memory for {what}");
+        } else {
+            tracing::warn!(peer = %self.peer, error = %e,
+                "no memory for {what}; closing the connection");
+        }
+    }
+
     /// Wake the timer if the Responder's next deadline is earlier than what it sleeps until.
     /// Called with the Responder locked (as the timer sets `armed`), so no deadline is missed.
     fn arm(&self, resp: &Responder) {
@@ -168,6 +180,10 @@ impl ServerConnection {
         };
         let actions = match sent {
             Ok(a) => a,
+            Err(responder::BackError::Closed) => {
+                c.back_waiters.lock().remove(&xid);
+                return Err(RpcError::Closed);
+            }
             Err(err) => {
                 c.back_waiters.lock().remove(&xid);
                 return Err(RpcError::Transport(err.to_string()));
@@ -401,14 +417,26 @@ async fn serve_connection(
     }
     sh.conns.lock().remove(&conn_id);
     timer_task.abort();
+    let lost = {
+        let mut r = resp.lock();
+        // No call starts RDMA Reads from now on, no backward call is accepted, and no
+        // deadline is left to wait for (the timer is gone).
+        r.connection_closed();
+        r.take_lost()
+    };
+    // After the Responder is closed: a backward call either was accepted before (its waiter
+    // is in the map by then, and ends here) or is refused.
     sc.back_waiters.lock().clear();
-    let lost = resp.lock().take_lost();
     sh.lost.lock().record(peer.ip(), lost);
+    // Calls waiting for memory (their Read chunks' sinks, their replies) end at once instead
+    // of being given it once other calls of this connection let theirs go.
+    sc.budget.close();
     link.conn.disconnect().await;
     link.router_task.abort();
     // Calls still waiting for an RDMA Read (a peer that never answered) end now, so their
-    // sinks and memory go back at once rather than whenever the tasks are next polled.
-    link.router.waiters.lock().clear();
+    // sinks and memory go back at once rather than whenever the tasks are next polled; and a
+    // wait begun after this point ends at once (nothing routes its completion any more).
+    link.router.close();
     // Replies flushed by the disconnect that the router did not get to (it may be cancelled
     // mid-way; what it did report is already recorded).
     while let Some(c) = scq.try_next() {
@@ -593,6 +621,12 @@ async fn handle_incoming(
                     + reply_estimate(p.reply_offered_len());
                 match sc.budget.reserve(want, timeout).await {
                     Ok(r) => held.push(r),
+                    // The connection closed while the call waited: it is dropped.
+                    Err(oncrpc::BudgetError::Closed { .. }) => {
+                        let a = resp.lock().reads_failed(p);
+                        perform(a, link, resp, None).await;
+                        return;
+                    }
                     Err(e) => {
                         tracing::warn!(peer = %sc.peer, error = %e,
                             "no memory for a call's Read chunks; closing the connection");
@@ -605,10 +639,18 @@ async fn handle_incoming(
                 // The Responder owns the Reads' deadline (`TransportConfig::rdma_timeout`): a
                 // peer that does not answer them in time loses the connection, which ends
                 // the waits below.
-                {
+                // (A call that waited for its memory while the connection closed posts nothing:
+                // its Reads would be flushed, or never completed.)
+                let refused = {
                     let mut r = resp.lock();
-                    r.reads_started(&p, Instant::now());
+                    let started = r.reads_started(&p, Instant::now());
                     sc.arm(&r);
+                    !started
+                };
+                if refused {
+                    let a = resp.lock().reads_failed(p);
+                    perform(a, link, resp, None).await;
+                    return;
                 }
                 let read = match p.frame() {
                     // One chunk in the middle of the call (an NFS WRITE's data): pull it into
@@ -660,8 +702,7 @@ async fn handle_incoming(
                     {
                         Ok(r) => held.push(r),
                         Err(e) => {
-                            tracing::warn!(peer = %sc.peer, error = %e,
-                                "no memory for a call's reply; closing the connection");
+                            sc.no_memory(&e, "a call's reply");
                             // RFC 8166 §4.5.4: a reply that cannot be sent closes the connection.
                             let xid = call.token.xid;
                             let a = resp.lock().send_failed(Some(xid), false);
@@ -697,8 +738,7 @@ async fn handle_incoming(
                 let actions = match hold_in_budget(actions, &sc.budget, timeout, pre).await {
                     Ok(a) => a,
                     Err(e) => {
-                        tracing::warn!(peer = %sc.peer, error = %e,
-                            "no memory for a reply; closing the connection");
+                        sc.no_memory(&e, "a reply");
                         // RFC 8166 §4.5.4: a reply that cannot be sent closes the connection
                         // (no operational error: the retransmission is executed again).
                         let a = resp.lock().send_failed(Some(xid), false);

@@ -39,6 +39,11 @@ impl Responder {
         message: Bytes,
         deadline: Option<Instant>,
     ) -> Result<Vec<Action>, BackError> {
+        // A closed connection's calls would never be answered, and no deadline of it is
+        // waited for any more.
+        if self.is_closed() {
+            return Err(BackError::Closed);
+        }
         if !self.back_ready {
             return Err(BackError::NotReady);
         }

@@ -182,6 +182,9 @@ pub enum BackError {
     /// RFC 8167 §6: backward messages travel inline only.
     #[error("backward call of {0} bytes exceeds the inline threshold")]
     TooLarge(usize),
+    /// The connection is closing or closed ([`Responder::is_closed`]).
+    #[error("the connection is closed")]
+    Closed,
 }
 
 /// One connection's Responder.

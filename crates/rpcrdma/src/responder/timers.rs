@@ -18,6 +18,8 @@ pub(super) struct Deadlines {
     next_read: u64,
     /// Backward calls (queued or sent) by XID.
     back: HashMap<u32, Instant>,
+    /// The connection is closing or closed: no RDMA Reads start any more.
+    closed: bool,
 }
 
 /// What expired at some `now`.
@@ -36,11 +38,23 @@ impl Deadlines {
         self.next_read
     }
 
-    /// The driver posted the RDMA Reads of call `id` at `now`.
-    pub(super) fn reads_started(&mut self, id: u64, now: Instant) {
+    /// The driver is about to post the RDMA Reads of call `id` at `now`; `false` once the
+    /// connection is closed.
+    pub(super) fn reads_started(&mut self, id: u64, now: Instant) -> bool {
+        if self.closed {
+            return false;
+        }
         if let Some(t) = self.read_timeout {
             self.reads.insert(id, now + t);
         }
+        true
+    }
+
+    /// No more Reads: the connection is closing. The deadlines of those under way go (the
+    /// connection's end fails them).
+    pub(super) fn close(&mut self) {
+        self.closed = true;
+        self.reads.clear();
     }
 
     /// The Reads of call `id` completed or failed.
@@ -98,10 +112,15 @@ impl Responder {
         self.deadlines.read_timeout = timeout;
     }
 
-    /// The driver posted the RDMA Reads of `p` at `now`: they are due by `now` plus the read
-    /// timeout.
-    pub fn reads_started(&mut self, p: &PendingCall, now: Instant) {
-        self.deadlines.reads_started(p.id, now);
+    /// The driver is about to post the RDMA Reads of `p` at `now`: they are due by `now` plus
+    /// the read timeout. `false` once the connection is closing (the Responder asked for
+    /// [`Action::Close`], or [`Responder::connection_closed`]): the driver posts nothing and
+    /// drops the call ([`Responder::reads_failed`]). Reads posted on a closed connection would
+    /// be flushed at best; and once its completions are no longer routed, their waits (and
+    /// the memory the call holds for them) would never end.
+    #[must_use = "false: the Reads must not be posted"]
+    pub fn reads_started(&mut self, p: &PendingCall, now: Instant) -> bool {
+        self.deadlines.reads_started(p.id, now)
     }
 
     /// The RDMA Reads of `p` failed (or could not be posted): RFC 8166 §4.5.3, RDMA operational
@@ -109,7 +128,25 @@ impl Responder {
     #[must_use = "every action the engine returns must be performed"]
     pub fn reads_failed(&mut self, p: PendingCall) -> Vec<Action> {
         self.deadlines.reads_done(p.id);
+        self.deadlines.close();
         vec![Action::Close]
+    }
+
+    /// The driver's connection is gone (its queue pair in error, its completions no longer
+    /// waited for): no RDMA Reads start from now on ([`Responder::reads_started`] says
+    /// `false`), no backward call is accepted ([`BackError::Closed`](super::BackError)), and
+    /// nothing is left due: the backward calls under way are dropped (the driver tells their
+    /// callers the connection is gone).
+    pub fn connection_closed(&mut self) {
+        self.deadlines.close();
+        self.deadlines.back.clear();
+        self.back_queue.clear();
+        self.back_outstanding.clear();
+    }
+
+    /// Whether the connection is closing or closed (see [`Responder::reads_started`]).
+    pub fn is_closed(&self) -> bool {
+        self.deadlines.closed
     }
 
     /// The earliest deadline of this connection: RDMA Reads of a call's Read chunks, backward
@@ -126,6 +163,7 @@ impl Responder {
         let mut actions = Vec::new();
         if expired.reads {
             tracing::info!("the peer did not answer an RDMA Read in time; closing the connection");
+            self.deadlines.close();
             actions.push(Action::Close);
         }
         for &xid in &expired.back_calls {
