@@ -237,3 +237,52 @@ async fn a_connection_without_room_for_its_receive_buffer_is_refused() {
     eventually("a new connection accepted", || budget.connections() == 1).await;
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_while_its_call_waits_for_memory_gives_it_back_at_once() {
+    // 1 MiB for the server. `waiting` connects first (its receive buffer fits), then
+    // `hostile` fills the rest with replies it never reads, so `waiting`'s next call finds no
+    // memory for its reply and its reader waits. Nothing `hostile` holds will ever come back.
+    let budget = MemoryBudget::new(1 << 20, 1 << 20);
+    let server = TcpServer::bind(
+        "127.0.0.1:0",
+        Arc::new(Dispatcher::new().with(Arc::new(BigReplies))),
+        ServerConfig::default().with_budget(budget.clone()),
+    )
+    .await
+    .unwrap();
+    let mut waiting = TcpStream::connect(server.local_addr()).await.unwrap();
+    eventually("the first connection in the budget", || {
+        budget.connections() == 1
+    })
+    .await;
+    let mut hostile = TcpStream::connect(server.local_addr()).await.unwrap();
+    for xid in 0..CALLS {
+        write_record(&mut hostile, &call(xid)).await.unwrap();
+    }
+    eventually("the hostile connection's reader waits for memory", || {
+        budget.connections() == 2 && budget.refusals() > 0
+    })
+    .await;
+    let refusals = budget.refusals();
+    write_record(&mut waiting, &call(CALLS)).await.unwrap();
+    eventually("the other connection's call waits for memory too", || {
+        budget.refusals() > refusals
+    })
+    .await;
+    let before = budget.used();
+    // The waiting client goes. Its memory comes back now, though the hostile connection
+    // still holds all the rest (before this change it waited for that memory first).
+    drop(waiting);
+    eventually("the departed connection's memory back", || {
+        budget.connections() == 1 && budget.used() < before
+    })
+    .await;
+    assert!(budget.peak() <= budget.limit());
+    drop(hostile);
+    eventually("everything given back", || {
+        budget.connections() == 0 && budget.used() == 0
+    })
+    .await;
+    server.shutdown().await;
+}

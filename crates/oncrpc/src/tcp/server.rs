@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
@@ -403,6 +403,18 @@ async fn cut_fired(cut: &mut Option<watch::Receiver<u64>>) {
     std::future::pending().await
 }
 
+/// Resolves when the peer has closed its end of the connection (or the socket failed) with no
+/// byte of it left to read; never while bytes are waiting (the end, if any, lies behind them).
+/// The reader waits on this while it waits for memory, so a peer that goes away then gives its
+/// memory back at once, not when other connections free theirs.
+async fn peer_gone(rd: &mut OwnedReadHalf) {
+    let mut b = [0u8; 1];
+    match rd.peek(&mut b).await {
+        Ok(0) | Err(_) => {}
+        Ok(_) => std::future::pending().await,
+    }
+}
+
 /// What a connection holds in its server's [`MemoryBudget`].
 struct ConnMemory {
     share: Arc<ConnBudget>,
@@ -529,6 +541,19 @@ async fn serve_conn(
         };
     }
 
+    // The same, for the waits on memory: the peer going away ends them too.
+    macro_rules! unless_stopped_or_gone {
+        ($fut:expr) => {
+            tokio::select! {
+                v = $fut => Ok(v),
+                _ = shutdown.changed() => Err(Stop::Drain),
+                _ = writer_gone.notified() => Err(Stop::Drain),
+                _ = cut_fired(&mut cut) => Err(Stop::Cut),
+                _ = peer_gone(&mut rd) => Err(Stop::Drain),
+            }
+        };
+    }
+
     let stop = 'conn: loop {
         loop {
             let record = match decoder.decode(&mut buf) {
@@ -561,7 +586,7 @@ async fn serve_conn(
                             .reply_estimate
                             .max(queue.largest.load(Ordering::Relaxed))
                     });
-                    match unless_stopped!(m.for_call(record.len(), estimate)) {
+                    match unless_stopped_or_gone!(m.for_call(record.len(), estimate)) {
                         Ok(Ok(r)) => Some(r),
                         Ok(Err(e)) => {
                             tracing::warn!(peer = ?context.peer, error = %e,
@@ -581,7 +606,7 @@ async fn serve_conn(
         }
         // A record whose length is known is reserved in full before its bytes are read.
         if let Some(m) = memory.as_mut() {
-            match unless_stopped!(m.cover_receive(&decoder)) {
+            match unless_stopped_or_gone!(m.cover_receive(&decoder)) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     tracing::warn!(peer = ?context.peer, error = %e, "closing RPC/TCP connection");
