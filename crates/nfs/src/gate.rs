@@ -34,6 +34,7 @@ use crate::mount::{
 use crate::mountd::{self, MountSource};
 use crate::nfs3::{self, Nfsstat3, proc_};
 use crate::server::{ExportOptions, NfsServer};
+use crate::verifier::Verifier;
 use crate::vfs::{Export, HandleData};
 
 /// One export and the server behind it.
@@ -60,6 +61,8 @@ pub struct ExportTable {
     /// Replaced whole by [`ExportTable::reload`]; calls take a snapshot.
     exports: RwLock<Arc<Vec<Arc<Exported>>>>,
     drc: Option<DrcConfig>,
+    /// The write verifier of every export's server ([`crate::verifier`]).
+    verf: Verifier,
     /// Extra names MNT accepts for the only export of the single-directory shorthand ("/",
     /// which the interop lab and older setups mount, and `--export NAME`).
     aliases: Vec<String>,
@@ -68,12 +71,23 @@ pub struct ExportTable {
 }
 
 impl ExportTable {
-    /// Open every export of `exports` (blocking: directories are opened and stat'ed).
+    /// Open every export of `exports` (blocking: directories are opened and stat'ed), with a
+    /// new write verifier.
     pub fn open(exports: &Exports, drc: Option<DrcConfig>) -> std::io::Result<Self> {
-        let list = Self::build(exports, drc, &[])?;
+        Self::open_with_verifier(exports, drc, crate::verifier::fresh())
+    }
+
+    /// [`ExportTable::open`] with this write verifier (one kept across a clean restart).
+    pub fn open_with_verifier(
+        exports: &Exports,
+        drc: Option<DrcConfig>,
+        verf: Verifier,
+    ) -> std::io::Result<Self> {
+        let list = Self::build(exports, drc, verf, &[])?;
         Ok(ExportTable {
             exports: RwLock::new(Arc::new(list)),
             drc,
+            verf,
             aliases: Vec::new(),
             mounts: Mutex::new(Vec::new()),
             logged: Mutex::new(HashSet::new()),
@@ -85,6 +99,7 @@ impl ExportTable {
     fn build(
         exports: &Exports,
         drc: Option<DrcConfig>,
+        verf: Verifier,
         keep: &[Arc<Exported>],
     ) -> std::io::Result<Vec<Arc<Exported>>> {
         let mut out: Vec<Arc<Exported>> = Vec::new();
@@ -102,13 +117,14 @@ impl ExportTable {
                             format!("export {}: {e}", entry.path.display()),
                         )
                     })?;
-                    let server = NfsServer::from_export(
+                    let server = NfsServer::with_verifier(
                         export,
                         ExportOptions {
                             read_only: false,
                             name: entry.path.to_string_lossy().into_owned(),
                         },
                         drc,
+                        verf,
                     );
                     let program = server.nfs_program();
                     (server, program)
@@ -141,7 +157,7 @@ impl ExportTable {
     /// client no longer listed is refused from its next call. On error the table is unchanged.
     pub fn reload(&self, exports: &Exports) -> std::io::Result<()> {
         let current = self.snapshot();
-        let list = Self::build(exports, self.drc, &current)?;
+        let list = Self::build(exports, self.drc, self.verf, &current)?;
         *self.exports.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(list);
         self.logged
             .lock()
@@ -166,6 +182,7 @@ impl ExportTable {
         name: Option<String>,
         read_only: bool,
         drc: Option<DrcConfig>,
+        verf: Verifier,
     ) -> std::io::Result<Self> {
         let path = dir.canonicalize()?;
         let exports = Exports {
@@ -182,9 +199,14 @@ impl ExportTable {
                 }],
             }],
         };
-        let mut t = Self::open(&exports, drc)?;
+        let mut t = Self::open_with_verifier(&exports, drc, verf)?;
         t.aliases = std::iter::once("/".to_string()).chain(name).collect();
         Ok(t)
+    }
+
+    /// The write verifier of every export (NFSv3 and NFSv4).
+    pub fn write_verifier(&self) -> Verifier {
+        self.verf
     }
 
     /// The exports served now.

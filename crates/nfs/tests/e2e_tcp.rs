@@ -30,6 +30,10 @@ async fn start_on(dir: &std::path::Path) -> Served {
         exports: None,
         drc: Some(nfs::drc::DrcConfig::default()),
         nfs4: Some(nfs::nfs4::server::Nfs4Config::default()),
+        rpcbind: None,
+        verifier_file: None,
+        control: None,
+        metrics: None,
     })
     .await
     .unwrap()
