@@ -13,12 +13,13 @@
 //!
 //! The MOUNT program accepts any directory at or below an export, as Linux's mountd does (the
 //! path below the export is walked one component at a time, never following symbolic links,
-//! so a mount cannot leave its export), and EXPORT lists the exports' real paths with their
+//! so a mount cannot leave its export; a path in no export, or with `..`, gets MNT3ERR_ACCES
+//! as from mountd), and EXPORT lists the exports' real paths with their
 //! client lists.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bytes::Bytes;
@@ -274,8 +275,14 @@ impl ExportTable {
             return MountRes::Err(Mountstat3::NoEnt);
         };
         let xs = self.snapshot();
-        let Some((x, rest)) = self.find_mount(&xs, p) else {
-            return MountRes::Err(Mountstat3::NoEnt);
+        // A path in no export, or one that climbs out of its export with "..", is refused as
+        // Linux's mountd and nfs-ganesha refuse it: MNT3ERR_ACCES ("not exported").
+        let Some((x, rest)) = self
+            .find_mount(&xs, p)
+            .filter(|(_, rest)| !rest.components().any(|c| c == Component::ParentDir))
+        else {
+            tracing::info!(client = ?peer, path = p, "MNT refused: not exported");
+            return MountRes::Err(Mountstat3::Acces);
         };
         if let Some(peer) = peer
             && self.admit(&x, peer).is_none()
