@@ -15,7 +15,9 @@ use clap::{Args, Subcommand};
 use nfs::serve::{ServeConfig, Served};
 use tools::nfs_bench::{self, BenchConfig, NFS_PORT};
 
-use super::{CmdResult, wait_for_signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+use super::CmdResult;
 
 /// The conventional NFS port (RFC 1813 / IANA).
 
@@ -269,6 +271,7 @@ async fn serve(a: ServeArgs) -> CmdResult {
         cfg.verifier_file = Some(d.join("write-verifier"));
     }
     drop(system_rpcbind);
+    let signals = Signals::install().map_err(|e| format!("cannot catch signals: {e}"))?;
     let served = nfs::serve::start(cfg)
         .await
         .map_err(|e| format!("cannot start the NFS server: {e}"))?;
@@ -304,10 +307,7 @@ async fn serve(a: ServeArgs) -> CmdResult {
         served.budget().clone(),
         a.memory_log.map(Duration::from_secs),
     ));
-    match &a.exports {
-        Some(file) => serve_until_signal(&served, file).await,
-        None => wait_for_signal().await,
-    }
+    serve_until_signal(&served, a.exports.as_deref(), signals).await;
     watcher.abort();
     eprintln!(
         "oxrdma: shutting down: new calls dropped, calls in progress get {} s",
@@ -379,39 +379,55 @@ async fn watch_memory(budget: Arc<oncrpc::MemoryBudget>, log: Option<Duration>) 
     }
 }
 
-/// Serve until Ctrl-C or SIGTERM; on SIGHUP re-read the exports file and serve what it says
-/// from then on, keeping every connection (a file that does not parse changes nothing).
-async fn serve_until_signal(served: &Served, file: &std::path::Path) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut hup) = signal(SignalKind::hangup()) {
-            let stop = wait_for_signal();
-            tokio::pin!(stop);
-            loop {
-                tokio::select! {
-                    _ = &mut stop => return,
-                    _ = hup.recv() => {
-                        let result = nfs::exports::Exports::load(file)
-                            .map_err(|e| e.to_string())
-                            .and_then(|e| served.reload(&e).map_err(|e| e.to_string()));
-                        match result {
-                            Ok(()) => {
-                                eprintln!("oxrdma: SIGHUP: re-read {}", file.display());
-                                for x in served.exports().iter() {
-                                    eprintln!("oxrdma:   exporting {}", x.entry.path.display());
-                                }
-                            }
-                            Err(e) => eprintln!(
-                                "oxrdma: SIGHUP: {e}; still serving the previous exports"
-                            ),
+/// SIGINT, SIGTERM and SIGHUP, caught from before the server says it is ready: a signal that
+/// arrives right after the ADDRS line must not find the default action (termination, with no
+/// clean shutdown) still in place.
+struct Signals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    fn install() -> io::Result<Self> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
+/// Serve until SIGINT (Ctrl-C) or SIGTERM; on SIGHUP re-read the exports file, if there is
+/// one, and serve what it says from then on, keeping every connection (a file that does not
+/// parse changes nothing).
+async fn serve_until_signal(served: &Served, file: Option<&std::path::Path>, mut sig: Signals) {
+    loop {
+        tokio::select! {
+            _ = sig.int.recv() => return,
+            _ = sig.term.recv() => return,
+            _ = sig.hup.recv() => {
+                let Some(file) = file else {
+                    eprintln!("oxrdma: SIGHUP: no exports file to re-read (serving DIR)");
+                    continue;
+                };
+                let result = nfs::exports::Exports::load(file)
+                    .map_err(|e| e.to_string())
+                    .and_then(|e| served.reload(&e).map_err(|e| e.to_string()));
+                match result {
+                    Ok(()) => {
+                        eprintln!("oxrdma: SIGHUP: re-read {}", file.display());
+                        for x in served.exports().iter() {
+                            eprintln!("oxrdma:   exporting {}", x.entry.path.display());
                         }
+                    }
+                    Err(e) => {
+                        eprintln!("oxrdma: SIGHUP: {e}; still serving the previous exports")
                     }
                 }
             }
         }
     }
-    wait_for_signal().await;
 }
 
 fn print_served(s: &Served, a: &ServeArgs) {
