@@ -27,9 +27,12 @@ pub enum NfsCommand {
     /// or SIGTERM.
     ///
     /// By default NFS and MOUNT listen on TCP 127.0.0.1:2049, NFS over RPC-over-RDMA
-    /// (soft-iWARP) on 127.0.0.1:20049 and the port mapper on 127.0.0.1:111. When 111 cannot
-    /// be bound (not root, or rpcbind already runs) the server warns and goes on without it;
-    /// clients then mount with explicit ports. Once listening it prints one parseable line,
+    /// (soft-iWARP) on 127.0.0.1:20049. When the system's rpcbind runs, NFS and MOUNT are
+    /// registered with it (and unregistered at shutdown); otherwise the server runs its own
+    /// port mapper on 127.0.0.1:111, or, when 111 cannot be bound (not root), warns and goes
+    /// on without one; clients then mount with explicit ports. SIGTERM stops it cleanly
+    /// (calls in progress finish; with --state-dir the write verifier is kept for the next
+    /// start). Once listening it prints one parseable line,
     /// `ADDRS nfs=tcp://A rdma=rdma://A mount=tcp://A portmap=tcp://A` ("-" for absent ones),
     /// then the mount commands a Linux client would use.
     Serve(Box<ServeArgs>),
