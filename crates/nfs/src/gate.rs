@@ -183,6 +183,16 @@ impl ExportTable {
         name: Option<String>,
         read_only: bool,
         drc: Option<DrcConfig>,
+    ) -> std::io::Result<Self> {
+        Self::single_with_verifier(dir, name, read_only, drc, crate::verifier::fresh())
+    }
+
+    /// [`ExportTable::single`] with this write verifier (one kept across a clean restart).
+    pub fn single_with_verifier(
+        dir: &Path,
+        name: Option<String>,
+        read_only: bool,
+        drc: Option<DrcConfig>,
         verf: Verifier,
     ) -> std::io::Result<Self> {
         let path = dir.canonicalize()?;

@@ -444,7 +444,7 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
         };
         let t = match exports {
             Some(e) => ExportTable::open_with_verifier(&e, drc, verf),
-            None => ExportTable::single(&export, name, read_only, drc, verf),
+            None => ExportTable::single_with_verifier(&export, name, read_only, drc, verf),
         }?;
         Ok::<_, io::Error>((Arc::new(t), verifier_file.zip(origin)))
     })
