@@ -304,8 +304,13 @@ impl Served {
             t.abort();
         }
         if let Some(r) = self.rdma.take() {
-            // Every call has been answered (or the grace period is over): close the
-            // connections, then stop accepting.
+            // Every call has produced its reply (or the grace period is over): close the
+            // connections, then stop accepting. Limitation: the transport posts a reply after
+            // the program returns it, and closing flushes Sends not yet transmitted, so a
+            // reply being posted at this very instant can still be lost (its client resends
+            // the call to the next instance, where the duplicate request cache does not
+            // remember it). Closing that window needs rpcrdma to report when every reply's
+            // Send has completed. Over TCP, `TcpServer::shutdown` writes every reply first.
             for c in r.connections() {
                 c.disconnect().await;
             }
