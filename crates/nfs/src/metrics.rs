@@ -89,6 +89,23 @@ impl Collector for StatusCollector {
         )?;
         counter(
             &mut enc,
+            "oxrdma_nfs4_operations",
+            "NFSv4 operations inside COMPOUND calls, per transport and operation.",
+            &s.nfs4_operations
+                .iter()
+                .map(|p| {
+                    (
+                        vec![
+                            ("transport", p.transport.to_string()),
+                            ("operation", p.procedure.to_string()),
+                        ],
+                        p.calls,
+                    )
+                })
+                .collect::<Vec<_>>(),
+        )?;
+        counter(
+            &mut enc,
             "oxrdma_nfs_received_bytes",
             "Argument bytes of the calls received (chunk payloads included).",
             &s.totals

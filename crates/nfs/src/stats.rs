@@ -69,6 +69,10 @@ const OTHER: usize = MOUNT_BASE + MOUNT3_PROCS.len();
 /// Counter slots per transport: every procedure above, and one for anything else.
 const SLOTS: usize = OTHER + 1;
 
+/// NFSv4 operations counted: every operation number up to NFSv4.2's last (RFC 8881 §16,
+/// RFC 7862, RFC 8276).
+const NFS4_OPS: usize = crate::nfs4::consts::op::REMOVEXATTR as usize + 1;
+
 /// The counter slot of a call.
 fn slot(prog: u32, vers: u32, proc_: u32) -> usize {
     let p = proc_ as usize;
@@ -97,6 +101,8 @@ fn slot_name(s: usize) -> (&'static str, &'static str) {
 #[derive(Debug)]
 struct PerTransport {
     calls: [AtomicU64; SLOTS],
+    /// NFSv4 operations inside COMPOUNDs, by operation number.
+    ops: [AtomicU64; NFS4_OPS],
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
     executing: AtomicU64,
@@ -106,6 +112,7 @@ impl Default for PerTransport {
     fn default() -> Self {
         PerTransport {
             calls: std::array::from_fn(|_| AtomicU64::new(0)),
+            ops: std::array::from_fn(|_| AtomicU64::new(0)),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
             executing: AtomicU64::new(0),
@@ -170,6 +177,27 @@ impl ServerStats {
                         transport: TRANSPORTS[t],
                         program,
                         procedure,
+                        calls,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// NFSv4 operations called at least once, per transport (program "nfs4", procedure the
+    /// operation's name), in operation order. A COMPOUND's operations are counted as its
+    /// arguments list them, also those after one that failed.
+    pub fn nfs4_operations(&self) -> Vec<ProcCount> {
+        let mut out = Vec::new();
+        for (t, per) in self.per.iter().enumerate() {
+            for (op, c) in per.ops.iter().enumerate() {
+                let calls = c.load(Ordering::Relaxed);
+                if calls > 0 {
+                    out.push(ProcCount {
+                        transport: TRANSPORTS[t],
+                        program: "nfs4",
+                        procedure: crate::nfs4::consts::op::name(op as u32),
                         calls,
                     });
                 }
@@ -278,6 +306,15 @@ impl Program for Counted {
             .fetch_add(1, Ordering::Relaxed);
         per.bytes_in
             .fetch_add(call.args.len() as u64, Ordering::Relaxed);
+        if (call.header.prog, call.header.vers, call.header.proc_) == (nfs3::PROGRAM, 4, 1)
+            && let Ok(scan) = crate::ulb::scan_compound(&call.args)
+        {
+            for op in scan.ops {
+                if let Some(c) = per.ops.get(op as usize) {
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
         per.executing.fetch_add(1, Ordering::AcqRel);
         let guard = Executing { stats: st, t };
         let fut = self.inner.call(call);
@@ -320,20 +357,47 @@ mod tests {
     }
 
     fn call(proc_: u32) -> Call {
+        call_v(3, proc_, bytes::Bytes::from_static(&[0; 8]))
+    }
+
+    fn call_v(vers: u32, proc_: u32, args: bytes::Bytes) -> Call {
         Call {
             header: CallHeader {
                 xid: 1,
                 prog: nfs3::PROGRAM,
-                vers: 3,
+                vers,
                 proc_,
                 cred: OpaqueAuth::none(),
                 verf: OpaqueAuth::none(),
             },
             credential: Credential::None,
-            args: bytes::Bytes::from_static(&[0; 8]),
+            args,
             context: CallContext::local(),
             reply_policy: Default::default(),
         }
+    }
+
+    #[tokio::test]
+    async fn compound_operations_are_counted_by_name() {
+        use crate::nfs4::consts::op;
+        let stats = ServerStats::new();
+        let release = Arc::new(Notify::new());
+        release.notify_one();
+        let p = stats.counted(Arc::new(Slow(release)));
+        // COMPOUND4args: empty tag, minor version 1, PUTROOTFH and GETFH (no arguments).
+        let mut e = xdr::Encoder::new();
+        for w in [0, 1, 2, op::PUTROOTFH, op::GETFH] {
+            e.put_u32(w);
+        }
+        let out = p.call(call_v(4, 1, e.into_bytes())).await;
+        assert!(matches!(out, Outcome::Success(_)));
+        let ops: Vec<_> = stats
+            .nfs4_operations()
+            .into_iter()
+            .map(|c| (c.transport, c.procedure, c.calls))
+            .collect();
+        assert_eq!(ops, vec![("local", "GETFH", 1), ("local", "PUTROOTFH", 1)]);
+        assert_eq!(stats.procedures()[0].procedure, "COMPOUND");
     }
 
     #[tokio::test]

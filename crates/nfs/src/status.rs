@@ -52,6 +52,8 @@ pub struct Status {
     pub rdma_credits_in_use: u64,
     pub totals: Vec<TransportTotals>,
     pub procedures: Vec<ProcCount>,
+    /// NFSv4 operations inside the COMPOUNDs.
+    pub nfs4_operations: Vec<ProcCount>,
     pub memory_used: usize,
     pub memory_limit: usize,
 }
@@ -139,6 +141,16 @@ impl Status {
                 p.transport, p.program, p.procedure, p.calls
             );
         }
+        if !self.nfs4_operations.is_empty() {
+            let _ = writeln!(o, "NFSv4 operations:");
+            for p in &self.nfs4_operations {
+                let _ = writeln!(
+                    o,
+                    "  {:<6} {:<20} {:>10}",
+                    p.transport, p.procedure, p.calls
+                );
+            }
+        }
         o
     }
 }
@@ -210,6 +222,7 @@ impl StatusSource {
             rdma_credits_in_use: rdma_in_use,
             totals,
             procedures: self.stats.procedures(),
+            nfs4_operations: self.stats.nfs4_operations(),
             memory_used: self.budget.used(),
             memory_limit: self.budget.limit(),
         }
