@@ -10,9 +10,14 @@
 #   tcp/explicit-ports   vers=3,proto=tcp,port=TP,mountport=MP,mountproto=tcp,nolock
 #   rdma/portmapper      vers=3,proto=rdma,port=RP,nolock: mount asks the host's portmapper on
 #                        111 for MOUNT; runs only as root with --portmap 127.0.0.1:111 and 111 free
+# Then a second server from an exports file (`nfs serve --exports`, DIR exported to 127.0.0.1,
+# which the guest's connections come from through QEMU's user network, `insecure` since they
+# come from unprivileged ports), and the guest mounts a subdirectory of the export, DIR/sub:
+#   rdma/exports-subdir  the rdma/explicit-ports options, EXPORT=DIR/sub
+#   tcp/exports-subdir   the tcp/explicit-ports options, EXPORT=DIR/sub
 . "$(dirname "$0")/../lib/common.sh"
 read -ra SUB <<<"${OX_NFS_SERVE_CMD:-nfs serve}"
-CELLS="rdma/explicit-ports tcp/explicit-ports rdma/portmapper"
+CELLS="rdma/explicit-ports tcp/explicit-ports rdma/portmapper rdma/exports-subdir tcp/exports-subdir"
 if ! ix_landed "${SUB[@]}"; then
     for c in $CELLS; do cell "$c" not-landed "oxrdma ${SUB[*]} missing"; done; exit 0
 fi
@@ -45,3 +50,23 @@ if [ ${#pm[@]} -gt 0 ]; then
 else
     cell rdma/portmapper skip "needs root and a free 127.0.0.1:111 for oxrdma's portmapper"
 fi
+
+# The exports-file cells: a subdirectory of an export, as Linux's mountd allows.
+kill "${pids[0]}" 2>/dev/null; wait "${pids[0]}" 2>/dev/null
+if [ "${SUB[*]}" != "nfs serve" ]; then
+    for c in rdma/exports-subdir tcp/exports-subdir; do cell "$c" skip "needs nfs serve --exports"; done; exit 0
+fi
+EXP=$(realpath "$DIR"); mkdir -p "$EXP/sub"
+printf '%s 127.0.0.1(rw,insecure,no_root_squash)\n' "$EXP" > "$IX_SCN_OUT/exports"
+"$OXRDMA" nfs serve --exports "$IX_SCN_OUT/exports" --rdma "127.0.0.1:$RP" --tcp "127.0.0.1:$TP" \
+    --no-portmap --no-control > "$IX_SCN_OUT/server-exports.log" 2>&1 &
+pids=($!)
+for i in $(seq 50); do ss -Hltn "sport = :$TP" | grep -q . && break; sleep 0.2; done
+if ! kill -0 "${pids[0]}" 2>/dev/null; then
+    for c in rdma/exports-subdir tcp/exports-subdir; do
+        cell "$c" fail "oxrdma nfs serve --exports exited: $(tail -1 "$IX_SCN_OUT/server-exports.log")"
+    done; exit 1
+fi
+OX_NFS_EXPORT="$EXP/sub"
+run_cell rdma/exports-subdir "vers=3,proto=rdma,port=$RP,mountport=$MP,mountproto=tcp,nolock"
+run_cell tcp/exports-subdir "vers=3,proto=tcp,port=$TP,mountport=$MP,mountproto=tcp,nolock"

@@ -13,12 +13,13 @@
 //!
 //! The MOUNT program accepts any directory at or below an export, as Linux's mountd does (the
 //! path below the export is walked one component at a time, never following symbolic links,
-//! so a mount cannot leave its export), and EXPORT lists the exports' real paths with their
+//! so a mount cannot leave its export; a path in no export, or with `..`, gets MNT3ERR_ACCES
+//! as from mountd), and EXPORT lists the exports' real paths with their
 //! client lists.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bytes::Bytes;
@@ -34,6 +35,7 @@ use crate::mount::{
 use crate::mountd::{self, MountSource};
 use crate::nfs3::{self, Nfsstat3, proc_};
 use crate::server::{ExportOptions, NfsServer};
+use crate::verifier::Verifier;
 use crate::vfs::{Export, HandleData};
 
 /// One export and the server behind it.
@@ -60,6 +62,8 @@ pub struct ExportTable {
     /// Replaced whole by [`ExportTable::reload`]; calls take a snapshot.
     exports: RwLock<Arc<Vec<Arc<Exported>>>>,
     drc: Option<DrcConfig>,
+    /// The write verifier of every export's server ([`crate::verifier`]).
+    verf: Verifier,
     /// Extra names MNT accepts for the only export of the single-directory shorthand ("/",
     /// which the interop lab and older setups mount, and `--export NAME`).
     aliases: Vec<String>,
@@ -68,12 +72,23 @@ pub struct ExportTable {
 }
 
 impl ExportTable {
-    /// Open every export of `exports` (blocking: directories are opened and stat'ed).
+    /// Open every export of `exports` (blocking: directories are opened and stat'ed), with a
+    /// new write verifier.
     pub fn open(exports: &Exports, drc: Option<DrcConfig>) -> std::io::Result<Self> {
-        let list = Self::build(exports, drc, &[])?;
+        Self::open_with_verifier(exports, drc, crate::verifier::fresh())
+    }
+
+    /// [`ExportTable::open`] with this write verifier (one kept across a clean restart).
+    pub fn open_with_verifier(
+        exports: &Exports,
+        drc: Option<DrcConfig>,
+        verf: Verifier,
+    ) -> std::io::Result<Self> {
+        let list = Self::build(exports, drc, verf, &[])?;
         Ok(ExportTable {
             exports: RwLock::new(Arc::new(list)),
             drc,
+            verf,
             aliases: Vec::new(),
             mounts: Mutex::new(Vec::new()),
             logged: Mutex::new(HashSet::new()),
@@ -85,6 +100,7 @@ impl ExportTable {
     fn build(
         exports: &Exports,
         drc: Option<DrcConfig>,
+        verf: Verifier,
         keep: &[Arc<Exported>],
     ) -> std::io::Result<Vec<Arc<Exported>>> {
         let mut out: Vec<Arc<Exported>> = Vec::new();
@@ -102,13 +118,14 @@ impl ExportTable {
                             format!("export {}: {e}", entry.path.display()),
                         )
                     })?;
-                    let server = NfsServer::from_export(
+                    let server = NfsServer::with_verifier(
                         export,
                         ExportOptions {
                             read_only: false,
                             name: entry.path.to_string_lossy().into_owned(),
                         },
                         drc,
+                        verf,
                     );
                     let program = server.nfs_program();
                     (server, program)
@@ -141,7 +158,7 @@ impl ExportTable {
     /// client no longer listed is refused from its next call. On error the table is unchanged.
     pub fn reload(&self, exports: &Exports) -> std::io::Result<()> {
         let current = self.snapshot();
-        let list = Self::build(exports, self.drc, &current)?;
+        let list = Self::build(exports, self.drc, self.verf, &current)?;
         *self.exports.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(list);
         self.logged
             .lock()
@@ -167,6 +184,17 @@ impl ExportTable {
         read_only: bool,
         drc: Option<DrcConfig>,
     ) -> std::io::Result<Self> {
+        Self::single_with_verifier(dir, name, read_only, drc, crate::verifier::fresh())
+    }
+
+    /// [`ExportTable::single`] with this write verifier (one kept across a clean restart).
+    pub fn single_with_verifier(
+        dir: &Path,
+        name: Option<String>,
+        read_only: bool,
+        drc: Option<DrcConfig>,
+        verf: Verifier,
+    ) -> std::io::Result<Self> {
         let path = dir.canonicalize()?;
         let exports = Exports {
             entries: vec![ExportEntry {
@@ -182,9 +210,14 @@ impl ExportTable {
                 }],
             }],
         };
-        let mut t = Self::open(&exports, drc)?;
+        let mut t = Self::open_with_verifier(&exports, drc, verf)?;
         t.aliases = std::iter::once("/".to_string()).chain(name).collect();
         Ok(t)
+    }
+
+    /// The write verifier of every export (NFSv3 and NFSv4).
+    pub fn write_verifier(&self) -> Verifier {
+        self.verf
     }
 
     /// The exports served now.
@@ -252,8 +285,14 @@ impl ExportTable {
             return MountRes::Err(Mountstat3::NoEnt);
         };
         let xs = self.snapshot();
-        let Some((x, rest)) = self.find_mount(&xs, p) else {
-            return MountRes::Err(Mountstat3::NoEnt);
+        // A path in no export, or one that climbs out of its export with "..", is refused as
+        // Linux's mountd and nfs-ganesha refuse it: MNT3ERR_ACCES ("not exported").
+        let Some((x, rest)) = self
+            .find_mount(&xs, p)
+            .filter(|(_, rest)| !rest.components().any(|c| c == Component::ParentDir))
+        else {
+            tracing::info!(client = ?peer, path = p, "MNT refused: not exported");
+            return MountRes::Err(Mountstat3::Acces);
         };
         if let Some(peer) = peer
             && self.admit(&x, peer).is_none()

@@ -39,7 +39,13 @@
 //!   a Reply chunk for the largest ACL after RDMA_ERR_CHUNK (short Reply chunk retry, RFC 8267
 //!   §3.1, §5.2), once.
 //! - [`serve`]: the entry point the CLI uses (NFS + MOUNT + port mapper over TCP), with the
-//!   documented place where the RPC-over-RDMA listener joins.
+//!   documented place where the RPC-over-RDMA listener joins, and a clean shutdown (calls in
+//!   progress finish, exports synced, the write verifier kept for the next start through
+//!   [`verifier`]).
+//! - Service operation: [`register`] registers with a running system rpcbind instead of our
+//!   own port mapper; [`stats`] counts calls per procedure and transport and bytes, and drains
+//!   the server at shutdown; [`status`] is the snapshot that [`control`] (the local socket
+//!   `oxrdma nfs status` reads) and [`metrics`] (a Prometheus endpoint) report.
 //!
 //! What it does not do: NFSv4.0 (minor version 0 gets NFS4ERR_MINOR_VERS_MISMATCH), NFSv4
 //! callbacks over the back channel (CB_NULL, CB_SEQUENCE: no delegations are granted, so
@@ -57,19 +63,25 @@
 mod xdr_util;
 
 pub mod client;
+pub mod control;
 pub mod drc;
 pub mod exports;
 pub mod fsops;
 pub mod gate;
+pub mod metrics;
 pub mod mount;
 mod mountd;
 pub mod nfs3;
 pub mod nfs4;
 pub mod nfsacl;
 pub mod portmap;
+pub mod register;
 pub mod serve;
 pub mod server;
+pub mod stats;
+pub mod status;
 pub mod ulb;
+pub mod verifier;
 pub mod vfs;
 
 pub use xdr_util::{Void, decode_exact, encode_to_bytes};

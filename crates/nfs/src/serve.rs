@@ -21,14 +21,20 @@ use std::time::Duration;
 
 use oncrpc::{Dispatcher, MemoryBudget, MessageHeader, ServerConfig, TcpServer};
 
+use crate::control::ControlSocket;
 use crate::drc::DrcConfig;
 use crate::exports::Exports;
 use crate::gate::ExportTable;
+use crate::metrics::MetricsEndpoint;
 use crate::nfs4::server::program::{NfsV3V4, VERSION4};
 use crate::nfs4::server::{Nfs4Config, Nfs4Server};
 use crate::portmap::{PortmapProgram, Portmapper, Registration};
+use crate::register::{RpcbindAt, SystemRpcbind};
 use crate::server::NfsServer;
+use crate::stats::ServerStats;
+use crate::status::{Status, StatusSource};
 use crate::ulb::NfsBinding;
+use crate::verifier::{self, VerifierFile};
 use crate::{mount, nfs3};
 
 /// What to serve and where.
@@ -71,6 +77,16 @@ pub struct ServeConfig {
     /// NFSv4.1/4.2 on the same ports and exports as NFSv3 ([`crate::nfs4::server`]); `None`
     /// serves NFSv3 only.
     pub nfs4: Option<Nfs4Config>,
+    /// Register NFS and MOUNT with the rpcbind found here ([`crate::register`]), and take the
+    /// registrations back at shutdown; usually instead of `portmap`.
+    pub rpcbind: Option<RpcbindAt>,
+    /// The state file that keeps the write verifier across a clean restart
+    /// ([`crate::verifier`]); `None`: a new verifier at every start.
+    pub verifier_file: Option<PathBuf>,
+    /// The control socket `oxrdma nfs status` reads ([`crate::control`]).
+    pub control: Option<PathBuf>,
+    /// The Prometheus endpoint ([`crate::metrics`]).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl ServeConfig {
@@ -93,8 +109,31 @@ impl ServeConfig {
             exports: None,
             drc: Some(DrcConfig::default()),
             nfs4: Some(Nfs4Config::default()),
+            rpcbind: None,
+            verifier_file: None,
+            control: None,
+            metrics: None,
         }
     }
+}
+
+/// What a clean shutdown achieved ([`Served::shutdown_within`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Every call executing when the shutdown began finished and was answered.
+    pub drained: bool,
+    /// Calls that arrived during the shutdown and were dropped unanswered (their clients
+    /// resend them to the next instance).
+    pub dropped: u64,
+    /// Every export was synced to stable storage.
+    pub synced: bool,
+    /// The verifier was recorded for the next start ([`crate::verifier`]): only when drained
+    /// and synced.
+    pub verifier_kept: bool,
+    /// Registrations taken back from the system's rpcbind.
+    pub unregistered: usize,
+    /// What went wrong, if anything.
+    pub problems: Vec<String>,
 }
 
 /// A running server.
@@ -113,13 +152,55 @@ pub struct Served {
     /// Where NFS over RPC-over-RDMA listens.
     pub rdma_addr: Option<SocketAddr>,
     listeners: Vec<TcpServer>,
-    rdma: Option<rpcrdma::RdmaServer>,
+    rdma: Option<Arc<rpcrdma::RdmaServer>>,
     budget: Arc<MemoryBudget>,
     nfs4: Option<Arc<Nfs4Server>>,
     lease_task: Option<tokio::task::JoinHandle<()>>,
+    stats: Arc<ServerStats>,
+    source: Arc<StatusSource>,
+    rpcbind: Option<SystemRpcbind>,
+    verifier: Option<(VerifierFile, verifier::Origin)>,
+    control: Option<ControlSocket>,
+    metrics: Option<MetricsEndpoint>,
 }
 
 impl Served {
+    /// The server as it is now: exports, clients, credits, calls, bytes.
+    pub fn status(&self) -> Status {
+        self.source.status()
+    }
+
+    /// What status reports are built from (for another reporter).
+    pub fn status_source(&self) -> Arc<StatusSource> {
+        self.source.clone()
+    }
+
+    /// The counters of NFS and MOUNT calls.
+    pub fn stats(&self) -> &Arc<ServerStats> {
+        &self.stats
+    }
+
+    /// Where NFS and MOUNT were registered with the system's rpcbind, if they were.
+    pub fn rpcbind(&self) -> Option<&RpcbindAt> {
+        self.rpcbind.as_ref().map(SystemRpcbind::at)
+    }
+
+    /// Whether this start kept the verifier of a cleanly stopped predecessor (`None`: no
+    /// verifier file).
+    pub fn verifier_origin(&self) -> Option<verifier::Origin> {
+        self.verifier.as_ref().map(|(_, o)| *o)
+    }
+
+    /// Where the control socket is.
+    pub fn control_path(&self) -> Option<&std::path::Path> {
+        self.control.as_ref().map(ControlSocket::path)
+    }
+
+    /// Where the metrics endpoint listens.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(MetricsEndpoint::local_addr)
+    }
+
     /// Every export served, with its client list.
     pub fn exports(&self) -> Arc<Vec<Arc<crate::gate::Exported>>> {
         self.table.exports()
@@ -176,16 +257,114 @@ impl Served {
         });
     }
 
-    /// Stop every listener and wait for open TCP connections to finish (RDMA connections are
-    /// dropped).
+    /// Stop every listener and wait for open TCP connections to finish; see
+    /// [`Served::shutdown_within`], here without a time limit.
     pub async fn shutdown(self) {
+        let _ = self.shutdown_within(Duration::MAX).await;
+    }
+
+    /// A clean shutdown, as on SIGTERM: new calls are dropped unanswered (clients resend them
+    /// to the next instance), calls already executing finish and are answered (over TCP and
+    /// RPC-over-RDMA) for up to `grace`, the registrations with the system's rpcbind are
+    /// taken back, every listener and connection closes, every export is synced to stable
+    /// storage, and then — only if all of that succeeded — the write verifier is recorded so
+    /// that the next instance keeps it and clients need not resend their UNSTABLE writes
+    /// (RFC 1813 §3.3.7).
+    pub async fn shutdown_within(mut self, grace: Duration) -> ShutdownReport {
+        let mut report = ShutdownReport {
+            drained: false,
+            dropped: 0,
+            synced: false,
+            verifier_kept: false,
+            unregistered: 0,
+            problems: Vec::new(),
+        };
+        self.stats.drain();
+        let deadline = tokio::time::Instant::now()
+            .checked_add(grace)
+            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400 * 365));
+        report.drained = tokio::time::timeout_at(deadline, self.stats.wait_idle())
+            .await
+            .is_ok();
+        if !report.drained {
+            report.problems.push(format!(
+                "{} calls still executing after {grace:?}",
+                self.stats.executing()
+            ));
+        }
+        if let Some(r) = self.rpcbind.take() {
+            match r.unregister_all().await {
+                Ok(n) => report.unregistered = n,
+                Err(e) => report.problems.push(e.to_string()),
+            }
+        }
+        self.control = None;
+        self.metrics = None;
         if let Some(t) = &self.lease_task {
             t.abort();
         }
-        drop(self.rdma);
-        for l in self.listeners {
-            l.shutdown().await;
+        if let Some(r) = self.rdma.take() {
+            // Every call has produced its reply (or the grace period is over): close the
+            // connections, then stop accepting. Limitation: the transport posts a reply after
+            // the program returns it, and closing flushes Sends not yet transmitted, so a
+            // reply being posted at this very instant can still be lost (its client resends
+            // the call to the next instance, where the duplicate request cache does not
+            // remember it). Closing that window needs rpcrdma to report when every reply's
+            // Send has completed. Over TCP, `TcpServer::shutdown` writes every reply first.
+            for c in r.connections() {
+                c.disconnect().await;
+            }
+            drop(r);
         }
+        let listeners = std::mem::take(&mut self.listeners);
+        let closing = async {
+            for l in listeners {
+                l.shutdown().await;
+            }
+        };
+        if tokio::time::timeout_at(deadline, closing).await.is_err() {
+            report
+                .problems
+                .push("TCP connections still open after the grace period".into());
+            report.drained = false;
+        }
+        report.dropped = self.stats.dropped_draining();
+        let exports = self.table.exports();
+        let synced = tokio::task::spawn_blocking(move || {
+            exports
+                .iter()
+                .map(|x| {
+                    // The root descriptor is O_PATH; syncfs wants one opened for reading.
+                    rustix::fs::openat(
+                        x.server.export().root_fd(),
+                        ".",
+                        rustix::fs::OFlags::RDONLY
+                            | rustix::fs::OFlags::DIRECTORY
+                            | rustix::fs::OFlags::CLOEXEC,
+                        rustix::fs::Mode::empty(),
+                    )
+                    .and_then(|fd| rustix::fs::syncfs(&fd))
+                    .map_err(|e| format!("syncing {}: {e}", x.entry.path.display()))
+                })
+                .filter_map(Result::err)
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_else(|e| vec![e.to_string()]);
+        report.synced = synced.is_empty();
+        report.problems.extend(synced);
+        if let Some((file, _)) = &self.verifier
+            && report.drained
+            && report.synced
+        {
+            match file.clean_shutdown(&self.table.write_verifier()) {
+                Ok(()) => report.verifier_kept = true,
+                Err(e) => report
+                    .problems
+                    .push(format!("{}: {e}", file.path().display())),
+            }
+        }
+        report
     }
 }
 
@@ -255,29 +434,46 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
     let read_only = config.read_only;
     let exports = config.exports.clone();
     let drc = config.drc;
-    let table = Arc::new(
-        tokio::task::spawn_blocking(move || match exports {
-            Some(e) => ExportTable::open(&e, drc),
-            None => ExportTable::single(&export, name, read_only, drc),
-        })
-        .await
-        .map_err(io::Error::other)??,
-    );
+    let started_wall = std::time::SystemTime::now();
+    let started = std::time::Instant::now();
+    let verifier_file = config.verifier_file.clone().map(VerifierFile::new);
+    let (table, verifier) = tokio::task::spawn_blocking(move || {
+        let (verf, origin) = match &verifier_file {
+            Some(f) => {
+                let (v, o) = f.start().map_err(|e| {
+                    io::Error::new(e.kind(), format!("{}: {e}", f.path().display()))
+                })?;
+                (v, Some(o))
+            }
+            None => (verifier::fresh(), None),
+        };
+        let t = match exports {
+            Some(e) => ExportTable::open_with_verifier(&e, drc, verf),
+            None => ExportTable::single_with_verifier(&export, name, read_only, drc, verf),
+        }?;
+        Ok::<_, io::Error>((Arc::new(t), verifier_file.zip(origin)))
+    })
+    .await
+    .map_err(io::Error::other)??;
+    let stats = ServerStats::new();
     let server = table.exports()[0].server.clone();
     let portmapper = Portmapper::new();
     let nfs4 = config
         .nfs4
         .clone()
         .map(|c| Nfs4Server::new(table.clone(), c));
-    let nfs_program = || match &nfs4 {
-        Some(v4) => NfsV3V4::program(table.nfs_program(), v4.clone()),
-        None => table.nfs_program(),
+    let nfs_program = || {
+        stats.counted(match &nfs4 {
+            Some(v4) => NfsV3V4::program(table.nfs_program(), v4.clone()),
+            None => table.nfs_program(),
+        })
     };
+    let mount_program = || stats.counted(table.mount_program());
     let lease_task = nfs4.clone().map(|v4| tokio::spawn(expire_leases(v4)));
     let nfs_dispatcher = Arc::new(
         Dispatcher::new()
             .with(nfs_program())
-            .with(table.mount_program())
+            .with(mount_program())
             .with(Arc::new(PortmapProgram(portmapper.clone()))),
     );
     // One budget for the whole process: the TCP listeners and the RPC-over-RDMA one.
@@ -325,7 +521,7 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
         }
     }
     if let Some(addr) = config.mount {
-        let d = Arc::new(Dispatcher::new().with(table.mount_program()));
+        let d = Arc::new(Dispatcher::new().with(mount_program()));
         let l = TcpServer::bind(addr, d, small_tcp_config(&budget, send_timeout)).await?;
         let a = l.local_addr();
         mount_addr = Some(a);
@@ -348,21 +544,65 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
     }
     let mut rdma = None;
     let mut rdma_addr = None;
+    let mut rdma_credits = 0;
     if let Some(addr) = config.rdma {
         // RFC 8267 §5.1: only NFS itself is offered over RPC-over-RDMA.
         let d = Dispatcher::new().with(nfs_program());
         let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
         let rcfg = rpcrdma::TransportConfig {
             budget: Some(budget.clone()),
-            ..config.rdma_config.unwrap_or_default()
+            ..config.rdma_config.clone().unwrap_or_default()
         };
+        rdma_credits = rcfg.rpc.credits;
         let r = rpcrdma::RdmaServer::bind(addr, d, vec![ulb], rcfg)
             .await
             .map_err(io::Error::other)?;
         rdma_addr = Some(r.local_addr());
-        rdma = Some(r);
+        rdma = Some(Arc::new(r));
     }
-    let served = Served {
+    let mut shown = Vec::new();
+    for (what, a) in [
+        ("nfs/tcp", nfs_addr),
+        ("nfs/rdma", rdma_addr),
+        ("mount", mount_addr),
+        ("portmap", portmap_addr),
+    ] {
+        if let Some(a) = a {
+            shown.push((what, a));
+        }
+    }
+    let source = Arc::new(StatusSource {
+        started_wall,
+        started,
+        table: table.clone(),
+        stats: stats.clone(),
+        tcp: listeners
+            .iter()
+            .filter(|l| Some(l.local_addr()) != portmap_addr)
+            .map(|l| l.stats().clone())
+            .collect(),
+        rdma: rdma.as_ref().map(Arc::downgrade),
+        rdma_credit_limit: rdma_addr.map(|_| rdma_credits),
+        budget: budget.clone(),
+        listeners: shown,
+    });
+    let control = match &config.control {
+        Some(p) => Some(
+            ControlSocket::bind(p, source.clone())
+                .await
+                .map_err(io::Error::other)?,
+        ),
+        None => None,
+    };
+    let metrics = match config.metrics {
+        Some(a) => Some(
+            MetricsEndpoint::bind(a, source.clone())
+                .await
+                .map_err(|e| io::Error::new(e.kind(), format!("metrics on {a}: {e}")))?,
+        ),
+        None => None,
+    };
+    let mut served = Served {
         server,
         table: table.clone(),
         portmapper,
@@ -376,9 +616,30 @@ pub async fn start(config: ServeConfig) -> io::Result<Served> {
         budget,
         nfs4,
         lease_task,
+        stats,
+        source,
+        rpcbind: None,
+        verifier,
+        control,
+        metrics,
     };
     if let Some(a) = rdma_addr {
         served.register_rdma(a);
+    }
+    if let Some(at) = config.rpcbind.clone() {
+        let r = SystemRpcbind::connect(at).await.map_err(io::Error::other)?;
+        // Everything but the port mapper's own entries (the system's rpcbind has those).
+        let regs: Vec<Registration> = served
+            .portmapper
+            .list()
+            .into_iter()
+            .filter(|r| r.prog != crate::portmap::PROGRAM)
+            .collect();
+        if let Err(e) = r.register(&regs).await {
+            let _ = r.unregister_all().await;
+            return Err(io::Error::other(e));
+        }
+        served.rpcbind = Some(r);
     }
     tracing::info!(
         export = %served.server.export().root_path().display(),

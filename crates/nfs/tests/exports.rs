@@ -127,11 +127,13 @@ async fn exports_list_mount_below_an_export_and_cannot_escape() {
         (format!("{a}/escape"), None),
         (format!("{a}/file"), Some(Mountstat3::NotDir)),
         (format!("{a}/missing"), Some(Mountstat3::NoEnt)),
+        // Not exported, as Linux's mountd and nfs-ganesha answer it.
         (
             "/definitely/not/exported".to_string(),
-            Some(Mountstat3::NoEnt),
+            Some(Mountstat3::Acces),
         ),
-        (format!("{a}x"), Some(Mountstat3::NoEnt)),
+        (format!("{a}x"), Some(Mountstat3::Acces)),
+        (format!("{a}/sub/../.."), Some(Mountstat3::Acces)),
     ] {
         let st = mount_status(m.mnt(&path).await);
         if let Some(w) = want {
@@ -178,6 +180,22 @@ async fn clients_outside_the_list_are_refused_at_mnt_and_at_every_call() {
     );
     assert!(Path::new(&a).join("file").exists());
     assert!(!Path::new(&a).join("x").exists());
+    // Every procedure but NULL, called with that handle first and its arguments cut short:
+    // the gate answers NFS3ERR_ACCES before anything else reads them (an admitted caller
+    // would get GARBAGE_ARGS instead).
+    let t = c.transport().clone();
+    for p in 1..=21u32 {
+        let fh = root.clone();
+        let req = oncrpc::CallRequest::new(nfs::nfs3::PROGRAM, 3, p, move |e| {
+            xdr::XdrEncode::encode(&fh, e)
+        });
+        let res = t.call(req).await.unwrap();
+        assert_eq!(
+            &res[..4],
+            &(Nfsstat3::Acces as u32).to_be_bytes(),
+            "procedure {p}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

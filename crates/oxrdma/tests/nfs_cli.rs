@@ -175,6 +175,88 @@ fn serve_on_ephemeral_ports_round_trips_over_rdma_and_tcp() {
     assert!(status.success(), "exit status {status}");
 }
 
+/// `nfs serve` with a control socket and a state directory, then a clean stop.
+fn serve_with_state(tmp: &std::path::Path) -> (Running, Vec<String>) {
+    let export = tmp.join("export");
+    std::fs::create_dir_all(&export).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_oxrdma"))
+        .args(["nfs", "serve"])
+        .arg(&export)
+        .args(["--tcp", "127.0.0.1:0", "--no-rdma", "--no-portmap"])
+        .arg("--control")
+        .arg(tmp.join("control.sock"))
+        .arg("--state-dir")
+        .arg(tmp.join("state"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut server = Running(child);
+    let (_, lines) = addrs(&mut server.0);
+    (server, lines)
+}
+
+/// SIGTERM, then what the server said on stderr.
+fn stop(mut server: Running) -> String {
+    let st = Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let status = server.0.wait().unwrap();
+    assert!(status.success(), "exit status {status}");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut server.0.stderr.take().unwrap(), &mut err).unwrap();
+    err
+}
+
+#[test]
+fn status_reports_and_a_clean_stop_keeps_the_write_verifier() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (server, lines) = serve_with_state(tmp.path());
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "write verifier new (no clean shutdown recorded)"),
+        "{lines:?}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_oxrdma"))
+        .args(["nfs", "status", "--control"])
+        .arg(tmp.path().join("control.sock"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let report = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "exports:",
+        "clients: ",
+        "rdma credits: ",
+        "calls per procedure:",
+    ] {
+        assert!(report.contains(want), "{want:?} in {report}");
+    }
+    let err = stop(server);
+    assert!(err.contains("write verifier recorded"), "{err}");
+    let record = std::fs::read_to_string(tmp.path().join("state/write-verifier")).unwrap();
+    assert!(record.starts_with("clean "), "{record}");
+    // The next start keeps it.
+    let (server, lines) = serve_with_state(tmp.path());
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "write verifier kept from the previous clean shutdown"),
+        "{lines:?}"
+    );
+    stop(server);
+    // No server: status says why.
+    let out = Command::new(env!("CARGO_BIN_EXE_oxrdma"))
+        .args(["nfs", "status", "--control"])
+        .arg(tmp.path().join("control.sock"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
 #[test]
 fn client_selftest_over_rdma_and_tcp() {
     let tmp = tempfile::tempdir().unwrap();

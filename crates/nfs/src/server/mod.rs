@@ -73,15 +73,20 @@ impl NfsServer {
         Ok(Self::from_export(Export::open(root)?, opts, drc))
     }
 
-    /// Serve an export already opened (see [`crate::gate::ExportTable`]).
+    /// Serve an export already opened (see [`crate::gate::ExportTable`]), with a new write
+    /// verifier.
     pub fn from_export(export: Export, opts: ExportOptions, drc: Option<DrcConfig>) -> Arc<Self> {
-        let mut write_verf = rand::random::<[u8; 8]>();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        for (v, t) in write_verf.iter_mut().zip(now.to_be_bytes()) {
-            *v ^= t;
-        }
+        Self::with_verifier(export, opts, drc, crate::verifier::fresh())
+    }
+
+    /// Serve an export already opened with this write verifier (one kept across a clean
+    /// restart, [`crate::verifier`]).
+    pub fn with_verifier(
+        export: Export,
+        opts: ExportOptions,
+        drc: Option<DrcConfig>,
+        write_verf: Verf,
+    ) -> Arc<Self> {
         Arc::new(NfsServer {
             export,
             opts,

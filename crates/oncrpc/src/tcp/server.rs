@@ -1,11 +1,11 @@
 //! The TCP server: accept loop, per-connection reader, per-call tasks and a per-connection
 //! writer that sends replies in completion order.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -144,6 +144,9 @@ pub struct TcpServerStats {
     queued_reply_bytes: AtomicUsize,
     peak_queued_reply_bytes: AtomicUsize,
     read_pauses: AtomicU64,
+    /// The peers of the open connections, by connection number.
+    peers: Mutex<BTreeMap<u64, SocketAddr>>,
+    next_conn: AtomicU64,
 }
 
 impl TcpServerStats {
@@ -160,6 +163,50 @@ impl TcpServerStats {
     /// Times a connection's reader stopped reading calls because its replies were not drained.
     pub fn read_pauses(&self) -> u64 {
         self.read_pauses.load(Ordering::Relaxed)
+    }
+
+    /// The peers of the connections open now, oldest first.
+    pub fn peers(&self) -> Vec<SocketAddr> {
+        self.peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .copied()
+            .collect()
+    }
+
+    /// Connections accepted since the server started.
+    pub fn accepted(&self) -> u64 {
+        self.next_conn.load(Ordering::Relaxed)
+    }
+
+    /// Count a connection from `peer` as open until the returned guard is dropped.
+    fn open(self: &Arc<Self>, peer: SocketAddr) -> OpenConn {
+        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        self.peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, peer);
+        OpenConn {
+            stats: self.clone(),
+            id,
+        }
+    }
+}
+
+/// An open connection in [`TcpServerStats::peers`].
+struct OpenConn {
+    stats: Arc<TcpServerStats>,
+    id: u64,
+}
+
+impl Drop for OpenConn {
+    fn drop(&mut self) {
+        self.stats
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
     }
 }
 
@@ -361,7 +408,9 @@ async fn accept_loop(
                     let mut k = cut.clone();
                     k.mark_unchanged();
                     let st = stats.clone();
+                    let open = stats.open(peer);
                     conns.spawn(async move {
+                        let _open = open;
                         if let Err(e) = serve_conn(stream, d, &c, s, Some(k), st).await {
                             tracing::debug!(%peer, error = %e, "RPC/TCP connection ended");
                         }

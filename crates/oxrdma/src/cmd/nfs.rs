@@ -15,7 +15,9 @@ use clap::{Args, Subcommand};
 use nfs::serve::{ServeConfig, Served};
 use tools::nfs_bench::{self, BenchConfig, NFS_PORT};
 
-use super::{CmdResult, wait_for_signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+use super::CmdResult;
 
 /// The conventional NFS port (RFC 1813 / IANA).
 
@@ -25,12 +27,18 @@ pub enum NfsCommand {
     /// or SIGTERM.
     ///
     /// By default NFS and MOUNT listen on TCP 127.0.0.1:2049, NFS over RPC-over-RDMA
-    /// (soft-iWARP) on 127.0.0.1:20049 and the port mapper on 127.0.0.1:111. When 111 cannot
-    /// be bound (not root, or rpcbind already runs) the server warns and goes on without it;
-    /// clients then mount with explicit ports. Once listening it prints one parseable line,
+    /// (soft-iWARP) on 127.0.0.1:20049. When the system's rpcbind runs, NFS and MOUNT are
+    /// registered with it (and unregistered at shutdown); otherwise the server runs its own
+    /// port mapper on 127.0.0.1:111, or, when 111 cannot be bound (not root), warns and goes
+    /// on without one; clients then mount with explicit ports. SIGTERM stops it cleanly
+    /// (calls in progress finish; with --state-dir the write verifier is kept for the next
+    /// start). Once listening it prints one parseable line,
     /// `ADDRS nfs=tcp://A rdma=rdma://A mount=tcp://A portmap=tcp://A` ("-" for absent ones),
     /// then the mount commands a Linux client would use.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Show a running `nfs serve`: its exports, connected clients per transport, RPC-over-RDMA
+    /// credits in use, calls per procedure and bytes moved (read from its control socket).
+    Status(StatusArgs),
     /// Call an NFSv3 server: MOUNT over TCP, then NFS over --rdma or --tcp.
     Client(ClientArgs),
     /// Benchmark NFSv3 over RPC-over-RDMA and over TCP against an in-process server on a
@@ -115,6 +123,36 @@ pub struct ServeArgs {
     /// peak, the pooled READ buffers held idle, and the resident set.
     #[arg(long, value_name = "SECS")]
     memory_log: Option<u64>,
+    /// Do not register with a running system rpcbind. By default, when one answers (on
+    /// /run/rpcbind.sock or 127.0.0.1:111) and neither --portmap nor --no-portmap is given,
+    /// NFS and MOUNT are registered there (and unregistered at shutdown) instead of starting
+    /// a port mapper of our own.
+    #[arg(long)]
+    no_rpcbind: bool,
+    /// The control socket `oxrdma nfs status` reads [default: /run/oxrdma-nfs.sock, skipped
+    /// with a warning if it cannot be made].
+    #[arg(long, value_name = "PATH", conflicts_with = "no_control")]
+    control: Option<PathBuf>,
+    /// No control socket.
+    #[arg(long)]
+    no_control: bool,
+    /// Serve Prometheus metrics (text format) at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// Keep state here between runs: the write verifier, kept across a clean shutdown so
+    /// clients need not resend their unstable writes (created if missing).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// On SIGTERM or Ctrl-C, give calls in progress this long to finish [default: 10].
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    shutdown_grace: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The server's control socket.
+    #[arg(long, value_name = "PATH", default_value = nfs::control::DEFAULT_PATH)]
+    control: PathBuf,
 }
 
 /// `1048576`, `512K`, `64M`, `2G` (powers of 1024).
@@ -175,7 +213,10 @@ async fn serve(a: ServeArgs) -> CmdResult {
     cfg.read_only = a.read_only;
     if a.no_nfs4 {
         cfg.nfs4 = None;
-    } else if let (Some(secs), Some(c)) = (a.nfs4_grace, cfg.nfs4.take()) {
+    } else if let Some(secs) = a.nfs4_grace
+        && let Some(c) = cfg.nfs4.take()
+    {
+        // (Only with --nfs4-grace: taking the config out unconditionally served NFSv3 only.)
         cfg.nfs4 = Some(c.with_grace(std::time::Duration::from_secs(secs)));
     }
     cfg.tcp = Some(tcp);
@@ -199,10 +240,18 @@ async fn serve(a: ServeArgs) -> CmdResult {
         });
     }
     let mut pm_warning = None;
+    let system_rpcbind = if a.no_portmap || a.portmap.is_some() || a.no_rpcbind {
+        None
+    } else {
+        nfs::register::SystemRpcbind::find().await
+    };
     cfg.portmap = if a.no_portmap {
         None
     } else if let Some(p) = a.portmap {
         Some(p)
+    } else if let Some(r) = &system_rpcbind {
+        cfg.rpcbind = Some(r.at().clone());
+        None
     } else {
         // The default port mapper is best effort: port 111 needs root, and a system rpcbind
         // may already own it. Probe it before starting anything.
@@ -218,9 +267,32 @@ async fn serve(a: ServeArgs) -> CmdResult {
             }
         }
     };
+    cfg.metrics = a.metrics;
+    cfg.control = a.control.clone();
+    if let Some(d) = &a.state_dir {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        cfg.verifier_file = Some(d.join("write-verifier"));
+    }
+    drop(system_rpcbind);
+    let signals = Signals::install().map_err(|e| format!("cannot catch signals: {e}"))?;
     let served = nfs::serve::start(cfg)
         .await
         .map_err(|e| format!("cannot start the NFS server: {e}"))?;
+    // The default control socket is best effort, as the default port mapper.
+    let _control = if a.no_control || a.control.is_some() {
+        None
+    } else {
+        let p = std::path::Path::new(nfs::control::DEFAULT_PATH);
+        match nfs::control::ControlSocket::bind(p, served.status_source()).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!(
+                    "oxrdma: warning: no control socket ({e}); `oxrdma nfs status` will not reach this server"
+                );
+                None
+            }
+        }
+    };
     if let Some(e) = pm_warning {
         let why = if e.kind() == io::ErrorKind::PermissionDenied {
             "permission denied: binding port 111 needs root or CAP_NET_BIND_SERVICE".to_string()
@@ -238,14 +310,43 @@ async fn serve(a: ServeArgs) -> CmdResult {
         served.budget().clone(),
         a.memory_log.map(Duration::from_secs),
     ));
-    match &a.exports {
-        Some(file) => serve_until_signal(&served, file).await,
-        None => wait_for_signal().await,
-    }
+    serve_until_signal(&served, a.exports.as_deref(), signals).await;
     watcher.abort();
-    eprintln!("oxrdma: shutting down");
-    // Open TCP connections (a kernel client keeps one) are given a moment to finish.
-    let _ = tokio::time::timeout(Duration::from_secs(5), served.shutdown()).await;
+    eprintln!(
+        "oxrdma: shutting down: new calls dropped, calls in progress get {} s",
+        a.shutdown_grace
+    );
+    drop(_control);
+    let r = served
+        .shutdown_within(Duration::from_secs(a.shutdown_grace))
+        .await;
+    eprintln!(
+        "oxrdma: shutdown: in-progress calls {}, {} dropped for the next instance, exports {}, {} rpcbind registrations removed, write verifier {}",
+        if r.drained {
+            "finished"
+        } else {
+            "NOT finished"
+        },
+        r.dropped,
+        if r.synced { "synced" } else { "NOT synced" },
+        r.unregistered,
+        if r.verifier_kept {
+            "recorded: the next start keeps it"
+        } else if a.state_dir.is_some() {
+            "NOT recorded: the next start takes a new one"
+        } else {
+            "not kept (no --state-dir)"
+        },
+    );
+    for p in &r.problems {
+        eprintln!("oxrdma: shutdown: {p}");
+    }
+    Ok(())
+}
+
+async fn status(a: StatusArgs) -> CmdResult {
+    let report = nfs::control::query(&a.control).await?;
+    print!("{report}");
     Ok(())
 }
 
@@ -281,39 +382,55 @@ async fn watch_memory(budget: Arc<oncrpc::MemoryBudget>, log: Option<Duration>) 
     }
 }
 
-/// Serve until Ctrl-C or SIGTERM; on SIGHUP re-read the exports file and serve what it says
-/// from then on, keeping every connection (a file that does not parse changes nothing).
-async fn serve_until_signal(served: &Served, file: &std::path::Path) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut hup) = signal(SignalKind::hangup()) {
-            let stop = wait_for_signal();
-            tokio::pin!(stop);
-            loop {
-                tokio::select! {
-                    _ = &mut stop => return,
-                    _ = hup.recv() => {
-                        let result = nfs::exports::Exports::load(file)
-                            .map_err(|e| e.to_string())
-                            .and_then(|e| served.reload(&e).map_err(|e| e.to_string()));
-                        match result {
-                            Ok(()) => {
-                                eprintln!("oxrdma: SIGHUP: re-read {}", file.display());
-                                for x in served.exports().iter() {
-                                    eprintln!("oxrdma:   exporting {}", x.entry.path.display());
-                                }
-                            }
-                            Err(e) => eprintln!(
-                                "oxrdma: SIGHUP: {e}; still serving the previous exports"
-                            ),
+/// SIGINT, SIGTERM and SIGHUP, caught from before the server says it is ready: a signal that
+/// arrives right after the ADDRS line must not find the default action (termination, with no
+/// clean shutdown) still in place.
+struct Signals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    fn install() -> io::Result<Self> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
+/// Serve until SIGINT (Ctrl-C) or SIGTERM; on SIGHUP re-read the exports file, if there is
+/// one, and serve what it says from then on, keeping every connection (a file that does not
+/// parse changes nothing).
+async fn serve_until_signal(served: &Served, file: Option<&std::path::Path>, mut sig: Signals) {
+    loop {
+        tokio::select! {
+            _ = sig.int.recv() => return,
+            _ = sig.term.recv() => return,
+            _ = sig.hup.recv() => {
+                let Some(file) = file else {
+                    eprintln!("oxrdma: SIGHUP: no exports file to re-read (serving DIR)");
+                    continue;
+                };
+                let result = nfs::exports::Exports::load(file)
+                    .map_err(|e| e.to_string())
+                    .and_then(|e| served.reload(&e).map_err(|e| e.to_string()));
+                match result {
+                    Ok(()) => {
+                        eprintln!("oxrdma: SIGHUP: re-read {}", file.display());
+                        for x in served.exports().iter() {
+                            eprintln!("oxrdma:   exporting {}", x.entry.path.display());
                         }
+                    }
+                    Err(e) => {
+                        eprintln!("oxrdma: SIGHUP: {e}; still serving the previous exports")
                     }
                 }
             }
         }
     }
-    wait_for_signal().await;
 }
 
 fn print_served(s: &Served, a: &ServeArgs) {
@@ -350,6 +467,21 @@ fn print_served(s: &Served, a: &ServeArgs) {
         show(s.mount_addr.or(s.nfs_addr), "tcp"),
         show(s.portmap_addr, "tcp"),
     );
+    if let Some(at) = s.rpcbind() {
+        println!("registered with the system's rpcbind at {at}");
+    }
+    if let Some(m) = s.metrics_addr() {
+        println!("metrics at http://{m}/metrics");
+    }
+    if let Some(o) = s.verifier_origin() {
+        println!(
+            "write verifier {}",
+            match o {
+                nfs::verifier::Origin::Kept => "kept from the previous clean shutdown",
+                nfs::verifier::Origin::New => "new (no clean shutdown recorded)",
+            }
+        );
+    }
     let Some(nfs) = s.nfs_addr else { return };
     let mport = s.mount_addr.unwrap_or(nfs).port();
     let host = mount_host(nfs);
@@ -449,7 +581,8 @@ async fn client(a: ClientArgs) -> CmdResult {
 /// Run an `nfs` command.
 pub async fn run(cmd: NfsCommand) -> CmdResult {
     match cmd {
-        NfsCommand::Serve(a) => serve(a).await,
+        NfsCommand::Serve(a) => serve(*a).await,
+        NfsCommand::Status(a) => status(a).await,
         NfsCommand::Client(a) => client(a).await,
         NfsCommand::Bench(a) => bench(a).await,
         NfsCommand::Torture(a) => super::torture::torture(a).await,

@@ -452,9 +452,7 @@ impl Nfs4Server {
 
     /// The READDIR cookie verifier: fixed for this server instance.
     fn cookie_verifier(&self) -> Verifier4 {
-        let mut v = self.write_verf;
-        v[0] ^= 0x5a;
-        v
+        self.cookie_verf
     }
 }
 

@@ -84,6 +84,8 @@ pub struct Nfs4Server {
     state: Mutex<State>,
     cfg: Nfs4Config,
     write_verf: Verifier4,
+    /// The READDIR cookie verifier: new for every instance.
+    cookie_verf: Verifier4,
     identity: ServerIdentity,
     read_bufs: Arc<oncrpc::BufPool>,
 }
@@ -98,13 +100,9 @@ impl Nfs4Server {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         let boot = (now_wall.as_secs() as u32) ^ rand::random::<u32>();
-        let mut write_verf = rand::random::<[u8; 8]>();
-        for (v, t) in write_verf
-            .iter_mut()
-            .zip((now_wall.as_nanos() as u64).to_be_bytes())
-        {
-            *v ^= t;
-        }
+        // The same verifier as NFSv3's: one per server instance, kept across a clean restart.
+        let write_verf = table.write_verifier();
+        let cookie_verf = crate::verifier::fresh();
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "localhost".to_string());
@@ -125,6 +123,7 @@ impl Nfs4Server {
             state: Mutex::new(State::new(cfg.state.clone(), boot, Instant::now())),
             cfg,
             write_verf,
+            cookie_verf,
             identity,
             read_bufs: oncrpc::BufPool::new(POOLED_READ_KEEP),
         })
