@@ -4,6 +4,7 @@
 //! transport-neutral [`crate::Dispatcher`] / [`crate::RpcTransport`].
 
 mod client;
+mod conn_memory;
 mod server;
 
 pub use client::{ClientConfig, TcpClient};

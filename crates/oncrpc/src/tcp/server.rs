@@ -10,14 +10,15 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use xdr::DdpPolicy;
 
+use super::conn_memory::{ConnMemory, peer_gone};
 use super::{READ_CHUNK, reserve_for_read};
-use crate::budget::{ConnBudget, MemoryBudget, Reservation};
+use crate::budget::{MemoryBudget, Reservation};
 use crate::record::{DEFAULT_MAX_RECORD, MAX_FRAGMENT_LEN, RecordDecoder, frame, write_all_parts};
 use crate::service::{CallContext, Dispatcher, ReplyMessage, TransportKind};
 
@@ -450,71 +451,6 @@ async fn cut_fired(cut: &mut Option<watch::Receiver<u64>>) {
         return;
     }
     std::future::pending().await
-}
-
-/// Resolves when the peer has closed its end of the connection (or the socket failed) with no
-/// byte of it left to read; never while bytes are waiting (the end, if any, lies behind them).
-/// The reader waits on this while it waits for memory, so a peer that goes away then gives its
-/// memory back at once, not when other connections free theirs.
-async fn peer_gone(rd: &mut OwnedReadHalf) {
-    let mut b = [0u8; 1];
-    match rd.peek(&mut b).await {
-        Ok(0) | Err(_) => {}
-        Ok(_) => std::future::pending().await,
-    }
-}
-
-/// What a connection holds in its server's [`MemoryBudget`].
-struct ConnMemory {
-    share: Arc<ConnBudget>,
-    /// The receive buffer: [`READ_CHUNK`], plus the record being received once its length is
-    /// known.
-    recv: Reservation,
-}
-
-impl ConnMemory {
-    /// Wait until the receive buffer's reservation covers the record being received.
-    async fn cover_receive(&mut self, decoder: &RecordDecoder) -> Result<(), String> {
-        let want = READ_CHUNK.saturating_add(decoder.pending_len());
-        if want <= self.recv.bytes() {
-            return Ok(());
-        }
-        let more = self
-            .share
-            .reserve_queued(want - self.recv.bytes())
-            .await
-            .map_err(|e| {
-                format!(
-                    "no memory for a record of {} bytes: {e}",
-                    decoder.pending_len()
-                )
-            })?;
-        self.recv.merge(more);
-        Ok(())
-    }
-
-    /// The reservation a call takes with it: its record's bytes (moved from the receive
-    /// buffer's) and its reply's `estimate`, waiting for memory when there is none.
-    async fn for_call(
-        &mut self,
-        record_len: usize,
-        estimate: usize,
-    ) -> Result<Reservation, String> {
-        let mut held = self.recv.split(record_len);
-        // Never ask for more than the connection could ever hold beside what it holds now
-        // (the wait would have no end); a reply that proves larger reserves the rest.
-        let room = self
-            .share
-            .limit()
-            .saturating_sub(self.recv.bytes().saturating_add(held.bytes()));
-        let reply = self
-            .share
-            .reserve_queued(estimate.min(room))
-            .await
-            .map_err(|e| format!("no memory for a call's reply: {e}"))?;
-        held.merge(reply);
-        Ok(held)
-    }
 }
 
 /// Why the reader stopped waiting.
