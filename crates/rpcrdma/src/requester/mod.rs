@@ -135,6 +135,9 @@ pub struct RequesterStats {
     pub inline_unreduced: u64,
     /// Version 2 property messages received (RDMA2_CONNPROP, UPDPROP, REQPROP, RESPROP).
     pub properties_received: u64,
+    /// Regions the server invalidated with Send With Invalidate (RFC 8797, cel-05 §7.2.3):
+    /// only their local release remained.
+    pub remote_invalidated: u64,
 }
 
 /// One connection's Requester.

@@ -475,6 +475,7 @@ impl Requester {
             for r in o.regions {
                 let remote =
                     remote_invalidated.is_some_and(|h| r.segments.iter().all(|s| s.handle == h));
+                self.stats.remote_invalidated += u64::from(remote);
                 if reg.invalidate(r.id, remote).is_err() {
                     //= specs/rfc8166.txt#section-4.5.4
                     //# After a Requester has received a reply, if it is unable to invalidate a
