@@ -178,10 +178,17 @@ impl Requester {
             // cel-05 §3.3 and §6.2.1: a larger inline threshold (the server's RBSIZ) is what
             // version 2 offers; a call whose whole Payload stream fits it goes inline, unreduced,
             // as RFC 8166 §3.5.1's Short message (reduction is the sender's choice, §3.4.3).
-            let whole = o.call.message.unreduced();
+            // The whole stream is built only when it fits (its length is known without it).
+            let msg = &o.call.message;
+            let whole_len = msg.len()
+                + msg
+                    .reduced
+                    .iter()
+                    .map(xdr::ReducedItem::padded_len)
+                    .sum::<usize>();
             let lists = 16 + 8 + 12;
-            if lists + whole.len() <= send_limit {
-                o.call.message = xdr::Encoded::whole(whole);
+            if lists + whole_len <= send_limit {
+                o.call.message = xdr::Encoded::whole(o.call.message.unreduced());
                 self.stats.inline_unreduced += 1;
             }
         }
