@@ -91,22 +91,25 @@ impl Requester {
                 let (Body2::Msg(l) | Body2::NoMsg(l)) = body else {
                     return Vec::new();
                 };
-                let mut out = Vec::new();
-                if self.calls.get(&xid).is_some_and(|o| o.sent) {
-                    let settled_before = self.version.settled();
+                // The first reply to a call of ours settles the probe (cel-05 §8) and lets our
+                // RDMA2_CONNPROP go.
+                let mut connprop = None;
+                if self.version.settled().is_none() && self.calls.get(&xid).is_some_and(|o| o.sent)
+                {
                     self.version.on_reply(Version::V2);
-                    if settled_before.is_none() {
-                        tracing::info!(
-                            xid,
-                            "RPC-over-RDMA version 2 negotiated: {}",
-                            Reason::ServerAnsweredV2
-                        );
-                    }
-                    out.extend(self.connprop(xid));
+                    tracing::info!(
+                        xid,
+                        "RPC-over-RDMA version 2 negotiated: {}",
+                        Reason::ServerAnsweredV2
+                    );
+                    connprop = self.connprop(xid);
                 }
                 let mut v1 = Header::msg_or_nomsg(xid, h.credits, l.chunks, nomsg);
                 v1.vers = RPCRDMA_VERSION_2;
-                out.extend(self.on_message(v1, inline, remote_invalidated, reg));
+                let mut out = self.on_message(v1, inline, remote_invalidated, reg);
+                if let Some(c) = connprop {
+                    out.insert(0, c);
+                }
                 out
             }
             Body2::Error(e) => self.on_error_v2(xid, h.credits, e, reg),
