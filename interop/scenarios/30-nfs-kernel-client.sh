@@ -15,9 +15,12 @@
 # come from unprivileged ports), and the guest mounts a subdirectory of the export, DIR/sub:
 #   rdma/exports-subdir  the rdma/explicit-ports options, EXPORT=DIR/sub
 #   tcp/exports-subdir   the tcp/explicit-ports options, EXPORT=DIR/sub
+#   rdma/v2-enabled-server  the server accepts RPC-over-RDMA versions 1 and 2 (its default;
+#                        draft-cel-05): pass = rdma/explicit-ports passed (bit-exact) and the
+#                        server's log (-v) shows every kernel connection locked to version 1
 . "$(dirname "$0")/../lib/common.sh"
 read -ra SUB <<<"${OX_NFS_SERVE_CMD:-nfs serve}"
-CELLS="rdma/explicit-ports tcp/explicit-ports rdma/portmapper rdma/exports-subdir tcp/exports-subdir"
+CELLS="rdma/explicit-ports tcp/explicit-ports rdma/portmapper rdma/v2-enabled-server rdma/exports-subdir tcp/exports-subdir"
 if ! ix_landed "${SUB[@]}"; then
     for c in $CELLS; do cell "$c" not-landed "oxrdma ${SUB[*]} missing"; done; exit 0
 fi
@@ -29,7 +32,7 @@ trap cleanup EXIT
 ix_capture_start "$IX_SCN_OUT/nfs-host-lo.pcap" "$RP" "$TP" 111
 pm=()
 if [ "$(id -u)" = 0 ] && ! ss -Hltn 'sport = :111' | grep -q .; then pm=(--portmap 127.0.0.1:111); fi
-"$OXRDMA" "${SUB[@]}" "$DIR" --rdma "127.0.0.1:$RP" --tcp "127.0.0.1:$TP" "${pm[@]}" > "$IX_SCN_OUT/server.log" 2>&1 &
+"$OXRDMA" -v "${SUB[@]}" "$DIR" --rdma "127.0.0.1:$RP" --tcp "127.0.0.1:$TP" "${pm[@]}" > "$IX_SCN_OUT/server.log" 2>&1 &
 pids+=($!)
 for i in $(seq 50); do ss -Hltn "sport = :$TP" | grep -q . && break; sleep 0.2; done
 if ! kill -0 "${pids[0]}" 2>/dev/null; then
@@ -45,6 +48,15 @@ run_cell() {  # cell opts
 }
 run_cell rdma/explicit-ports "vers=3,proto=rdma,port=$RP,mountport=$MP,mountproto=tcp,nolock"
 run_cell tcp/explicit-ports "vers=3,proto=tcp,port=$TP,mountport=$MP,mountproto=tcp,nolock"
+v1=$(grep -a -c 'connection speaks version 1' "$IX_SCN_OUT/server.log")
+v2=$(grep -a -c 'connection speaks version 2' "$IX_SCN_OUT/server.log")
+if ! grep -q $'^rdma/explicit-ports\tpass' "$IX_SCN_OUT/cells.tsv"; then
+    cell rdma/v2-enabled-server fail "rdma/explicit-ports did not pass"
+elif [ "$v1" -ge 1 ] && [ "$v2" = 0 ]; then
+    cell rdma/v2-enabled-server pass "versions 1-2 accepted; $v1 kernel connection(s) in version 1, unchanged, bit-exact"
+else
+    cell rdma/v2-enabled-server fail "server log: $v1 connection(s) in version 1, $v2 in version 2"
+fi
 if [ ${#pm[@]} -gt 0 ]; then
     run_cell rdma/portmapper "vers=3,proto=rdma,port=$RP,nolock"
 else

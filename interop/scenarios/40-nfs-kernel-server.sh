@@ -11,6 +11,10 @@
 #   oxrdma nfs client --tcp 127.0.0.1:FT --mount-port FM --export /export selftest
 # "selftest" = the same round trips as guest/nfs-roundtrip.sh (create/write/read back/compare
 # 0 B..64 MiB, readdir, mkdir, rename, symlink/readlink, remove); exit 0 = pass.
+# Cell rdma/oxrdma-client-v2: the same selftest with `--rpcrdma-version auto` (RPC-over-RDMA
+# version 2, draft-cel-05): the client probes in version 2, Linux nfsd (version 1 only) answers
+# ERR_VERS [1,1], the client falls back on the same connection; pass = selftest passed and the
+# client's log names the fallback.
 # Cell kernel-baseline (guest kernel client -> guest nfsd over siw) runs regardless: it proves
 # the server side of the lab.
 . "$(dirname "$0")/../lib/common.sh"
@@ -35,9 +39,26 @@ if [ $landed = 1 ]; then
         [ $rc = 0 ] && cell "$t/oxrdma-client" pass "selftest against kernel nfsd" ||
             cell "$t/oxrdma-client" fail "rc $rc: $(grep -m1 -iE 'fail|error' "$IX_SCN_OUT/client-$t.log")"
     done
+    if timeout 10 "$OXRDMA" --help 2>&1 | grep -q -- --rpcrdma-version; then
+        v2log=$IX_SCN_OUT/client-rdma-v2.log
+        timeout 300 "$OXRDMA" -v --rpcrdma-version auto "${SUB[@]}" --rdma "127.0.0.1:$FR" \
+            --mount-port "$FM" --export /export selftest > "$v2log" 2>&1
+        rc=$?
+        fb=$(grep -a -m1 -o 'version 1 negotiated: the server refused version 2[^"]*' "$v2log")
+        if [ $rc = 0 ] && [ -n "$fb" ]; then
+            cell rdma/oxrdma-client-v2 pass "probe, fallback ($fb), selftest bit-exact"
+        elif [ $rc = 0 ]; then
+            cell rdma/oxrdma-client-v2 fail "selftest passed but no fallback in the log"
+        else
+            cell rdma/oxrdma-client-v2 fail "rc $rc: $(grep -a -m1 -iE 'fail|error' "$v2log")"
+        fi
+    else
+        cell rdma/oxrdma-client-v2 not-landed "oxrdma has no --rpcrdma-version"
+    fi
 else
     cell rdma/oxrdma-client not-landed "oxrdma ${SUB[*]} missing"
     cell tcp/oxrdma-client not-landed "oxrdma ${SUB[*]} missing"
+    cell rdma/oxrdma-client-v2 not-landed "oxrdma ${SUB[*]} missing"
 fi
 touch "$IX_SHARE/tmp/nfs-host-done"
 wait $gpid

@@ -64,6 +64,25 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The size of the receive buffers this endpoint posts: `inline_recv`, at least 1024
+    /// (RFC 8166 §3.3.3), and at least 4096 when it may speak version 2 in its role
+    /// (`requester`: its version policy; otherwise: `max_version`), since cel-05 §3.3 says
+    /// receivers "MUST support an inline threshold of 4096 bytes". With the default
+    /// `inline_recv` (4096) nothing changes for version 1.
+    pub fn recv_buffer_size(&self, requester: bool) -> u32 {
+        let v2 = if requester {
+            self.version_policy != crate::version::VersionPolicy::V1
+        } else {
+            self.max_version == crate::version::Version::V2
+        };
+        let floor = if v2 {
+            crate::props::DEFAULT_RBSIZ
+        } else {
+            privdata::DEFAULT_INLINE
+        };
+        self.inline_recv.max(floor)
+    }
+
     /// The RFC 8797 private data this endpoint sends.
     pub fn private_data(&self) -> PrivateData {
         PrivateData {

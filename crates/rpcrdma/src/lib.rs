@@ -54,13 +54,15 @@
 //!   the version of its first valid call and answers every client in its own version; the
 //!   Requester probes (one message of at most 1 KB), falls back to version 1 on the same
 //!   connection and remembers version-1-only servers; remote invalidation through
-//!   `rdma_inv_handle`; the version 2 errors where their conditions occur; property messages
-//!   (a peer's RBSIZ raises the send limit, REQPROP gets RESPROP). `CONFORMANCE.md` has the
-//!   table.
+//!   `rdma_inv_handle`; the version 2 errors where their conditions occur, and the Requester's
+//!   SHOULD retries after READ_CHUNKS (a Position-Zero Read chunk) and WRITE_CHUNKS (a Reply
+//!   chunk); property messages both ways (each side sends RDMA2_CONNPROP once, with its
+//!   receive buffer size as RBSIZ, and keeps one receive for the peer's; a peer's RBSIZ raises
+//!   the send limit, and a version 2 call that fits it whole goes inline unreduced; REQPROP
+//!   gets RESPROP). `CONFORMANCE.md` has the table.
 //!
 //! What it does not do: the Read-Read transfer model (responder-provided Read chunks),
-//! RDMA_MSGP padding, Write chunks in the backward direction, the optional retries cel-05 §7.2.4
-//! suggests to a Requester, sending RDMA2_CONNPROP, or reduction of any item its Upper-Layer
+//! RDMA_MSGP padding, Write chunks in the backward direction, or reduction of any item its Upper-Layer
 //! Binding did not mark DDP-eligible. Requesters refuse calls of programs without a binding
 //! (`RpcError::NoBinding`, RFC 8166 §6); Responders still answer inline calls of such
 //! programs (see `docs/traceability.md`).

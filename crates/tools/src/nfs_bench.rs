@@ -111,6 +111,10 @@ pub struct BenchConfig {
     pub io: Vec<u32>,
     /// NFS transports, in this order (the raw TCP stream is always measured).
     pub transports: Vec<Transport>,
+    /// The server's RPC-over-RDMA receive buffer size (its inline threshold), announced to
+    /// version 1 clients in RFC 8797 private data and to version 2 clients as RBSIZ (cel-05
+    /// §6.2.1); `None`: the default (4096).
+    pub inline: Option<u32>,
 }
 
 impl BenchConfig {
@@ -539,6 +543,11 @@ pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, Benc
     cfg.tcp = Some(localhost(0));
     cfg.rdma = Some(localhost(0));
     cfg.portmap = None;
+    if let Some(n) = a.inline {
+        let mut t = TransportConfig::default();
+        t.rpc.inline_recv = n;
+        cfg.rdma_config = Some(t);
+    }
     let served = nfs::serve::start(cfg)
         .await
         .map_err(|e| format!("cannot start the NFS server: {e}"))?;
@@ -636,6 +645,7 @@ mod tests {
             depth: 1,
             io: vec![4096, 1 << 20],
             transports: Transport::ALL.to_vec(),
+            inline: None,
         };
         // 4 KiB moves at most 16 MiB; each transport WRITEs and READs.
         let per_nfs = 2 * (16 << 20) + 2 * (64 << 20);

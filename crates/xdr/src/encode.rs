@@ -123,6 +123,16 @@ impl Encoded {
         }));
     }
 
+    /// A stream of one buffer with nothing reduced (a message that travels whole).
+    pub fn whole(stream: Bytes) -> Self {
+        let len = stream.len();
+        Encoded {
+            parts: vec![stream],
+            reduced: Vec::new(),
+            len,
+        }
+    }
+
     /// The stream with every reduced item put back at its position, padded: what the stream
     /// would have been with [`DdpPolicy::Inline`].
     pub fn unreduced(&self) -> Bytes {

@@ -608,12 +608,16 @@ pub struct BenchArgs {
     /// stays at one). Latency is per call either way.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=128))]
     depth: u64,
-    /// The READ/WRITE I/O sizes to measure, comma separated (4k, 64k, 1m).
+    /// The READ/WRITE I/O sizes to measure, comma separated (4k, 8k, 64k, 1m).
     #[arg(long, value_name = "SIZES", value_delimiter = ',', default_values_t = IoSize::ALL)]
     io: Vec<IoSize>,
     /// The NFS transports to measure, in this order (the raw TCP stream is always measured).
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_values_t = Transport::ALL)]
     transports: Vec<Transport>,
+    /// The server's RPC-over-RDMA receive buffer size in bytes (its inline threshold,
+    /// announced as RFC 8797 private data and, to version 2 clients, as RBSIZ) [default: 4096].
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1024..=1048576))]
+    inline: Option<u32>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -644,6 +648,8 @@ impl std::fmt::Display for Transport {
 enum IoSize {
     #[value(name = "4k")]
     K4,
+    #[value(name = "8k")]
+    K8,
     #[value(name = "64k")]
     K64,
     #[value(name = "1m")]
@@ -656,6 +662,7 @@ impl IoSize {
     fn bytes(self) -> u32 {
         match self {
             IoSize::K4 => 4096,
+            IoSize::K8 => 8192,
             IoSize::K64 => 64 << 10,
             IoSize::M1 => 1 << 20,
         }
@@ -666,6 +673,7 @@ impl std::fmt::Display for IoSize {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             IoSize::K4 => "4k",
+            IoSize::K8 => "8k",
             IoSize::K64 => "64k",
             IoSize::M1 => "1m",
         })
@@ -715,6 +723,7 @@ async fn bench(a: BenchArgs) -> CmdResult {
                 Transport::Tcp => nfs_bench::Transport::Tcp,
             })
             .collect(),
+        inline: a.inline,
     };
     let pb = Bar::new(cfg.progress_total());
     let report = nfs_bench::run(&cfg, &pb).await;

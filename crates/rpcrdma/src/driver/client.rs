@@ -91,7 +91,8 @@ async fn open_client_link(
         //# Receiver implementations MUST support inline thresholds of 1024 bytes but MAY support
         //# larger inline thresholds values.
         // RFC 8166 §3.3.3: receivers support at least 1024-byte messages.
-        cfg.inline_recv.max(crate::privdata::DEFAULT_INLINE) as usize,
+        // cel-05 §3.3: at least 4096 bytes when the client may speak version 2.
+        cfg.recv_buffer_size(true) as usize,
     )?;
     // RFC 8167 §4.3.1: receives for replies and for backward calls go up before connecting.
     for (i, mr) in recv_bufs.iter().enumerate() {

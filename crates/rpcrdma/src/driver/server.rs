@@ -313,7 +313,10 @@ async fn serve_connection(
 ) -> Result<(), DriverError> {
     let cfg = &sh.cfg.rpc;
     let peer_pd = PrivateData::decode(req.private_data());
-    let params: Params = cfg.negotiate(peer_pd).into();
+    let mut params: Params = cfg.negotiate(peer_pd).into();
+    // cel-05 §3.3: a server that may speak version 2 posts receives of at least 4096 bytes
+    // (the size it announces as RBSIZ); the default (4096) changes nothing for version 1.
+    params.inline_recv = params.inline_recv.max(cfg.recv_buffer_size(false) as usize);
     let peer = req.peer_addr();
     let pd = dev.alloc_pd();
     let scq = dev.create_cq();

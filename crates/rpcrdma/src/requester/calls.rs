@@ -123,6 +123,8 @@ impl Requester {
                 writes: Vec::new(),
                 reply_chunk: None,
                 sent: false,
+                long_call: false,
+                reshaped: false,
             },
         );
         self.queue.push_back(xid);
@@ -171,6 +173,25 @@ impl Requester {
             .calls
             .get_mut(&xid)
             .ok_or_else(|| RpcError::Transport("unknown call".into()))?;
+        o.long_call = false;
+        if version == Version::V2 && !o.call.message.reduced.is_empty() {
+            // cel-05 §3.3 and §6.2.1: a larger inline threshold (the server's RBSIZ) is what
+            // version 2 offers; a call whose whole Payload stream fits it goes inline, unreduced,
+            // as RFC 8166 §3.5.1's Short message (reduction is the sender's choice, §3.4.3).
+            // The whole stream is built only when it fits (its length is known without it).
+            let msg = &o.call.message;
+            let whole_len = msg.len()
+                + msg
+                    .reduced
+                    .iter()
+                    .map(xdr::ReducedItem::padded_len)
+                    .sum::<usize>();
+            let lists = 16 + 8 + 12;
+            if lists + whole_len <= send_limit {
+                o.call.message = xdr::Encoded::whole(o.call.message.unreduced());
+                self.stats.inline_unreduced += 1;
+            }
+        }
         let msg = &o.call.message;
         // Read chunks for the reduced arguments, Positions in the reassembled stream.
         let mut read_chunks = Vec::new();
@@ -301,6 +322,7 @@ impl Requester {
             //# As these chunks contain a Payload stream, such chunks MUST include appropriate XDR
             //# roundup padding to maintain proper XDR alignment of their contents.
             self.stats.long_call += 1;
+            o.long_call = true;
             let r = reg.register_source(payload).map_err(reg_failed)?;
             let mut all = vec![ReadChunk {
                 //= specs/rfc8166.txt#section-3.5.3

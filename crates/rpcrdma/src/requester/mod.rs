@@ -25,8 +25,9 @@ use xdr::Encoded;
 
 use crate::call_policy::CallPolicy;
 use crate::engine::{Config, Params, Region, Registrar, XidMap};
+use crate::props::BackwardSupport;
 use crate::ulb::UpperLayerBinding;
-use crate::version::{Reason, RequesterVersion, SharedVersionMemory, Version};
+use crate::version::{Reason, RequesterVersion, SharedVersionMemory, V2Properties, Version};
 
 mod calls;
 mod reply;
@@ -74,6 +75,11 @@ struct Outstanding {
     writes: Vec<usize>,
     reply_chunk: Option<usize>,
     sent: bool,
+    /// The last transmission carried the Payload stream in a Position-Zero Read chunk.
+    long_call: bool,
+    /// Resent once already after a version 2 error that asks for another form (cel-05
+    /// §7.2.4: READ_CHUNKS, WRITE_CHUNKS); a second such error ends the call.
+    reshaped: bool,
 }
 
 /// The largest reply to procedure 0: by convention the NULL procedure of every program takes
@@ -121,6 +127,17 @@ pub struct RequesterStats {
     /// Calls refused without being sent: their program or version has no Upper-Layer
     /// Binding (RFC 8166 §6).
     pub no_binding: u64,
+    /// Calls resent under their XID in another form after RDMA2_ERR_READ_CHUNKS or
+    /// RDMA2_ERR_WRITE_CHUNKS (cel-05 §7.2.4).
+    pub reshaped: u64,
+    /// Version 2 calls sent inline whole although they had DDP-eligible arguments, because
+    /// the peer's RBSIZ let them fit (cel-05 §6.2.1).
+    pub inline_unreduced: u64,
+    /// Version 2 property messages received (RDMA2_CONNPROP, UPDPROP, REQPROP, RESPROP).
+    pub properties_received: u64,
+    /// Regions the server invalidated with Send With Invalidate (RFC 8797, cel-05 §7.2.3):
+    /// only their local release remained.
+    pub remote_invalidated: u64,
 }
 
 /// One connection's Requester.
@@ -146,6 +163,11 @@ pub struct Requester {
     /// address (cel-05 §8.2), and whether this connection's finding is recorded there yet.
     memory: Option<(SocketAddr, SharedVersionMemory)>,
     remembered: bool,
+    /// Version 2 transport properties: ours (RBSIZ = our receive buffers) and the server's
+    /// (cel-05 §6).
+    props: V2Properties,
+    /// Our RDMA2_CONNPROP went out on this connection.
+    connprop_sent: bool,
     /// What is decided about a call before it is encoded and after RDMA_ERR_CHUNK.
     policy: Arc<CallPolicy>,
 }
@@ -176,6 +198,8 @@ impl Requester {
             peer_v1_only: false,
             memory: None,
             remembered: false,
+            props: V2Properties::new(cfg.recv_buffer_size(true), BackwardSupport::Inline),
+            connprop_sent: false,
             policy: Arc::new(CallPolicy::new(&cfg, ulbs.clone())),
             ulbs,
             cfg,
@@ -237,11 +261,21 @@ impl Requester {
         }
         match self.version.current() {
             Version::V1 => self.params.inline_send,
+            // cel-05 §6.2.1: the server's RBSIZ, once announced, is the largest message it
+            // can receive (bounded here by the largest call we build at all).
+            Version::V2 if self.props.peer_announced => {
+                (self.props.send_limit() as usize).min(self.cfg.max_call_size)
+            }
             Version::V2 => self
                 .params
                 .inline_send
                 .max(crate::props::DEFAULT_RBSIZ as usize),
         }
+    }
+
+    /// Our version 2 transport properties and the server's, as announced.
+    pub fn v2_properties(&self) -> &V2Properties {
+        &self.props
     }
 
     /// Counters.
@@ -264,7 +298,11 @@ impl Requester {
     //= specs/rfc8166.txt#section-3.3.1
     //# A Requester MUST maintain enough receive resources to accommodate expected replies.
     pub fn receives_needed(&self) -> usize {
-        self.cfg.credits as usize + self.cfg.back_credits as usize
+        // Gap 4 of cel-05 (see CONFORMANCE): property messages carry no credit, so a
+        // Requester that may speak version 2 keeps one more receive for the server's
+        // RDMA2_CONNPROP.
+        let props = usize::from(self.cfg.version_policy != crate::version::VersionPolicy::V1);
+        self.cfg.credits as usize + self.cfg.back_credits as usize + props
     }
 
     /// Calls not yet completed.
@@ -290,6 +328,8 @@ impl Requester {
         }
         self.remembered = false;
         self.version = RequesterVersion::new(self.cfg.version_policy, self.peer_v1_only);
+        self.props = V2Properties::new(self.cfg.recv_buffer_size(true), BackwardSupport::Inline);
+        self.connprop_sent = false;
         self.in_flight = 0;
         self.abandoned.clear();
         let mut resend: Vec<u32> = self

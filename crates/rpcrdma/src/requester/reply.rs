@@ -10,7 +10,10 @@ use super::calls::CallHeader;
 use super::{Action, Requester};
 use crate::engine::{Registrar, reassemble};
 use crate::header::{Body, Chunks, ErrorBody, Header, chunk_len};
-use crate::header_v2::{Body2, Direction, ErrorBody2, Header2, RPCRDMA_VERSION_2, peek_version};
+use crate::header_v2::{
+    Body2, Direction, ErrorBody2, Header2, PropertyMessage, RPCRDMA_VERSION_2, peek_version,
+};
+use crate::props::PropLimits;
 use crate::responder::msg_type;
 use crate::version::{ErrVersOutcome, Reason, Version};
 
@@ -88,25 +91,96 @@ impl Requester {
                 let (Body2::Msg(l) | Body2::NoMsg(l)) = body else {
                     return Vec::new();
                 };
-                if self.calls.get(&xid).is_some_and(|o| o.sent) {
-                    let settled_before = self.version.settled();
+                // The first reply to a call of ours settles the probe (cel-05 §8) and lets our
+                // RDMA2_CONNPROP go.
+                let mut connprop = None;
+                if self.version.settled().is_none() && self.calls.get(&xid).is_some_and(|o| o.sent)
+                {
                     self.version.on_reply(Version::V2);
-                    if settled_before.is_none() {
-                        tracing::info!(
-                            xid,
-                            "RPC-over-RDMA version 2 negotiated: {}",
-                            Reason::ServerAnsweredV2
-                        );
-                    }
+                    tracing::info!(
+                        xid,
+                        "RPC-over-RDMA version 2 negotiated: {}",
+                        Reason::ServerAnsweredV2
+                    );
+                    connprop = self.connprop(xid);
                 }
                 let mut v1 = Header::msg_or_nomsg(xid, h.credits, l.chunks, nomsg);
                 v1.vers = RPCRDMA_VERSION_2;
-                self.on_message(v1, inline, remote_invalidated, reg)
+                let mut out = self.on_message(v1, inline, remote_invalidated, reg);
+                if let Some(c) = connprop {
+                    out.insert(0, c);
+                }
+                out
             }
             Body2::Error(e) => self.on_error_v2(xid, h.credits, e, reg),
-            // Property messages and OPTIONAL ones: nothing a requester acts on yet. They carry
-            // no credit of a call.
-            _ => {
+            // Property messages carry no credit of a call (gap 4).
+            Body2::ConnProp(c) => self.on_property(xid, PropertyMessage::ConnProp(c)),
+            Body2::ReqProp(r) => self.on_property(xid, PropertyMessage::ReqProp(r)),
+            Body2::ResProp(r) => self.on_property(xid, PropertyMessage::ResProp(r)),
+            Body2::UpdProp(u) => self.on_property(xid, PropertyMessage::UpdProp(u)),
+            Body2::Optional(o) => match o.property_message(&PropLimits::default()) {
+                // Gap 1: property messages sent as OPTIONAL opttypes 1-4.
+                Some(Ok(m)) => self.on_property(xid, m),
+                // §7.2.4: "error messages never flow from requester to responder": a
+                // malformed or unknown OPTIONAL from the server is dropped.
+                Some(Err(_)) | None => {
+                    self.stats.dropped += 1;
+                    Vec::new()
+                }
+            },
+        }
+    }
+
+    /// Our RDMA2_CONNPROP (cel-05 §6.3.1), once per connection, after the server's first
+    /// version 2 reply (gap 4: the version is settled and the server keeps a receive for it).
+    /// It carries the XID of the reply that settled the version.
+    fn connprop(&mut self, xid: u32) -> Option<Action> {
+        if self.connprop_sent || self.version.current() != Version::V2 {
+            return None;
+        }
+        self.connprop_sent = true;
+        let h = Header2::new(
+            xid,
+            self.cfg.credits,
+            Body2::ConnProp(self.props.connprop()),
+        );
+        Some(Action::Send {
+            xid,
+            data: h.to_bytes(),
+        })
+    }
+
+    /// A transport property message from the server (cel-05 §6.3).
+    fn on_property(&mut self, xid: u32, m: PropertyMessage) -> Vec<Action> {
+        self.stats.properties_received += 1;
+        match m {
+            // §6.3.1 / §6.3.4: the server's values; unknown properties are ignored (§6.3.1).
+            // Its RBSIZ raises (or keeps) our send limit. Decoding already checked every known
+            // value, so `apply_peer` cannot fail here.
+            PropertyMessage::ConnProp(c) => {
+                let _ = self.props.apply_peer(&c.start);
+                tracing::debug!(
+                    xid,
+                    rbsiz = self.props.peer_rbsiz,
+                    "server's RDMA2_CONNPROP"
+                );
+                Vec::new()
+            }
+            PropertyMessage::UpdProp(u) => {
+                let _ = self.props.apply_peer(&u.now);
+                Vec::new()
+            }
+            // §6.3.2-§6.3.3: answered with RDMA2_RESPROP under the request's XID; our values
+            // are fixed for the connection (our receives are posted at their size).
+            PropertyMessage::ReqProp(r) => {
+                let res = self.props.answer_reqprop(&r);
+                vec![Action::Send {
+                    xid,
+                    data: Header2::new(xid, self.cfg.credits, Body2::ResProp(res)).to_bytes(),
+                }]
+            }
+            // We send no RDMA2_REQPROP, so no response is awaited.
+            PropertyMessage::ResProp(_) => {
                 self.stats.dropped += 1;
                 Vec::new()
             }
@@ -172,16 +246,67 @@ impl Requester {
                 }
             }
         }
-        // §7.2.4: BAD_XDR is version 1's ERR_CHUNK; the others end the transaction with what
-        // the server said (SYSTEM: "MUST terminate"; the retries the draft allows for
-        // READ_CHUNKS, WRITE_CHUNKS and the RESOURCE errors are not made: see CONFORMANCE).
+        if let Some(out2) = self.reshape(xid, e, reg) {
+            out.extend(out2);
+            return out;
+        }
+        // §7.2.4: BAD_XDR is version 1's ERR_CHUNK. WRITE_RESOURCE and REPLY_RESOURCE may be
+        // answered by sending the request again with more reply resources; the server may
+        // have executed the call already, so (gap 7) the Upper-Layer Binding decides, as for
+        // version 1's short Reply chunk: both end the call with RdmaErrChunk, which the client
+        // driver retries as a new transaction with a larger Reply chunk only for the
+        // procedures its binding allows (RFC 8267 §3.1). SYSTEM "MUST terminate"; SEGMENTS
+        // and the rest end the call with what the server said.
         let err = match e {
-            ErrorBody2::BadXdr => RpcError::RdmaErrChunk,
+            ErrorBody2::BadXdr
+            | ErrorBody2::WriteResource { .. }
+            | ErrorBody2::ReplyResource { .. } => RpcError::RdmaErrChunk,
             other => RpcError::Transport(format!("RDMA2_ERROR {other:?}")),
         };
         out.extend(self.finish(xid, Err(err), None, reg));
         out.extend(self.pump(reg));
         out
+    }
+
+    /// cel-05 §7.2.4's SHOULD retries, under the same XID (the server refused the call before
+    /// executing it): after READ_CHUNKS the Payload stream goes whole in a Position-Zero Read
+    /// chunk; after WRITE_CHUNKS the call goes with no Write chunks and a Reply chunk large
+    /// enough for the whole reply. Once per call; `None` when the error asks for no retry.
+    fn reshape(&mut self, xid: u32, e: ErrorBody2, reg: &mut dyn Registrar) -> Option<Vec<Action>> {
+        let o = self.calls.get_mut(&xid)?;
+        if o.reshaped {
+            return None;
+        }
+        match e {
+            // "If this was a request using a Position-Zero Read chunk, the requester MUST
+            // terminate the transaction with an error."
+            ErrorBody2::ReadChunks { .. } if o.long_call => return None,
+            ErrorBody2::ReadChunks { .. } => {
+                let whole = o.call.message.unreduced();
+                // Too long for a Short message (build() would have sent it whole inline
+                // otherwise), so it goes as a Long Call.
+                o.call.message = xdr::Encoded::whole(whole);
+            }
+            ErrorBody2::WriteChunks { .. } if !o.writes.is_empty() => {
+                o.call.no_reduction = true;
+            }
+            _ => return None,
+        }
+        o.reshaped = true;
+        let mut out = Vec::new();
+        for r in o.regions.drain(..) {
+            if reg.invalidate(r.id, false).is_err() {
+                out.push(Action::Close);
+            }
+        }
+        o.writes.clear();
+        o.reply_chunk = None;
+        o.sent = false;
+        self.stats.reshaped += 1;
+        tracing::debug!(xid, error = ?e, "version 2 call resent in another form");
+        self.queue.push_front(xid);
+        out.extend(self.pump(reg));
+        Some(out)
     }
 
     /// A reply or backward call in version 1's shape (either version on the wire).
@@ -353,6 +478,7 @@ impl Requester {
             for r in o.regions {
                 let remote =
                     remote_invalidated.is_some_and(|h| r.segments.iter().all(|s| s.handle == h));
+                self.stats.remote_invalidated += u64::from(remote);
                 if reg.invalidate(r.id, remote).is_err() {
                     //= specs/rfc8166.txt#section-4.5.4
                     //# After a Requester has received a reply, if it is unable to invalidate a

@@ -196,7 +196,9 @@ impl Responder {
     fn apply_peer(&mut self, set: &crate::props::PropSet) -> Incoming {
         match self.props.apply_peer(set) {
             Ok(()) => {
-                self.params.inline_send = self.props.send_limit() as usize;
+                // Bounded by the largest message this Responder handles at all.
+                self.params.inline_send =
+                    (self.props.send_limit() as usize).min(self.cfg.max_call_size);
                 Incoming::Nothing
             }
             // Decoding already checked known values; nothing is left to refuse here.

@@ -205,6 +205,8 @@ pub struct Responder {
     version: ResponderVersion,
     /// Version 2 transport properties (ours and the peer's, cel-05 §6).
     props: V2Properties,
+    /// Our RDMA2_CONNPROP went out (before the first version 2 reply).
+    connprop_sent: bool,
     /// Deadlines of RDMA Reads and backward calls.
     deadlines: timers::Deadlines,
 }
@@ -270,7 +272,12 @@ impl Responder {
             back_outstanding: HashSet::new(),
             back_queue: VecDeque::new(),
             version: ResponderVersion::new(Version::V1, cfg.max_version),
-            props: V2Properties::new(cfg.inline_recv, BackwardSupport::Inline),
+            // RBSIZ announces the receive buffers the driver posts (`params.inline_recv`).
+            props: V2Properties::new(
+                u32::try_from(params.inline_recv).unwrap_or(u32::MAX),
+                BackwardSupport::Inline,
+            ),
+            connprop_sent: false,
             deadlines: timers::Deadlines::default(),
             cfg,
         }
@@ -329,7 +336,25 @@ impl Responder {
     /// Receive buffers the driver keeps posted: the forward grant plus one per outstanding
     /// backward call (RFC 8167 §4.3.2).
     pub fn receives_needed(&self) -> usize {
-        self.cfg.credits as usize + self.cfg.back_credits as usize
+        // Gap 4 of cel-05 (CONFORMANCE): a version 2 client's RDMA2_CONNPROP carries no
+        // credit, so a Responder that may speak version 2 keeps one more receive for it.
+        let props = usize::from(self.cfg.max_version == Version::V2);
+        self.cfg.credits as usize + self.cfg.back_credits as usize + props
+    }
+
+    /// Our RDMA2_CONNPROP, once per version 2 connection, sent just before the first reply
+    /// (cel-05 §6.3.1; gap 4: by then the client's version is known, and a version 2 client
+    /// keeps a receive for it). It carries the XID of that reply.
+    fn connprop(&mut self, xid: u32) -> Option<Action> {
+        if self.connprop_sent || !self.v2() {
+            return None;
+        }
+        self.connprop_sent = true;
+        let h = Header2::new(xid, self.grant(), Body2::ConnProp(self.props.connprop()));
+        Some(Action::Send {
+            data: h.to_bytes(),
+            invalidate: None,
+        })
     }
 
     /// The forward credit grant; never zero (RFC 8166 §3.3.1).

@@ -8,6 +8,7 @@ use xdr::DdpPolicy;
 use super::{Incoming, PendingCall, ReadyCall, ReplyToken, Responder, call_header, rpc_xid};
 use crate::engine::reassemble;
 use crate::header::{Chunks, ErrorResponse};
+use crate::header_v2::{ErrorBody2, ErrorResponse2};
 
 impl Responder {
     /// Continue a call once every Read chunk has been pulled (`data[i]` for `reads[i]`).
@@ -15,6 +16,14 @@ impl Responder {
         self.deadlines.reads_done(p.id);
         let xid = p.header.xid;
         if data.len() != p.reads.len() {
+            // The driver pulled other than what was asked: the responder's own problem
+            // (cel-05 §7.2.4 RDMA2_ERR_SYSTEM in version 2).
+            if self.v2() {
+                return self.error2(ErrorResponse2::Error {
+                    xid,
+                    body: ErrorBody2::System,
+                });
+            }
             return self.error(ErrorResponse::ErrChunk { xid });
         }
         let Some(chunks) = p.header.body.chunks().cloned() else {
@@ -93,6 +102,10 @@ impl Responder {
         let gss = Credential::parse(&call.cred).is_ok_and(|c| c.forbids_reduction());
         let ulb = self.ulbs.get(&call.prog).cloned();
         let n_other = others.len();
+        // cel-05 §7.2.4: a version 2 responder that "cannot handle any Write chunks" answers
+        // REPLY_RESOURCE when the reply does not fit without them: its Write chunks are left
+        // unused and the reply takes the inline or Reply chunk path, which says so.
+        let mut no_writes = false;
         if let Some(ulb) = &ulb {
             // RFC 8267 §6.4.2 style complexity limits: RDMA_ERR_CHUNK.
             let lim = ulb.chunk_limits();
@@ -103,7 +116,33 @@ impl Responder {
                     .as_ref()
                     .is_none_or(|c| c.len() <= lim.max_segments);
             let pz = p.reads.len() - n_other;
-            if !segs_ok
+            if self.v2() {
+                // cel-05 §7.2.4: each limit has its own error naming it. Gap 6: only Read
+                // chunks at non-zero Positions count against READ_CHUNKS' maximum; one
+                // Position-Zero Read chunk is always accepted.
+                let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+                let body = if n_other > lim.max_read_chunks {
+                    Some(ErrorBody2::ReadChunks {
+                        max_chunks: count(lim.max_read_chunks),
+                    })
+                } else if lim.max_write_chunks > 0 && chunks.writes.len() > lim.max_write_chunks {
+                    Some(ErrorBody2::WriteChunks {
+                        max_chunks: count(lim.max_write_chunks),
+                    })
+                } else if !segs_ok {
+                    Some(ErrorBody2::Segments {
+                        max_segments: count(lim.max_segments),
+                    })
+                } else if pz > lim.max_position_zero_chunks.max(1) {
+                    Some(ErrorBody2::BadXdr)
+                } else {
+                    None
+                };
+                if let Some(body) = body {
+                    return self.error2(ErrorResponse2::Error { xid, body });
+                }
+                no_writes = lim.max_write_chunks == 0;
+            } else if !segs_ok
                 || n_other > lim.max_read_chunks
                 || pz > lim.max_position_zero_chunks
                 || chunks.writes.len() > lim.max_write_chunks
@@ -153,7 +192,7 @@ impl Responder {
         //= specs/rfc8166.txt#section-8.2.2.3
         //# Therefore, a sender MUST NOT reduce a Payload stream when RPCSEC_GSS integrity or
         //# encryption services are in use.
-        let policy = if gss || chunks.writes.is_empty() {
+        let policy = if gss || no_writes || chunks.writes.is_empty() {
             DdpPolicy::Inline
         } else {
             // RFC 8166 §4.3.2: "When a Requester provides a Write list, the Responder MUST push

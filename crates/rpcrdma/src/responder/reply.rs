@@ -72,7 +72,11 @@ impl Responder {
             }
         }
         if msg.reduced.len() > token.writes.len() {
-            // The dispatcher reduced more than the policy allowed: cannot be expressed.
+            // The dispatcher reduced more than the policy allowed: cannot be expressed. A
+            // problem of the responder's own: cel-05 §7.2.4 RDMA2_ERR_SYSTEM in version 2.
+            if self.v2() {
+                return self.error2_actions(xid, ErrorBody2::System);
+            }
             return self.error_actions(ErrorResponse::ErrChunk { xid });
         }
         let payload = msg.to_bytes();
@@ -146,6 +150,7 @@ impl Responder {
         };
         let mut data = self.header_bytes(xid, self.grant(), body, Direction::Reply, inline.len());
         data.extend_from_slice(&inline);
+        actions.extend(self.connprop(xid));
         actions.push(Action::Send {
             data: data.freeze(),
             invalidate: token.swi_handle,
