@@ -117,7 +117,7 @@ impl ConnDecoder {
     }
 
     fn decide(&mut self, first: &[u8]) {
-        let mpa = first.len() >= 4
+        let mpa = !first.is_empty()
             && (first.starts_with(&verbs::wire::mpa::REQ_KEY[..first.len().min(16)])
                 || first.starts_with(&verbs::wire::mpa::REP_KEY[..first.len().min(16)]));
         self.kind = if self.ports.contains(&RDS_TCP_PORT) && !mpa {

@@ -120,6 +120,38 @@ pub fn decode(file: &[u8]) -> Result<Decoded, DecodeError> {
     })
 }
 
+/// Decode one connection's two byte streams without a capture around them (for tests and the
+/// fuzz target): `client` and `server` are what each side sent, fed in pieces of at most
+/// `piece` bytes, alternating sides; `server_port` picks the protocol as a capture's port would
+/// (16385: RDS over TCP; anything else: iWARP when the client starts with an MPA Request).
+pub fn decode_stream(client: &[u8], server: &[u8], server_port: u16, piece: usize) -> Vec<Message> {
+    let c: std::net::SocketAddr = ([127, 0, 0, 1], 40000).into();
+    let s: std::net::SocketAddr = ([127, 0, 0, 1], server_port).into();
+    let mut d = conn::ConnDecoder::new(0, c, s, true);
+    let mut out = Vec::new();
+    let piece = piece.max(1);
+    let (mut a, mut b) = (client.chunks(piece), server.chunks(piece));
+    let mut frame = 0u64;
+    loop {
+        let mut fed = false;
+        for (side, chunk) in [(tcp::Side::Client, a.next()), (tcp::Side::Server, b.next())] {
+            if let Some(data) = chunk {
+                frame += 1;
+                let ev = tcp::Event::Data {
+                    frame,
+                    time: 0.0,
+                    data: data.to_vec(),
+                };
+                d.feed(side, vec![ev], &mut out);
+                fed = true;
+            }
+        }
+        if !fed {
+            return out;
+        }
+    }
+}
+
 /// Decode the capture file at `path`.
 pub fn decode_path(path: &Path) -> Result<Decoded, DecodeError> {
     decode(&std::fs::read(path)?)

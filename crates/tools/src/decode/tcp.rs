@@ -54,6 +54,8 @@ struct Half {
     ooo_bytes: usize,
     /// Bytes dropped as retransmissions.
     retransmitted: u64,
+    /// The FIN's sequence number, frame and time: bytes before it that never came are a gap.
+    fin: Option<(u32, u64, f64)>,
 }
 
 /// Signed distance from `b` to `a` in sequence space.
@@ -68,6 +70,10 @@ impl Half {
             if seg.payload.is_empty() {
                 return;
             }
+        }
+        if seg.fin {
+            let end = seg.seq.wrapping_add(seg.wire_len as u32);
+            self.fin.get_or_insert((end, seg.frame, seg.time));
         }
         if seg.payload.is_empty() && seg.wire_len == 0 {
             return;
@@ -172,6 +178,16 @@ impl Half {
             }
         }
         self.ooo_bytes = 0;
+        if let (Some(next), Some((end, frame, time))) = (self.next, self.fin)
+            && seq_diff(end, next) > 0
+        {
+            out.push(Event::Gap {
+                frame,
+                time,
+                missing: seq_diff(end, next) as u64,
+            });
+            self.next = Some(end);
+        }
     }
 }
 
