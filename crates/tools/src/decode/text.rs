@@ -266,35 +266,36 @@ pub fn line(m: &Message, t0: f64) -> String {
 }
 
 fn tree(out: &mut String, v: &serde_json::Value, depth: usize) {
+    if let serde_json::Value::Object(map) = v {
+        for (k, val) in map {
+            node(out, k, val, depth);
+        }
+    } else {
+        let _ = writeln!(out, "{}{}", "    ".repeat(depth), scalar(v));
+    }
+}
+
+/// One field: scalars and lists of scalars on one line, objects and lists of them nested.
+fn node(out: &mut String, key: &str, v: &serde_json::Value, depth: usize) {
     let pad = "    ".repeat(depth);
     match v {
-        serde_json::Value::Object(map) => {
-            for (k, val) in map {
-                match val {
-                    serde_json::Value::Null => {}
-                    serde_json::Value::Object(_) => {
-                        let _ = writeln!(out, "{pad}{k}:");
-                        tree(out, val, depth + 1);
-                    }
-                    serde_json::Value::Array(a) if a.is_empty() => {}
-                    serde_json::Value::Array(a) if a.iter().all(|x| !x.is_object()) => {
-                        let items: Vec<String> = a.iter().map(scalar).collect();
-                        let _ = writeln!(out, "{pad}{k}: {}", items.join(", "));
-                    }
-                    serde_json::Value::Array(a) => {
-                        for (i, x) in a.iter().enumerate() {
-                            let _ = writeln!(out, "{pad}{k}[{i}]:");
-                            tree(out, x, depth + 1);
-                        }
-                    }
-                    _ => {
-                        let _ = writeln!(out, "{pad}{k}: {}", scalar(val));
-                    }
-                }
+        serde_json::Value::Null => {}
+        serde_json::Value::Object(_) => {
+            let _ = writeln!(out, "{pad}{key}:");
+            tree(out, v, depth + 1);
+        }
+        serde_json::Value::Array(a) if a.is_empty() => {}
+        serde_json::Value::Array(a) if a.iter().all(|x| !x.is_object() && !x.is_array()) => {
+            let items: Vec<String> = a.iter().map(scalar).collect();
+            let _ = writeln!(out, "{pad}{key}: {}", items.join(", "));
+        }
+        serde_json::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                node(out, &format!("{key}[{i}]"), x, depth);
             }
         }
-        other => {
-            let _ = writeln!(out, "{pad}{}", scalar(other));
+        _ => {
+            let _ = writeln!(out, "{pad}{key}: {}", scalar(v));
         }
     }
 }
