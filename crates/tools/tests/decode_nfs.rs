@@ -54,6 +54,12 @@ fn decoded(s: &Session, name: &str) -> Decoded {
 /// Serve a directory, and over one captured RPC-over-RDMA connection: NULL, CREATE, a 9000-byte
 /// WRITE (Read chunk), COMMIT, READ (Write chunk), READDIRPLUS; with `nfs4`, two COMPOUNDs.
 async fn nfs_session(policy: VersionPolicy, nfs4: bool) -> Session {
+    nfs_session_with(policy, nfs4, false).await
+}
+
+/// [`nfs_session`]; with `long`, 60 more files first (so that READDIRPLUS answers with a Long
+/// Reply) and a third COMPOUND of 5 KB (a Long Call through a Position-Zero Read chunk).
+async fn nfs_session_with(policy: VersionPolicy, nfs4: bool, long: bool) -> Session {
     let dir = tempfile::tempdir().unwrap();
     let export = dir.path().join("export");
     let caps = dir.path().join("caps");
@@ -94,7 +100,14 @@ async fn nfs_session(policy: VersionPolicy, nfs4: bool) -> Session {
     let data = pattern(9000);
     c.write_all(&fh, &data, 1 << 20).await.unwrap();
     assert_eq!(c.read_all(&fh, 1 << 20).await.unwrap(), data);
-    assert_eq!(c.readdirplus_all(&root).await.unwrap().len(), 3);
+    let more = if long { 60 } else { 0 };
+    for i in 0..more {
+        let name = format!("file-with-a-longish-name-{i:03}");
+        c.create(&root, name.as_bytes(), CreateHow3::Unchecked(Sattr3::default()))
+            .await
+            .unwrap();
+    }
+    assert_eq!(c.readdirplus_all(&root).await.unwrap().len(), 3 + more);
     if nfs4 {
         let v4 = RpcClient::new(rdma.clone(), 100003, 4);
         for ops in [
@@ -107,7 +120,13 @@ async fn nfs_session(policy: VersionPolicy, nfs4: bool) -> Session {
                 OpArgs::Lookup(Component4::from_slice(b"f")),
                 OpArgs::Getfh,
             ],
-        ] {
+        ]
+        .into_iter()
+        .chain(long.then(|| {
+            let mut ops = vec![OpArgs::Putrootfh];
+            ops.extend((0..20).map(|_| OpArgs::Lookup(Component4::from_slice(&[b'x'; 255]))));
+            ops
+        })) {
             let args = encode_compound(b"decode", 1, &ops);
             v4.call(1, move |e| e.put_raw(&args), ReplyExpectation::default())
                 .await
@@ -429,4 +448,43 @@ fn tshark_cross_check(pcap: &Path, d: &Decoded) {
         .collect();
     assert!(!theirs.is_empty(), "tshark decoded no RPC-over-RDMA");
     assert_eq!(ours, theirs, "per-frame XIDs differ from tshark's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_calls_and_long_replies_decode_from_chunk_data() {
+    let s = tokio::time::timeout(
+        Duration::from_secs(60),
+        nfs_session_with(VersionPolicy::V1, true, true),
+    )
+    .await
+    .expect("session timed out");
+    let d = decoded(&s, "nfs-long.pcap");
+    let hdrs = rpcrdma(&d);
+    // The 5 KB COMPOUND went as RDMA_NOMSG with a Position-Zero Read chunk; its RPC message
+    // was decoded from the RDMA Read Response data.
+    let long_call = hdrs
+        .iter()
+        .find(|r| r.rpc_from == Some("read chunk"))
+        .expect("no Long Call decoded");
+    assert_eq!(long_call.proc_name, "RDMA_NOMSG");
+    assert_eq!(long_call.reads[0].position, 0);
+    let rpc = long_call.rpc.as_ref().unwrap();
+    assert_eq!(rpc.proc_name.as_deref(), Some("NFSv4 COMPOUND"));
+    assert_eq!(rpc.nfs.as_ref().unwrap().ops.len(), 21);
+    // The READDIRPLUS of 63 entries came back as RDMA_NOMSG through the Reply chunk, written
+    // before the Send.
+    let long_reply = hdrs
+        .iter()
+        .find(|r| r.rpc_from == Some("reply chunk"))
+        .expect("no Long Reply decoded");
+    let rpc = long_reply.rpc.as_ref().unwrap();
+    assert_eq!(rpc.kind, "reply");
+    assert_eq!(rpc.proc_name.as_deref(), Some("NFSv3 READDIRPLUS"));
+    assert_eq!(rpc.nfs.as_ref().unwrap().status, Some(0));
+    let (rpcs, _) = timeline::build(&d.messages);
+    let t = rpcs
+        .iter()
+        .find(|t| t.xid == long_reply.xid)
+        .expect("no timeline for the Long Reply");
+    assert!(t.rdma.iter().any(|o| o.op == "Write" && o.chunk == "reply"));
 }
