@@ -103,9 +103,13 @@ async fn nfs_session_with(policy: VersionPolicy, nfs4: bool, long: bool) -> Sess
     let more = if long { 60 } else { 0 };
     for i in 0..more {
         let name = format!("file-with-a-longish-name-{i:03}");
-        c.create(&root, name.as_bytes(), CreateHow3::Unchecked(Sattr3::default()))
-            .await
-            .unwrap();
+        c.create(
+            &root,
+            name.as_bytes(),
+            CreateHow3::Unchecked(Sattr3::default()),
+        )
+        .await
+        .unwrap();
     }
     assert_eq!(c.readdirplus_all(&root).await.unwrap().len(), 3 + more);
     if nfs4 {
