@@ -404,6 +404,64 @@ async fn a_cut_segment_is_reported_and_decoding_goes_on() {
     assert!(!call_names(&d).iter().any(|n| n == "NFSv3 WRITE"));
 }
 
+/// Swap pcap records `a` and `b` (0-based).
+fn swap_records(pcap: &[u8], a: usize, b: usize) -> Vec<u8> {
+    let mut recs = Vec::new();
+    let mut off = 24;
+    while off + 16 <= pcap.len() {
+        let len = u32::from_le_bytes(pcap[off + 8..off + 12].try_into().unwrap()) as usize;
+        recs.push(&pcap[off..off + 16 + len]);
+        off += 16 + len;
+    }
+    recs.swap(a, b);
+    let mut out = pcap[..24].to_vec();
+    for r in recs {
+        out.extend_from_slice(r);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_recorded_before_its_call_is_still_named() {
+    let s = tokio::time::timeout(
+        Duration::from_secs(60),
+        nfs_session(VersionPolicy::V1, false),
+    )
+    .await
+    .expect("session timed out");
+    let pcap = std::fs::read(&s.pcap).unwrap();
+    let d = decode::decode(&pcap).unwrap();
+    // The CREATE call and its reply, each alone in its frame: record them the other way round.
+    let frame_of = |kind: &str| {
+        d.messages
+            .iter()
+            .find(|m| {
+                text::rpcrdma_of(m)
+                    .and_then(|r| r.rpc.as_ref())
+                    .is_some_and(|c| {
+                        c.proc_name.as_deref() == Some("NFSv3 CREATE") && c.kind == kind
+                    })
+            })
+            .unwrap()
+            .frame as usize
+    };
+    let (call, reply) = (frame_of("call"), frame_of("reply"));
+    let swapped = decode::decode(&swap_records(&pcap, call - 1, reply - 1)).unwrap();
+    let create: Vec<_> = rpcrdma(&swapped)
+        .into_iter()
+        .filter_map(|r| r.rpc.as_ref())
+        .filter(|c| c.proc_name.as_deref() == Some("NFSv3 CREATE"))
+        .map(|c| c.kind)
+        .collect();
+    assert_eq!(create, ["reply", "call"]);
+    let (rpcs, _) = timeline::build(&swapped.messages);
+    let t = rpcs
+        .iter()
+        .find(|t| t.proc_name.as_deref() == Some("NFSv3 CREATE"))
+        .unwrap();
+    assert_eq!(t.reply_frame, Some(call as u64));
+}
+
 /// Wireshark's per-frame RPC-over-RDMA XIDs must be ours (version 1 only: tshark decodes
 /// nothing else).
 fn tshark_cross_check(pcap: &Path, d: &Decoded) {

@@ -61,9 +61,18 @@ pub struct ConnDecoder {
     /// Long Calls waiting for their Position-Zero Read chunk data: message index, sender,
     /// segments.
     long_calls: Vec<(usize, Side, Vec<Seg>)>,
+    /// Replies whose call was not seen (yet): sender, XID, message index, the RPC message.
+    /// A capture whose directions were recorded out of causal order can hold a reply before
+    /// its call; the reply is named once the call shows up.
+    pending_replies: Vec<(Side, u32, usize, Vec<u8>)>,
+    /// Replies named late, to be put into their messages: message index and RPC.
+    resolved: Vec<(usize, super::model::RpcInfo)>,
     /// Bytes of a stream of another protocol.
     pub other_bytes: u64,
 }
+
+/// Replies kept waiting for their call, per connection.
+const MAX_PENDING_REPLIES: usize = 256;
 
 const RDS_TCP_PORT: u16 = ::rds::wire::RDS_TCP_PORT;
 /// The port NFS over RDMA listens on (RFC 5666 / RFC 8267): a stream joined mid-way on it is
@@ -87,6 +96,8 @@ impl ConnDecoder {
             read_sinks: HashMap::new(),
             chunk_data: HashMap::new(),
             long_calls: Vec::new(),
+            pending_replies: Vec::new(),
+            resolved: Vec::new(),
             other_bytes: 0,
         }
     }
@@ -263,6 +274,9 @@ impl ConnDecoder {
             IwEvent::Error(what) => Body::Error { what },
         };
         out.push(self.msg(side, frame, time, body));
+        for (index, rpc) in std::mem::take(&mut self.resolved) {
+            set_rpc(out, index, rpc, None);
+        }
     }
 
     fn mpa(&mut self, side: Side, f: MpaFrame) -> Body {
@@ -414,13 +428,31 @@ impl ConnDecoder {
         self.calls.get(&(other, xid)).copied()
     }
 
-    fn decode_rpc_from(&mut self, side: Side, msg: &[u8]) -> super::model::RpcInfo {
+    fn decode_rpc_from(&mut self, side: Side, msg: &[u8], index: usize) -> super::model::RpcInfo {
         let rpc = decode_rpc(msg, |xid| self.call_key(side, xid));
         if rpc.kind == "call"
             && let (Some(prog), Some(vers), Some(proc_)) = (rpc.prog, rpc.vers, rpc.proc_num)
         {
             self.calls
                 .insert((side, rpc.xid), CallKey { prog, vers, proc_ });
+            // Replies to this call that came first.
+            let (xid, mut i) = (rpc.xid, 0);
+            while i < self.pending_replies.len() {
+                let (s, x, _, _) = &self.pending_replies[i];
+                if *s != side && *x == xid {
+                    let (s, _, idx, bytes) = self.pending_replies.swap_remove(i);
+                    let named = decode_rpc(&bytes, |x| self.call_key(s, x));
+                    self.resolved.push((idx, named));
+                } else {
+                    i += 1;
+                }
+            }
+        } else if rpc.kind == "reply" && rpc.prog.is_none() && rpc.malformed.is_none() {
+            if self.pending_replies.len() >= MAX_PENDING_REPLIES {
+                self.pending_replies.remove(0);
+            }
+            self.pending_replies
+                .push((side, rpc.xid, index, msg.to_vec()));
         }
         rpc
     }
@@ -430,7 +462,7 @@ impl ConnDecoder {
         if rpcrdma::has_inline_payload(&h) {
             let inline = data.get(h.hdr_len..).unwrap_or(&[]);
             let payload = rpcrdma::rebuild_payload(inline, &h.reads);
-            h.rpc = Some(self.decode_rpc_from(side, &payload));
+            h.rpc = Some(self.decode_rpc_from(side, &payload, index));
             h.rpc_from = Some("inline");
         } else if h.malformed.is_none() && matches!(h.proc_name, "RDMA_NOMSG" | "RDMA2_NOMSG") {
             if let Some(rc) = h.reads.iter().find(|r| r.position == 0) {
@@ -439,7 +471,7 @@ impl ConnDecoder {
             } else if let Some(reply) = &h.reply_chunk {
                 // Long Reply: the responder wrote the message into the Reply chunk first.
                 if let Some(msg) = self.gather(reply) {
-                    h.rpc = Some(self.decode_rpc_from(side, &msg));
+                    h.rpc = Some(self.decode_rpc_from(side, &msg, index));
                     h.rpc_from = Some("reply chunk");
                 }
             }
@@ -482,19 +514,34 @@ impl ConnDecoder {
             let Some(msg) = self.gather(&segs) else {
                 continue;
             };
-            let rpc = self.decode_rpc_from(side, &msg);
-            if let Some(Message {
-                body:
-                    Body::Rdmap(RdmapInfo {
-                        upper: Some(Upper::Rpcrdma(h)),
-                        ..
-                    }),
+            let rpc = self.decode_rpc_from(side, &msg, index);
+            set_rpc(out, index, rpc, Some("read chunk"));
+        }
+        for (index, rpc) in std::mem::take(&mut self.resolved) {
+            set_rpc(out, index, rpc, None);
+        }
+    }
+}
+
+/// Put an RPC decoded late into the RPC-over-RDMA message at `index`.
+fn set_rpc(
+    out: &mut [Message],
+    index: usize,
+    rpc: super::model::RpcInfo,
+    from: Option<&'static str>,
+) {
+    if let Some(Message {
+        body:
+            Body::Rdmap(RdmapInfo {
+                upper: Some(Upper::Rpcrdma(h)),
                 ..
-            }) = out.get_mut(index)
-            {
-                h.rpc = Some(rpc);
-                h.rpc_from = Some("read chunk");
-            }
+            }),
+        ..
+    }) = out.get_mut(index)
+    {
+        h.rpc = Some(rpc);
+        if from.is_some() {
+            h.rpc_from = from;
         }
     }
 }

@@ -86,16 +86,27 @@ pub fn build(messages: &[Message]) -> (Vec<RpcTimeline>, Vec<ProcLatency>) {
     let mut open: HashMap<(u32, u32), usize> = HashMap::new();
     let mut handles: HashMap<(u32, u32), (usize, String)> = HashMap::new();
     let mut sinks: HashMap<(u32, u32), (usize, String)> = HashMap::new();
+    // Replies seen before their call (a capture recorded out of causal order).
+    let mut orphans: HashMap<(u32, u32), (&Message, &RpcRdmaInfo)> = HashMap::new();
     for m in messages {
         let Body::Rdmap(rd) = &m.body else { continue };
         match &rd.upper {
             Some(Upper::Rpcrdma(r)) => match is_call(m, r) {
-                Some(true) => call(m, r, &mut out, &mut open, &mut handles),
+                Some(true) => {
+                    call(m, r, &mut out, &mut open, &mut handles);
+                    if let Some((rm, rr)) = orphans.remove(&(m.stream, r.xid))
+                        && let Some(i) = open.remove(&(m.stream, r.xid))
+                    {
+                        reply(rm, rr, &mut out[i]);
+                    }
+                }
                 Some(false) => {
                     if let Some(i) = open.remove(&(m.stream, r.xid)) {
                         reply(m, r, &mut out[i]);
                         handles.retain(|_, (j, _)| *j != i);
                         sinks.retain(|_, (j, _)| *j != i);
+                    } else {
+                        orphans.insert((m.stream, r.xid), (m, r));
                     }
                 }
                 None => {}
