@@ -306,6 +306,7 @@ async fn nfs4_compound_operations_decode() {
     .await
     .expect("session timed out");
     let d = decoded(&s, "nfs4.pcap");
+    tshark_cross_check(&s.pcap, &d);
     let compounds: Vec<_> = rpcrdma(&d)
         .into_iter()
         .filter_map(|r| r.rpc.as_ref())
@@ -462,24 +463,31 @@ async fn a_reply_recorded_before_its_call_is_still_named() {
     assert_eq!(t.reply_frame, Some(call as u64));
 }
 
-/// Wireshark's per-frame RPC-over-RDMA XIDs must be ours (version 1 only: tshark decodes
-/// nothing else).
+/// Every RPC-over-RDMA field tshark also decodes, per frame, must have our value: XID,
+/// version, credits, message type, Read segment / Write chunk / Reply chunk counts, the first
+/// Read position, and the RPC procedure where tshark decoded the RPC (version 1 only: tshark
+/// decodes nothing else).
 fn tshark_cross_check(pcap: &Path, d: &Decoded) {
-    let out = match std::process::Command::new("tshark")
-        .args(["-r"])
+    let fields = [
+        "frame.number",
+        "rpcordma.xid",
+        "rpcordma.version",
+        "rpcordma.flow_control",
+        "rpcordma.msg_type",
+        "rpcordma.reads_count",
+        "rpcordma.writes_count",
+        "rpcordma.reply_count",
+        "rpcordma.position",
+        "rpc.procedure",
+    ];
+    let mut cmd = std::process::Command::new("tshark");
+    cmd.arg("-r")
         .arg(pcap)
-        .args([
-            "-Y",
-            "rpcordma",
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-            "-e",
-            "rpcordma.xid",
-        ])
-        .output()
-    {
+        .args(["-Y", "rpcordma", "-T", "fields"]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = match cmd.output() {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
         Ok(o) => panic!("tshark failed: {}", String::from_utf8_lossy(&o.stderr)),
         Err(_) => {
@@ -487,29 +495,73 @@ fn tshark_cross_check(pcap: &Path, d: &Decoded) {
             return;
         }
     };
-    let theirs: Vec<(u64, u32)> = out
+    let theirs: Vec<Vec<String>> = out
         .lines()
-        .filter_map(|l| {
-            let mut f = l.split('\t');
-            let frame = f.next()?.parse().ok()?;
-            let x = f.next()?.split(',').next()?;
-            let x = u32::from_str_radix(x.trim_start_matches("0x"), 16).ok()?;
-            Some((frame, x))
+        .map(|l| {
+            l.split('\t')
+                .map(|f| f.split(',').next().unwrap_or("").to_string())
+                .collect()
         })
         .collect();
-    let ours: Vec<(u64, u32)> = d
+    let proc_num = |n: &str| match n {
+        "RDMA_MSG" => 0,
+        "RDMA_NOMSG" => 1,
+        "RDMA_MSGP" => 2,
+        "RDMA_DONE" => 3,
+        _ => 4,
+    };
+    let ours: Vec<Vec<String>> = d
         .messages
         .iter()
         .filter_map(|m| match &m.body {
             Body::Rdmap(r) => match &r.upper {
-                Some(Upper::Rpcrdma(h)) if h.vers == 1 => Some((m.frame, h.xid)),
+                Some(Upper::Rpcrdma(h)) if h.vers == 1 => Some((m.frame, h)),
                 _ => None,
             },
             _ => None,
         })
+        .map(|(frame, h)| {
+            let nreads: usize = h.reads.iter().map(|c| c.segments.len()).sum();
+            vec![
+                frame.to_string(),
+                format!("{:#010x}", h.xid),
+                h.vers.to_string(),
+                h.credits.to_string(),
+                proc_num(h.proc_name).to_string(),
+                nreads.to_string(),
+                h.writes.len().to_string(),
+                usize::from(h.reply_chunk.is_some()).to_string(),
+                h.reads
+                    .first()
+                    .map(|c| c.position.to_string())
+                    .unwrap_or_default(),
+                h.rpc
+                    .as_ref()
+                    .and_then(|c| c.proc_num)
+                    .map(|p| p.to_string())
+                    .unwrap_or_default(),
+            ]
+        })
         .collect();
     assert!(!theirs.is_empty(), "tshark decoded no RPC-over-RDMA");
-    assert_eq!(ours, theirs, "per-frame XIDs differ from tshark's");
+    assert_eq!(
+        ours.len(),
+        theirs.len(),
+        "frames decoded: {ours:?} vs {theirs:?}"
+    );
+    for (o, t) in ours.iter().zip(&theirs) {
+        for (i, f) in fields.iter().enumerate() {
+            // tshark leaves the procedure out where it did not decode the RPC.
+            if t[i].is_empty() && *f == "rpc.procedure" {
+                continue;
+            }
+            assert_eq!(
+                o[i], t[i],
+                "{f} of frame {}: ours {o:?}, tshark {t:?}",
+                o[0]
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -521,6 +573,7 @@ async fn long_calls_and_long_replies_decode_from_chunk_data() {
     .await
     .expect("session timed out");
     let d = decoded(&s, "nfs-long.pcap");
+    tshark_cross_check(&s.pcap, &d);
     let hdrs = rpcrdma(&d);
     // The 5 KB COMPOUND went as RDMA_NOMSG with a Position-Zero Read chunk; its RPC message
     // was decoded from the RDMA Read Response data.
