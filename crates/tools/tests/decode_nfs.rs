@@ -603,3 +603,145 @@ async fn long_calls_and_long_replies_decode_from_chunk_data() {
         .expect("no timeline for the Long Reply");
     assert!(t.rdma.iter().any(|o| o.op == "Write" && o.chunk == "reply"));
 }
+
+/// The same traffic captured by the kernel instead of our tee: `dumpcap` (Wireshark's capture
+/// tool, as tcpdump would) on the loopback interface writes pcapng with real TCP segments
+/// (ACKs, coalesced and split writes). Skipped, with the reason printed, without dumpcap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_pcapng_capture_of_the_loopback_decodes() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let export = dir.path().join("export");
+    std::fs::create_dir_all(&export).unwrap();
+    let mut cfg = ServeConfig::new(&export);
+    cfg.tcp = Some(local());
+    cfg.portmap = None;
+    cfg.rdma = Some(local());
+    let served = start(cfg).await.unwrap();
+    let port = served.rdma_addr.unwrap().port();
+    // UDP datagrams to this socket tell when dumpcap really captures.
+    let probe = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let probe_port = probe.local_addr().unwrap().port();
+    let file = dir.path().join("lo.pcapng");
+    let filter = format!("tcp port {port} or udp port {probe_port}");
+    let child = Command::new("dumpcap")
+        .args(["-i", "lo", "-q", "-f", &filter, "-w"])
+        .arg(&file)
+        .stderr(Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        println!("SKIP kernel capture: dumpcap is not installed");
+        served.shutdown().await;
+        return;
+    };
+    // dumpcap says "Capturing on ..." once it captures.
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let started = tokio::task::spawn_blocking(move || {
+        while err.read_line(&mut line).unwrap_or(0) > 0 {
+            if line.contains("Capturing on") {
+                return Ok(err);
+            }
+            line.clear();
+        }
+        Err(line)
+    })
+    .await
+    .unwrap();
+    let Ok(_stderr) = started else {
+        println!("SKIP kernel capture: dumpcap could not capture on lo");
+        let _ = child.kill();
+        served.shutdown().await;
+        return;
+    };
+    // "Capturing on" comes before the capture does: probe until a datagram is in the file
+    // (bounded).
+    let mut capturing = false;
+    for _ in 0..100 {
+        let _ = probe.send_to(b"probe", probe.local_addr().unwrap());
+        if decode::decode_path(&file).is_ok_and(|d| d.frames.not_tcp > 0) {
+            capturing = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(capturing, "dumpcap never captured the probe datagrams");
+    let tcp: Arc<dyn RpcTransport> =
+        Arc::new(TcpClient::connect(served.nfs_addr.unwrap()).await.unwrap());
+    let root = MountClient::new(tcp).mnt("/").await.unwrap();
+    let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
+    let tc = TransportConfig {
+        reconnect_attempts: 0,
+        ..TransportConfig::default()
+    };
+    let rdma = Arc::new(
+        RdmaClient::connect_with(served.rdma_addr.unwrap(), tc, vec![ulb], None)
+            .await
+            .unwrap(),
+    );
+    let c = Nfs3Client::new(rdma.clone()).with_auth_sys(0, 0, vec![]);
+    c.null().await.unwrap();
+    let fh = c
+        .create(&root, b"k", CreateHow3::Unchecked(Sattr3::default()))
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap()
+        .obj
+        .unwrap();
+    let data = pattern(100_000);
+    c.write_all(&fh, &data, 1 << 20).await.unwrap();
+    assert_eq!(c.read_all(&fh, 1 << 20).await.unwrap(), data);
+    rdma.disconnect().await;
+    served.shutdown().await;
+    // dumpcap reads the kernel's buffer in batches and writes them as it goes: wait (bounded)
+    // until the file holds the connection's end, then SIGINT makes it finish the file.
+    let ended = |d: &Decoded| {
+        d.messages
+            .iter()
+            .filter_map(text::rpcrdma_of)
+            .filter_map(|r| r.rpc.as_ref())
+            .any(|c| c.kind == "reply" && c.proc_name.as_deref() == Some("NFSv3 READ"))
+    };
+    for _ in 0..100 {
+        if decode::decode_path(&file).is_ok_and(|d| ended(&d)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    if let Some(keep) = std::env::var_os("OXRDMA_DECODE_KEEP") {
+        let _ = std::fs::create_dir_all(&keep);
+        let _ = std::fs::copy(&file, Path::new(&keep).join("lo.pcapng"));
+    }
+    let d = decode::decode_path(&file).unwrap();
+    let iwarp: Vec<_> = d.streams.iter().filter(|s| s.protocol == "iwarp").collect();
+    assert_eq!(iwarp.len(), 1, "{:?}", d.streams);
+    assert!(d.messages.iter().all(|m| !matches!(
+        m.body,
+        Body::Gap { .. } | Body::Error { .. } | Body::Resync { .. }
+    )));
+    let names = call_names(&d);
+    for want in ["NFSv3 NULL", "NFSv3 CREATE", "NFSv3 WRITE", "NFSv3 READ"] {
+        assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+    }
+    let (rpcs, _) = timeline::build(&d.messages);
+    assert!(rpcs.iter().all(|t| t.elapsed_us.is_some_and(|e| e >= 0.0)));
+    let read = rpcs
+        .iter()
+        .find(|t| t.proc_name.as_deref() == Some("NFSv3 READ"))
+        .unwrap();
+    assert_eq!(
+        read.rdma
+            .iter()
+            .filter(|o| o.op == "Write")
+            .map(|o| o.len)
+            .sum::<u64>(),
+        100_000
+    );
+    tshark_cross_check(&file, &d);
+}
