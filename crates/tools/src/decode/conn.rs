@@ -73,6 +73,11 @@ pub struct ConnDecoder {
 
 /// Replies kept waiting for their call, per connection.
 const MAX_PENDING_REPLIES: usize = 256;
+/// Entries of each per-connection table (calls, Read sinks, chunk data, Long Calls): past it
+/// the table is emptied, so that memory stays bounded however long the capture.
+const MAX_TABLE: usize = 65536;
+/// Chunk handles whose data is kept (each at most 64 KiB).
+const MAX_CHUNK_DATA: usize = 1024;
 
 const RDS_TCP_PORT: u16 = ::rds::wire::RDS_TCP_PORT;
 /// The port NFS over RDMA listens on (RFC 5666 / RFC 8267): a stream joined mid-way on it is
@@ -349,6 +354,10 @@ impl ConnDecoder {
                     _ => Some(stag),
                 };
                 if let Some(h) = handle {
+                    if self.chunk_data.len() >= MAX_CHUNK_DATA && !self.chunk_data.contains_key(&h)
+                    {
+                        self.chunk_data.clear();
+                    }
                     let e = self.chunk_data.entry(h).or_default();
                     let room = iwarp::KEEP_TAGGED.saturating_sub(e.len());
                     e.extend_from_slice(&m.data[..room.min(m.data.len())]);
@@ -367,6 +376,9 @@ impl ConnDecoder {
         match m.opcode {
             Opcode::ReadRequest => match ReadRequest::decode(&m.data) {
                 Ok(r) => {
+                    if self.read_sinks.len() >= MAX_TABLE {
+                        self.read_sinks.clear();
+                    }
                     self.read_sinks.insert(r.sink_stag, r.src_stag);
                     // A new read of this handle replaces what an earlier one brought.
                     self.chunk_data.remove(&r.src_stag);
@@ -433,6 +445,9 @@ impl ConnDecoder {
         if rpc.kind == "call"
             && let (Some(prog), Some(vers), Some(proc_)) = (rpc.prog, rpc.vers, rpc.proc_num)
         {
+            if self.calls.len() >= MAX_TABLE {
+                self.calls.clear();
+            }
             self.calls
                 .insert((side, rpc.xid), CallKey { prog, vers, proc_ });
             // Replies to this call that came first.
@@ -467,6 +482,9 @@ impl ConnDecoder {
         } else if h.malformed.is_none() && matches!(h.proc_name, "RDMA_NOMSG" | "RDMA2_NOMSG") {
             if let Some(rc) = h.reads.iter().find(|r| r.position == 0) {
                 // Long Call: the message comes by RDMA Read, later in the capture.
+                if self.long_calls.len() >= MAX_PENDING_REPLIES {
+                    self.long_calls.remove(0);
+                }
                 self.long_calls.push((index, side, rc.segments.clone()));
             } else if let Some(reply) = &h.reply_chunk {
                 // Long Reply: the responder wrote the message into the Reply chunk first.

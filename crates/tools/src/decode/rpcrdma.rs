@@ -224,6 +224,8 @@ pub fn rebuild_payload(inline: &[u8], reads: &[ReadChunkInfo]) -> Vec<u8> {
     const MAX_FILL: u64 = 16 << 20;
     let mut out = Vec::with_capacity(inline.len());
     let mut taken = 0usize;
+    // What is put back, over all chunks, is bounded: a capture may name any lengths.
+    let mut budget = MAX_FILL;
     for rc in reads.iter().filter(|r| r.position != 0) {
         // Positions count in the rebuilt stream; the inline bytes before it are those not yet
         // taken.
@@ -233,8 +235,9 @@ pub fn rebuild_payload(inline: &[u8], reads: &[ReadChunkInfo]) -> Vec<u8> {
         out.extend_from_slice(&inline[taken..end]);
         taken = end;
         let len: u64 = rc.segments.iter().map(|s| u64::from(s.length)).sum();
-        let padded = len.div_ceil(4) * 4;
-        out.resize(out.len() + padded.min(MAX_FILL) as usize, 0);
+        let fill = (len.div_ceil(4) * 4).min(budget);
+        budget -= fill;
+        out.resize(out.len() + fill as usize, 0);
     }
     out.extend_from_slice(&inline[taken..]);
     out
