@@ -218,28 +218,29 @@ impl ConnDecoder {
         loop {
             let rest = &bufs[i][pos..];
             if lost[i] {
-                match (0..rest.len().saturating_sub(2 * rds::HEADER_LEN - 1))
-                    .find(|&p| rds::plausible_at(&rest[p..]))
-                {
-                    Some(p) => {
-                        pos += p;
-                        skipped[i] += p as u64;
-                        found.push(Body::Resync {
-                            skipped: skipped[i],
-                            how: "two consecutive valid RDS headers".into(),
-                        });
-                        skipped[i] = 0;
-                        lost[i] = false;
+                // Positions that are not a header are skipped for good; the scan waits at
+                // the first one that needs more bytes to tell.
+                let mut verdict = None;
+                for p in 0..rest.len() {
+                    match rds::plausible_at(&rest[p..]) {
+                        Some(false) => continue,
+                        Some(true) => verdict = Some((p, true)),
+                        None => verdict = Some((p, false)),
                     }
-                    None => {
-                        // Keep the tail that a header could still start in.
-                        let keep = rest.len().min(rds::MAX_MSG_LEN + 2 * rds::HEADER_LEN);
-                        let drop = rest.len() - keep;
-                        pos += drop;
-                        skipped[i] += drop as u64;
-                        break;
-                    }
+                    break;
                 }
+                let (p, found_it) = verdict.unwrap_or((rest.len(), false));
+                pos += p;
+                skipped[i] += p as u64;
+                if !found_it {
+                    break;
+                }
+                found.push(Body::Resync {
+                    skipped: skipped[i],
+                    how: "two consecutive valid RDS headers".into(),
+                });
+                skipped[i] = 0;
+                lost[i] = false;
                 continue;
             }
             match rds::next_message(rest) {

@@ -121,27 +121,31 @@ pub fn next_message(buf: &[u8]) -> Next {
     }
 }
 
-/// True when `buf` plausibly starts an RDS header (for resynchronising after a gap): it
-/// decodes, its length is within RDS's limit, a congestion map is 8 KiB, and, when the bytes
-/// are there, the header after it decodes too.
-pub fn plausible_at(buf: &[u8]) -> bool {
+/// Whether `buf` plausibly starts an RDS header (for resynchronising after a gap): it decodes,
+/// is not all zeros, its length is within RDS's limit (a congestion map is 8 KiB), `h_ack` and
+/// `h_credit` are 0 as on TCP, and the header after its payload decodes too. `None` when the
+/// bytes to tell are not there yet.
+pub fn plausible_at(buf: &[u8]) -> Option<bool> {
+    if buf.len() < HEADER_LEN {
+        return None;
+    }
     let Ok(h) = Header::decode(buf) else {
-        return false;
+        return Some(false);
     };
     // A run of zeros decodes as an ack-only header: never resync on one.
-    if buf[..HEADER_LEN].iter().all(|b| *b == 0) {
-        return false;
-    }
-    if h.len as usize > MAX_MSG_LEN
+    if buf[..HEADER_LEN].iter().all(|b| *b == 0)
+        || h.len as usize > MAX_MSG_LEN
         || (h.is_cong_map() && h.len as usize != CONG_MAP_LEN)
         || h.ack != 0
         || h.credit != 0
     {
-        return false;
+        return Some(false);
     }
     let next = HEADER_LEN + h.len as usize;
     match buf.get(next..) {
-        Some(rest) if rest.len() >= HEADER_LEN => Header::decode(rest).is_ok_and(|n| n.ack == 0),
-        _ => false,
+        Some(rest) if rest.len() >= HEADER_LEN => {
+            Some(Header::decode(rest).is_ok_and(|n| n.ack == 0))
+        }
+        _ => None,
     }
 }

@@ -217,11 +217,13 @@ pub fn has_inline_payload(i: &RpcRdmaInfo) -> bool {
 
 /// The Payload stream of an RDMA_MSG with the items its Read chunks reduced put back (as
 /// zeros: their bytes travelled by RDMA Read), so that the RPC arguments after them decode.
+/// At most 2 MiB is put back in all (a 1 MiB NFS WRITE fits); arguments after more than that
+/// do not decode and are reported so.
 /// RFC 8166 §3.4.5: a Read chunk's position is its item's offset in the Payload stream; the
 /// item is XDR-padded in the stream but not in the chunk (§3.4.6), so the length put back is
 /// rounded up to four.
 pub fn rebuild_payload(inline: &[u8], reads: &[ReadChunkInfo]) -> Vec<u8> {
-    const MAX_FILL: u64 = 16 << 20;
+    const MAX_FILL: u64 = 2 << 20;
     let mut out = Vec::with_capacity(inline.len());
     let mut taken = 0usize;
     // What is put back, over all chunks, is bounded: a capture may name any lengths.
