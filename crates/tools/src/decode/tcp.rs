@@ -256,8 +256,9 @@ impl Reassembler {
         } else {
             (seg.dst, seg.src)
         };
-        // A SYN (without ACK: we only see the flag) on a tuple whose earlier connection ended
-        // starts a new stream; a retransmitted SYN does not.
+        // One stream per address pair: a later connection reusing the same pair continues it
+        // (its SYN restarts the sequence tracking; the decoders see its bytes as more of the
+        // same stream).
         let idx = match self.index.get(&key) {
             Some(&i) => i,
             None => {
