@@ -39,6 +39,8 @@ enum Kind {
         bufs: [Vec<u8>; 2],
         lost: [bool; 2],
         skipped: [u64; 2],
+        /// Bytes the message at the head needs in all: nothing is tried before they are there.
+        want: [usize; 2],
     },
     /// Neither: its bytes are counted, not decoded.
     Other,
@@ -141,6 +143,7 @@ impl ConnDecoder {
                 bufs: Default::default(),
                 lost: [!self.saw_syn; 2],
                 skipped: [0; 2],
+                want: [0; 2],
             }
         } else if mpa || self.ports.contains(&NFS_RDMA_PORT) {
             let from_start = mpa && self.saw_syn;
@@ -175,9 +178,12 @@ impl ConnDecoder {
                     out.push(self.msg(side, frame, time, Body::Gap { missing }));
                     match &mut self.kind {
                         Kind::Iwarp { halves, .. } => halves[side.index()].gap(),
-                        Kind::RdsTcp { bufs, lost, .. } => {
+                        Kind::RdsTcp {
+                            bufs, lost, want, ..
+                        } => {
                             bufs[side.index()].clear();
                             lost[side.index()] = true;
+                            want[side.index()] = 0;
                         }
                         // Before any data: whichever protocol it is, it starts mid-stream.
                         Kind::Undecided => self.saw_syn = false,
@@ -207,12 +213,16 @@ impl ConnDecoder {
             bufs,
             lost,
             skipped,
+            want,
         } = &mut self.kind
         else {
             return;
         };
         let i = side.index();
         bufs[i].extend_from_slice(data);
+        if !lost[i] && bufs[i].len() < want[i] {
+            return;
+        }
         let mut pos = 0;
         let mut found = Vec::new();
         loop {
@@ -248,7 +258,10 @@ impl ConnDecoder {
                     pos += total;
                     found.push(Body::RdsTcp(info));
                 }
-                rds::Next::Partial => break,
+                rds::Next::Partial(total) => {
+                    want[i] = total;
+                    break;
+                }
                 rds::Next::Bad(why) => {
                     found.push(Body::Error {
                         what: format!("RDS header: {why}"),

@@ -96,8 +96,8 @@ pub fn decode_fragment(send: &[u8]) -> RdsInfo {
 pub enum Next {
     /// A whole message of `total` bytes (header included).
     Message { info: RdsInfo, total: usize },
-    /// More bytes are needed.
-    Partial,
+    /// More bytes are needed: the message is this long in all.
+    Partial(usize),
     /// The bytes are not an RDS header.
     Bad(String),
 }
@@ -105,7 +105,7 @@ pub enum Next {
 /// Decode the message at the head of `buf`.
 pub fn next_message(buf: &[u8]) -> Next {
     if buf.len() < HEADER_LEN {
-        return Next::Partial;
+        return Next::Partial(HEADER_LEN);
     }
     let h = match Header::decode(buf) {
         Ok(h) => h,
@@ -117,7 +117,7 @@ pub fn next_message(buf: &[u8]) -> Next {
             info: describe(&h, p),
             total,
         },
-        None => Next::Partial,
+        None => Next::Partial(total),
     }
 }
 
