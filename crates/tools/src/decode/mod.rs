@@ -100,6 +100,9 @@ pub fn decode(file: &[u8]) -> Result<Decoded, DecodeError> {
             d.feed(side, events, &mut messages);
         }
     }
+    // Bytes held behind a hole come out late: put every message back in capture order (the
+    // frame that completed it; stable, so a frame's messages keep their order).
+    messages.sort_by_key(|m| m.frame);
     let streams = reasm
         .connections()
         .iter()
