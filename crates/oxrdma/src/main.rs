@@ -70,6 +70,8 @@ enum Command {
     Nfs(cmd::nfs::NfsCommand),
     /// perftest-style RDMA Write/Read/Send bandwidth and latency with the raw-TCP ceiling.
     Perf(cmd::perf::PerfArgs),
+    /// Decode a pcap/pcapng capture: iWARP, RPC-over-RDMA v1/v2 with RPC and NFS, RDS.
+    Decode(cmd::decode::DecodeArgs),
 }
 
 fn init_tracing(verbose: u8) {
@@ -131,6 +133,7 @@ fn main() -> ExitCode {
                 Command::Iwarp(c) => cmd::iwarp::run(c).await,
                 Command::Nfs(c) => cmd::nfs::run(c).await,
                 Command::Perf(a) => cmd::perf::run(a).await,
+                Command::Decode(a) => cmd::decode::run(a).await,
             }
         });
         match command.await {

@@ -20,6 +20,9 @@
 //!   (ops/s, server RSS, open registrations, credits in use).
 //! - [`hostile`]: `nfs torture --hostile`, hostile clients (Long Calls never answered, stalled
 //!   connections, replies never read) through [`proxy`] beside a well-behaved client.
+//! - [`decode`]: `oxrdma decode`, a pcap/pcapng decoder for iWARP (MPA/DDP/RDMAP),
+//!   RPC-over-RDMA versions 1 and 2 with the RPC and NFS messages under them, and RDS over TCP
+//!   and iWARP, with TCP reassembly, gap reports and a per-XID timeline.
 //! - [`proxy`]: a fault-injecting TCP relay (stall a direction, stop reading a side, drop the
 //!   connection) that turns any client, soft-iWARP or ONC RPC over TCP, into a hostile one.
 //!
@@ -31,6 +34,7 @@
 //! What it does not do: implement any of the real protocols (those stay in `xdr`, `oncrpc`,
 //! `verbs`, `rpcrdma`, `rds` and `nfs`), parse command lines or print (the CLI does).
 
+pub mod decode;
 pub mod hostile;
 pub mod iwpeer;
 mod json;

@@ -238,7 +238,8 @@ impl Drop for Capture {
 /// A tee on one connection's byte stream: where a capture is on, what passes through is
 /// recorded in it (a recording error is ignored: the capture is a diagnostic, never a reason
 /// to fail the connection). Clones share the capture; stream order is the order of the calls,
-/// which the driver makes in stream order for each direction.
+/// which the driver makes in stream order for each direction. A write is recorded under the
+/// same lock as it is made, so what is read in answer to it always comes after it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Tee(Option<Arc<Mutex<Capture>>>);
 
@@ -262,9 +263,8 @@ impl Tee {
         }
     }
 
-    /// Record the first `n` bytes of `slices`, which went `dir`.
-    fn record_slices(&self, dir: Dir, slices: &[IoSlice<'_>], mut n: usize) {
-        let Some(c) = &self.0 else { return };
+    /// Record the first `n` bytes of `slices`, which went `dir`, into a capture already locked.
+    fn record_slices_locked(c: &mut Capture, dir: Dir, slices: &[IoSlice<'_>], mut n: usize) {
         let mut parts: Vec<&[u8]> = Vec::with_capacity(slices.len());
         for s in slices {
             if n == 0 {
@@ -275,8 +275,25 @@ impl Tee {
             n -= take;
         }
         if !parts.is_empty() {
-            let _ = c.lock().record_parts(dir, &parts);
+            let _ = c.record_parts(dir, &parts);
         }
+    }
+
+    /// Run a (non-blocking) write and record what it wrote, holding the capture for both, so
+    /// that a reply the reading half receives to these bytes is recorded after them: the
+    /// capture's cross-direction order is then causal, as on the wire.
+    fn write_through(
+        &self,
+        slices: &[IoSlice<'_>],
+        write: impl FnOnce() -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        let Some(c) = &self.0 else { return write() };
+        let mut c = c.lock();
+        let r = write();
+        if let Poll::Ready(Ok(n)) = r {
+            Self::record_slices_locked(&mut c, Dir::Out, slices, n);
+        }
+        r
     }
 
     /// End the capture (FINs) and flush it.
@@ -309,9 +326,12 @@ impl<S> Teed<S> {
 impl Teed<OwnedWriteHalf> {
     /// `TcpStream::try_write_vectored` through the tee.
     pub(crate) fn try_write_vectored(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
-        let n = self.inner.as_ref().try_write_vectored(slices)?;
-        self.tee.record_slices(Dir::Out, slices, n);
-        Ok(n)
+        match self.tee.write_through(slices, || {
+            Poll::Ready(self.inner.as_ref().try_write_vectored(slices))
+        }) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
     }
 }
 
@@ -338,11 +358,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Teed<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = r {
-            this.tee.record(Dir::Out, &buf[..n]);
-        }
-        r
+        let (inner, tee) = (&mut this.inner, &this.tee);
+        tee.write_through(&[IoSlice::new(buf)], || Pin::new(inner).poll_write(cx, buf))
     }
     fn poll_write_vectored(
         self: Pin<&mut Self>,
@@ -350,11 +367,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Teed<S> {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = r {
-            this.tee.record_slices(Dir::Out, bufs, n);
-        }
-        r
+        let (inner, tee) = (&mut this.inner, &this.tee);
+        tee.write_through(bufs, || Pin::new(inner).poll_write_vectored(cx, bufs))
     }
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()

@@ -1,5 +1,6 @@
 //! Command groups, one module each.
 
+pub mod decode;
 pub mod iwarp;
 pub mod nfs;
 pub mod perf;
