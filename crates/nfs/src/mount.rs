@@ -25,6 +25,9 @@ pub mod proc_ {
     pub const UMNT: u32 = 3;
     pub const UMNTALL: u32 = 4;
     pub const EXPORT: u32 = 5;
+
+    /// Each procedure's name, by number (RFC 1813 Appendix I).
+    pub const NAMES: [&str; 6] = ["NULL", "MNT", "DUMP", "UMNT", "UMNTALL", "EXPORT"];
 }
 
 xdr_enum! {

@@ -54,6 +54,32 @@ pub mod proc_ {
     pub const COMMIT: u32 = 21;
     /// Number of procedures.
     pub const COUNT: u32 = 22;
+
+    /// Each procedure's name, by number (RFC 1813 §3.3): for logs, counters and decoders.
+    pub const NAMES: [&str; COUNT as usize] = [
+        "NULL",
+        "GETATTR",
+        "SETATTR",
+        "LOOKUP",
+        "ACCESS",
+        "READLINK",
+        "READ",
+        "WRITE",
+        "CREATE",
+        "MKDIR",
+        "SYMLINK",
+        "MKNOD",
+        "REMOVE",
+        "RMDIR",
+        "RENAME",
+        "LINK",
+        "READDIR",
+        "READDIRPLUS",
+        "FSSTAT",
+        "FSINFO",
+        "PATHCONF",
+        "COMMIT",
+    ];
 }
 
 /// Whether NFSv3 procedure `proc_` changes the file system (RFC 1813 §3.3): SETATTR, WRITE,

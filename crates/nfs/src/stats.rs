@@ -31,34 +31,11 @@ fn transport_index(t: TransportKind) -> usize {
     }
 }
 
-/// NFSv3 procedure names, by number (RFC 1813 §3.3).
-const NFS3_PROCS: [&str; 22] = [
-    "NULL",
-    "GETATTR",
-    "SETATTR",
-    "LOOKUP",
-    "ACCESS",
-    "READLINK",
-    "READ",
-    "WRITE",
-    "CREATE",
-    "MKDIR",
-    "SYMLINK",
-    "MKNOD",
-    "REMOVE",
-    "RMDIR",
-    "RENAME",
-    "LINK",
-    "READDIR",
-    "READDIRPLUS",
-    "FSSTAT",
-    "FSINFO",
-    "PATHCONF",
-    "COMMIT",
-];
+/// NFSv3 procedure names, by number.
+const NFS3_PROCS: [&str; 22] = nfs3::proc_::NAMES;
 
 /// MOUNT v3 procedure names, by number (RFC 1813 Appendix I).
-const MOUNT3_PROCS: [&str; 6] = ["NULL", "MNT", "DUMP", "UMNT", "UMNTALL", "EXPORT"];
+const MOUNT3_PROCS: [&str; 6] = mount::proc_::NAMES;
 
 /// NFSv4 procedure names (RFC 8881 §16).
 const NFS4_PROCS: [&str; 2] = ["NULL", "COMPOUND"];

@@ -20,33 +20,10 @@ const PORTMAP_PROGRAM: u32 = 100000;
 const NFSACL_PROGRAM: u32 = 100227;
 
 /// NFSv3 procedure names (RFC 1813 §3.3).
-const NFS3_NAMES: [&str; 22] = [
-    "NULL",
-    "GETATTR",
-    "SETATTR",
-    "LOOKUP",
-    "ACCESS",
-    "READLINK",
-    "READ",
-    "WRITE",
-    "CREATE",
-    "MKDIR",
-    "SYMLINK",
-    "MKNOD",
-    "REMOVE",
-    "RMDIR",
-    "RENAME",
-    "LINK",
-    "READDIR",
-    "READDIRPLUS",
-    "FSSTAT",
-    "FSINFO",
-    "PATHCONF",
-    "COMMIT",
-];
+const NFS3_NAMES: [&str; 22] = nfs::nfs3::proc_::NAMES;
 
 /// MOUNT v3 procedure names (RFC 1813 Appendix I).
-const MOUNT3_NAMES: [&str; 6] = ["NULL", "MNT", "DUMP", "UMNT", "UMNTALL", "EXPORT"];
+const MOUNT3_NAMES: [&str; 6] = nfs::mount::proc_::NAMES;
 
 /// The hash a file handle is shown by: CRC-32C of its bytes.
 pub fn fh_hash(fh: &[u8]) -> String {
