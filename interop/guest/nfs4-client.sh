@@ -19,7 +19,7 @@ rt() {
     v=$(sed -n 's/^STEP mount ok.* nfs4 .*[ ,]vers=\([0-9.]*\).*/\1/p' $out | head -1)
     if ! grep -q "^CELL $c pass" $out; then grep "^CELL $c " $out || echo "CELL $c fail no result"
     elif [ "$v" != "$want" ]; then echo "CELL $c fail mounted vers=${v:-?}, wanted $want"
-    else echo "CELL $c pass vers=$v: $(sed -n "s/^CELL $c pass //p" $out)"; fi
+    else echo "CELL $c pass vers=$v: $(sed -n "s|^CELL $c pass ||p" $out)"; fi
 }
 rt rdma/v4.1 "vers=4.1,proto=rdma,port=$RP" 4.1
 rt tcp/v4.1 "vers=4.1,proto=tcp,port=$TP" 4.1
@@ -36,7 +36,7 @@ rt tcp/no-vers "proto=tcp,port=$TP" 4.2
 # the UTS name of the process that mounts (rpc_create).  So client A mounts over RDMA, and
 # client B over TCP from another UTS namespace with another hostname: two nfs_clients, two
 # co_ownerids, two client IDs at the server.
-cat > /tmp/lk.py <<'PY'
+cat > /tmp/lockf.py <<'PY'
 import errno, fcntl, os, sys, time
 # lk.py hold PATH READY RELEASE | try PATH | wait PATH GOT RELEASE
 mode, path = sys.argv[1], sys.argv[2]
@@ -82,19 +82,20 @@ echo "/proc/fs/nfsfs/servers:"; cat /proc/fs/nfsfs/servers
 n=$(grep -c '^v4 ' /proc/fs/nfsfs/servers)
 if [ "$n" -ge 2 ]; then echo "CELL lock/two-clients pass $n NFSv4 nfs_clients (A rdma hostname $(hostname), B tcp hostname ixlock-b)"
 else echo "CELL lock/two-clients fail $n NFSv4 nfs_client(s) in /proc/fs/nfsfs/servers"; fi
+lockcells=${lockcells#lock/two-clients }
 F=ixlock.$$; head -c 4096 /dev/urandom > $LA/$F
 # A holds an exclusive lock on the whole file
-python3 /tmp/lk.py hold $LA/$F /tmp/lk.ready /tmp/lk.release > /tmp/lk.a 2>&1 & a=$!
+python3 /tmp/lockf.py hold $LA/$F /tmp/lk.ready /tmp/lk.release > /tmp/lk.a 2>&1 & a=$!
 for i in $(seq 300); do [ -e /tmp/lk.ready ] && break; sleep 0.2; done
 if [ ! -e /tmp/lk.ready ]; then lockfail "A never got its lock: $(tr '\n' ' ' < /tmp/lk.a)"; kill $a; umount $LA $LB; exit 0; fi
 echo "A: $(cat /tmp/lk.a)"
 # B, F_SETLK: must fail at once
-r=$(timeout 60 python3 /tmp/lk.py try $LB/$F 2>&1)
+r=$(timeout 60 python3 /tmp/lockf.py try $LB/$F 2>&1)
 echo "B try: $r"
 case $r in busy*) echo "CELL lock/setlk-conflict pass B's F_SETLK failed with $(cut -d' ' -f2 <<<"$r") while A holds the lock";;
            *) echo "CELL lock/setlk-conflict fail B's F_SETLK gave: $r";; esac
 # B, F_SETLKW: must block while A holds the lock, and get it after A releases
-python3 /tmp/lk.py wait $LB/$F /tmp/lk.bgot /tmp/lk.brelease > /tmp/lk.b 2>&1 & b=$!
+python3 /tmp/lockf.py wait $LB/$F /tmp/lk.bgot /tmp/lk.brelease > /tmp/lk.b 2>&1 & b=$!
 sleep 5
 if [ -e /tmp/lk.bgot ]; then echo "CELL lock/setlkw-waits fail B got the lock while A held it: $(tr '\n' ' ' < /tmp/lk.b)"
 else echo "CELL lock/setlkw-waits pass B's F_SETLKW still blocked after 5 s"; fi
@@ -107,9 +108,9 @@ if [ -e /tmp/lk.bgot ]; then
     echo "CELL lock/setlkw-gets-on-release pass B got the lock $(python3 -c "print(round($got - $rel, 1))") s after A released it"
 else echo "CELL lock/setlkw-gets-on-release fail B did not get the lock within ${WAIT}s of A's release: $(tr '\n' ' ' < /tmp/lk.b)"; fi
 # while B holds it, A's F_SETLK fails; after B releases, A's succeeds
-r1=$(timeout 60 python3 /tmp/lk.py try $LA/$F 2>&1)
+r1=$(timeout 60 python3 /tmp/lockf.py try $LA/$F 2>&1)
 touch /tmp/lk.brelease; wait $b
-r2=$(timeout 60 python3 /tmp/lk.py try $LA/$F 2>&1)
+r2=$(timeout 60 python3 /tmp/lockf.py try $LA/$F 2>&1)
 echo "A try while B holds: $r1; after B released: $r2"
 case "$r1/$r2" in busy*/got) echo "CELL lock/setlk-after-release pass A's F_SETLK: '$r1' while B held the lock, 'got' after B released";;
                   *) echo "CELL lock/setlk-after-release fail A's F_SETLK: '$r1' while B held, '$r2' after";; esac
