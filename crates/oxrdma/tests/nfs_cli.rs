@@ -369,7 +369,9 @@ fn bench_prints_every_row_and_the_ratios() {
             .unwrap()
             .parse()
             .unwrap();
-        assert!(v > 0.0, "{line}");
+        // A number, not a speed check: two decimals can print 0.00 on a loaded machine
+        // (one 1 MiB READ against a raw stream), which is no failure of the command.
+        assert!(v.is_finite() && v >= 0.0, "{line}");
     }
     // The temporary export is gone again.
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
