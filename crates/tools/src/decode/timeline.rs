@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::model::{Body, Message, RdmapInfo, RpcRdmaInfo, Seg, Upper};
@@ -217,32 +216,34 @@ fn rdma_op(
     }
 }
 
-/// Latency per procedure of the RPCs that got a reply.
+/// Latency per procedure of the RPCs that got a reply. The quantiles are exact (the elapsed
+/// times of one procedure sorted, then the sample at rank ⌈q·n⌉): a capture's RPCs are already
+/// all in memory, and one histogram per procedure cost more than decoding the capture (about
+/// 190 KB zeroed per procedure at three significant figures).
 pub fn latencies(t: &[RpcTimeline]) -> Vec<ProcLatency> {
-    let mut by: BTreeMap<String, (Histogram<u64>, f64)> = BTreeMap::new();
+    let mut by: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for r in t {
         let Some(us) = r.elapsed_us else { continue };
-        let name = r.proc_name.clone().unwrap_or_else(|| "(unknown)".into());
-        let Ok(h) = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3) else {
-            continue;
-        };
-        let e = by.entry(name).or_insert((h, 0.0));
-        e.0.saturating_record(us.max(1.0) as u64);
-        e.1 += us;
+        let name = r.proc_name.as_deref().unwrap_or("(unknown)");
+        by.entry(name).or_default().push(us.max(0.0));
     }
     by.into_iter()
-        .map(|(proc_name, (h, sum))| ProcLatency {
-            proc_name,
-            count: h.len(),
-            mean_us: if h.is_empty() {
-                0.0
-            } else {
-                sum / h.len() as f64
-            },
-            p50_us: h.value_at_quantile(0.5),
-            p90_us: h.value_at_quantile(0.9),
-            p99_us: h.value_at_quantile(0.99),
-            max_us: h.max(),
+        .map(|(proc_name, mut v)| {
+            v.sort_by(f64::total_cmp);
+            let n = v.len();
+            let at = |q: f64| {
+                let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+                v[rank - 1].round() as u64
+            };
+            ProcLatency {
+                proc_name: proc_name.to_string(),
+                count: n as u64,
+                mean_us: v.iter().sum::<f64>() / n as f64,
+                p50_us: at(0.5),
+                p90_us: at(0.9),
+                p99_us: at(0.99),
+                max_us: at(1.0),
+            }
         })
         .collect()
 }
@@ -310,4 +311,53 @@ pub fn render_latencies(l: &[ProcLatency]) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rpc(proc_name: Option<&str>, elapsed_us: Option<f64>) -> RpcTimeline {
+        RpcTimeline {
+            stream: 0,
+            xid: 1,
+            vers: 1,
+            proc_name: proc_name.map(str::to_string),
+            call_frame: 1,
+            call_time: 0.0,
+            call_form: "RDMA_MSG",
+            chunks: Vec::new(),
+            rdma: Vec::new(),
+            reply_frame: None,
+            reply_time: None,
+            reply_form: None,
+            reply_status: None,
+            elapsed_us,
+        }
+    }
+
+    #[test]
+    fn latencies_are_exact_quantiles_per_procedure() {
+        // READ: 1..=100 µs in reverse order; GETATTR: one sample; one RPC with no reply.
+        let mut t: Vec<RpcTimeline> = (1..=100)
+            .rev()
+            .map(|us| rpc(Some("NFS3 READ"), Some(f64::from(us))))
+            .collect();
+        t.push(rpc(Some("NFS3 GETATTR"), Some(7.4)));
+        t.push(rpc(Some("NFS3 GETATTR"), None));
+        t.push(rpc(None, Some(3.0)));
+        let l = latencies(&t);
+        let names: Vec<&str> = l.iter().map(|p| p.proc_name.as_str()).collect();
+        assert_eq!(names, ["(unknown)", "NFS3 GETATTR", "NFS3 READ"]);
+        let read = &l[2];
+        assert_eq!(read.count, 100);
+        assert_eq!(
+            (read.p50_us, read.p90_us, read.p99_us, read.max_us),
+            (50, 90, 99, 100)
+        );
+        assert!((read.mean_us - 50.5).abs() < 1e-9);
+        let getattr = &l[1];
+        assert_eq!(getattr.count, 1);
+        assert_eq!((getattr.p50_us, getattr.max_us), (7, 7));
+    }
 }
