@@ -102,15 +102,16 @@ pub fn cred_of(c: &Credential) -> Result<Cred, AuthStat> {
 }
 
 /// Procedures answered on the calling task instead of a blocking thread: attribute reads, a
-/// `statx` or two of an object found through its handle (READ and WRITE are tried on the
-/// calling task too, see `NfsProgram::call`). Handing a call to a blocking thread
-/// and back costs two thread wake-ups, which dominated one-at-a-time calls on the project's VM
-/// (GETATTR ~9k ops/s on either transport); everything that moves data, reads directories or
-/// changes the namespace, and may wait for the disk, still goes to a blocking thread.
+/// `statx` or two of an object found through its handle, and LOOKUP, a `statx` of a name in a
+/// directory (READ and WRITE are tried on the calling task too, see `NfsProgram::call`).
+/// Handing a call to a blocking thread and back costs two thread wake-ups, which dominated
+/// one-at-a-time calls on the project's VM (GETATTR ~9k ops/s on either transport); everything
+/// else that reads directories or changes the namespace, and may wait for the disk, still goes
+/// to a blocking thread.
 fn runs_inline(a: &Args) -> bool {
     matches!(
         a,
-        Args::Getattr(_) | Args::Access(_) | Args::Fsinfo(_) | Args::Pathconf(_)
+        Args::Getattr(_) | Args::Access(_) | Args::Lookup(_) | Args::Fsinfo(_) | Args::Pathconf(_)
     )
 }
 
