@@ -66,6 +66,7 @@ pub mod client;
 pub mod control;
 pub mod drc;
 pub mod exports;
+pub mod filecache;
 pub mod fsops;
 pub mod gate;
 pub mod metrics;

@@ -31,6 +31,7 @@ use std::sync::Mutex;
 
 use rustix::fs::{AtFlags, Mode, OFlags, Statx, StatxFlags};
 
+use crate::filecache::{FileCache, FileCacheConfig, FileCacheStats, OpenFile};
 use crate::nfs3::{Fattr3, Fh3, Ftype3, Nfsstat3, Nfstime3, Specdata3, WccAttr};
 
 /// Handle format version.
@@ -231,6 +232,32 @@ pub struct Node {
     pub st: Statx,
 }
 
+/// A regular file resolved through the open-file cache: its attributes, read from the open
+/// descriptor by this call, and the descriptor.
+#[derive(Debug, Clone)]
+pub struct Opened {
+    pub st: Statx,
+    pub file: std::sync::Arc<OpenFile>,
+}
+
+/// What [`Export::resolve_open`] found: an open regular file, or any other object (or a
+/// regular file the server could not open) as a [`Node`].
+#[derive(Debug, Clone)]
+pub enum Resolved {
+    Open(Opened),
+    Node(Node),
+}
+
+impl Resolved {
+    /// The object's attributes.
+    pub fn st(&self) -> &Statx {
+        match self {
+            Resolved::Open(o) => &o.st,
+            Resolved::Node(n) => &n.st,
+        }
+    }
+}
+
 /// One exported directory.
 #[derive(Debug)]
 pub struct Export {
@@ -243,6 +270,8 @@ pub struct Export {
     /// for unknown inodes then get STALE without another walk for [`FAILED_WALK_HOLDOFF`], so a
     /// client cannot make the server walk a large export on every call.
     failed_walk: Mutex<Option<std::time::Instant>>,
+    /// Open regular files by inode number ([`crate::filecache`]).
+    files: FileCache,
 }
 
 /// See [`Export`]'s `failed_walk`.
@@ -297,7 +326,24 @@ impl Export {
             root_ino: st.stx_ino,
             index: Mutex::new(index),
             failed_walk: Mutex::new(None),
+            files: FileCache::new(FileCacheConfig::default()),
         })
+    }
+
+    /// The same export with an open-file cache of these bounds.
+    pub fn with_file_cache(mut self, cfg: FileCacheConfig) -> Self {
+        self.files = FileCache::new(cfg);
+        self
+    }
+
+    /// The open-file cache's counters.
+    pub fn file_cache_stats(&self) -> FileCacheStats {
+        self.files.stats()
+    }
+
+    /// Entries in the open-file cache.
+    pub fn file_cache_len(&self) -> usize {
+        self.files.len()
     }
 
     /// The canonical path of the export root.
@@ -361,9 +407,88 @@ impl Export {
 
     /// Forget an object (after REMOVE/RMDIR when its last name is gone).
     pub fn forget(&self, ino: u64) {
+        self.files.remove(ino);
         if ino != self.root_ino {
             self.index().remove(&ino);
         }
+    }
+
+    /// Close the cached descriptor of an object whose name was removed or replaced (its
+    /// handle may still name it through another link; the next use opens it again).
+    pub fn close_cached(&self, ino: u64) {
+        self.files.remove(ino);
+    }
+
+    /// Resolve a handle, through the open-file cache. A regular file the cache holds comes
+    /// back open, with one `statx` on its descriptor (no path walk, no open); anything else
+    /// goes through [`Export::resolve`], and with `open` a regular file found that way is
+    /// opened and cached. Errors as [`Export::resolve`].
+    pub fn resolve_open(&self, fh: &Fh3, open: bool) -> NfsResult<Resolved> {
+        let h = HandleData::from_fh(fh)?;
+        if h.fsid != self.fsid {
+            return Err(Nfsstat3::Stale);
+        }
+        if let Some(file) = self.files.get(h.ino)
+            && file.btime() == (h.btime_sec, h.btime_nsec)
+        {
+            match rustix::fs::statx(file.file(), "", AtFlags::EMPTY_PATH, statx_flags()) {
+                // A file with no name left is gone for NFS too (another process may have
+                // removed it): drop it and let the path walk answer.
+                Ok(st) if st.stx_nlink > 0 && Self::matches(&h, &st) => {
+                    return Ok(Resolved::Open(Opened { st, file }));
+                }
+                _ => self.files.remove(h.ino),
+            }
+        }
+        let n = self.resolve(fh)?;
+        if !open || !is_reg(&n.st) {
+            return Ok(Resolved::Node(n));
+        }
+        match self.open_cached(&n) {
+            Some(o) => Ok(Resolved::Open(o)),
+            None => Ok(Resolved::Node(n)),
+        }
+    }
+
+    /// Open the regular file `n` (read-write, or read-only where the server may not write it)
+    /// and cache it; `None` when it cannot be opened or is no longer the object `n` found.
+    fn open_cached(&self, n: &Node) -> Option<Opened> {
+        let (dir, name) = self.parent_of(&n.rel).ok()?;
+        let flags = OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let (fd, writable) =
+            match rustix::fs::openat(&dir, name, OFlags::RDWR | flags, Mode::empty()) {
+                Ok(fd) => (fd, true),
+                Err(_) => (
+                    rustix::fs::openat(&dir, name, OFlags::RDONLY | flags, Mode::empty()).ok()?,
+                    false,
+                ),
+            };
+        let st = rustix::fs::statx(&fd, "", AtFlags::EMPTY_PATH, statx_flags()).ok()?;
+        // Replaced between the walk and the open: let the caller use the walk's result.
+        if st.stx_ino != n.st.stx_ino
+            || st.stx_btime.tv_sec != n.st.stx_btime.tv_sec
+            || st.stx_btime.tv_nsec != n.st.stx_btime.tv_nsec
+            || !is_reg(&st)
+        {
+            return None;
+        }
+        let file = self.files.insert(OpenFile::new(
+            st.stx_ino,
+            (st.stx_btime.tv_sec, st.stx_btime.tv_nsec),
+            File::from(fd),
+            writable,
+        ));
+        Some(Opened { st, file })
+    }
+
+    /// The attributes of an open file, read from its descriptor.
+    pub fn stat_open(&self, o: &OpenFile) -> NfsResult<Statx> {
+        Ok(rustix::fs::statx(
+            o.file(),
+            "",
+            AtFlags::EMPTY_PATH,
+            statx_flags(),
+        )?)
     }
 
     /// After a directory rename, re-point the index entries beneath it.

@@ -24,8 +24,8 @@ use rustix::fs::{AtFlags, Mode, OFlags, Statx, Timestamps};
 use crate::nfs3::{Nfsstat3, Nfstime3, Sattr3, SetTime, StableHow, access};
 use crate::nfs4::Nfsstat4;
 use crate::vfs::{
-    Cred, Export, MAY_EXEC, MAY_READ, MAY_WRITE, NfsResult, Node, S_ISGID, S_ISVTX, check_name,
-    io_to_nfs, is_dir, is_lnk, is_reg, may,
+    Cred, Export, MAY_EXEC, MAY_READ, MAY_WRITE, NfsResult, Node, Opened, S_ISGID, S_ISVTX,
+    check_name, io_to_nfs, is_dir, is_lnk, is_reg, may,
 };
 
 /// Largest READ and WRITE the server serves.
@@ -182,14 +182,14 @@ impl<'a> FsOps<'a> {
 
     /// Read and execute rights on a regular file for I/O (the owner may always, knfsd's
     /// owner override: the client checked at open).
-    fn io_allowed(cred: &Cred, n: &Node, want: u32) -> NfsResult<()> {
-        if is_dir(&n.st) {
+    fn io_allowed(cred: &Cred, st: &Statx, want: u32) -> NfsResult<()> {
+        if is_dir(st) {
             return Err(Nfsstat3::IsDir);
         }
-        if !is_reg(&n.st) {
+        if !is_reg(st) {
             return Err(Nfsstat3::Inval);
         }
-        if !may(&n.st, cred, want) && cred.uid != n.st.stx_uid {
+        if !may(st, cred, want) && cred.uid != st.stx_uid {
             return Err(Nfsstat3::Acces);
         }
         Ok(())
@@ -204,34 +204,41 @@ impl<'a> FsOps<'a> {
         count: u32,
         pool: &Arc<oncrpc::BufPool>,
     ) -> NfsResult<ReadOut> {
-        Self::io_allowed(cred, n, MAY_READ)?;
+        Self::io_allowed(cred, &n.st, MAY_READ)?;
         let f = self.export.open_file(&n.rel, false)?;
-        let count = count.min(MAX_IO) as usize;
-        let fill = |buf: &mut [u8]| {
-            let mut got = 0;
-            while got < buf.len() {
-                match f.read_at(&mut buf[got..], offset.saturating_add(got as u64)) {
-                    Ok(0) => break,
-                    Ok(k) => got += k,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(io_to_nfs(&e)),
-                }
-            }
-            Ok(got)
-        };
-        let (data, got) = if count >= POOLED_READ_MIN {
-            let mut buf = pool.get(MAX_IO as usize);
-            let got = fill(&mut buf[..count])?;
-            (pool.wrap(buf, 0..got), got)
-        } else {
-            let mut buf = BytesMut::zeroed(count);
-            let got = fill(&mut buf)?;
-            buf.truncate(got);
-            (buf.freeze(), got)
-        };
+        let (data, got) = read_into(&f, offset, count, pool, false)?.ok_or(Nfsstat3::Io)?;
         let st = self.export.stat_rel(&n.rel).unwrap_or(n.st);
         let eof = offset.saturating_add(got as u64) >= st.stx_size;
         Ok(ReadOut { data, eof, st })
+    }
+
+    /// [`Self::read`] of a file open in the open-file cache. With `nowait`, only from the page
+    /// cache (`preadv2(RWF_NOWAIT)`): `Ok(None)` when that would wait for the disk, so the caller
+    /// can go on to a blocking thread.
+    pub fn read_open(
+        &self,
+        cred: &Cred,
+        o: &Opened,
+        offset: u64,
+        count: u32,
+        pool: &Arc<oncrpc::BufPool>,
+        nowait: bool,
+    ) -> NfsResult<Option<ReadOut>> {
+        Self::io_allowed(cred, &o.st, MAY_READ)?;
+        let Some((data, got)) = read_into(o.file.file(), offset, count, pool, nowait)? else {
+            return Ok(None);
+        };
+        let st = self.export.stat_open(&o.file).unwrap_or(o.st);
+        let end = offset.saturating_add(got as u64);
+        // A short read that is not at the end of the file stopped at a page not in memory.
+        if nowait && got < (count.min(MAX_IO) as usize) && end < st.stx_size {
+            return Ok(None);
+        }
+        Ok(Some(ReadOut {
+            data,
+            eof: end >= st.stx_size,
+            st,
+        }))
     }
 
     /// Write `data` at `offset`, then sync as `stable` asks; the number of bytes written.
@@ -244,15 +251,27 @@ impl<'a> FsOps<'a> {
         stable: StableHow,
     ) -> NfsResult<u32> {
         self.rofs()?;
-        Self::io_allowed(cred, n, MAY_WRITE)?;
+        Self::io_allowed(cred, &n.st, MAY_WRITE)?;
         let f = self.export.open_file(&n.rel, true)?;
-        f.write_all_at(data, offset).map_err(|e| io_to_nfs(&e))?;
-        match stable {
-            StableHow::Unstable => {}
-            StableHow::DataSync => f.sync_data().map_err(|e| io_to_nfs(&e))?,
-            StableHow::FileSync => f.sync_all().map_err(|e| io_to_nfs(&e))?,
+        write_sync(&f, offset, data, stable)
+    }
+
+    /// [`Self::write`] through a file open for writing in the open-file cache (INVAL if its
+    /// descriptor is read-only: the caller uses [`Self::write`]).
+    pub fn write_open(
+        &self,
+        cred: &Cred,
+        o: &Opened,
+        offset: u64,
+        data: &[u8],
+        stable: StableHow,
+    ) -> NfsResult<u32> {
+        self.rofs()?;
+        Self::io_allowed(cred, &o.st, MAY_WRITE)?;
+        if !o.file.writable() {
+            return Err(Nfsstat3::Inval);
         }
-        Ok(data.len() as u32)
+        write_sync(o.file.file(), offset, data, stable)
     }
 
     /// The permission checks of an NFSv4 OPEN of an existing object (RFC 8881 §18.16.3):
@@ -279,7 +298,7 @@ impl<'a> FsOps<'a> {
     /// The next data (`data`) or hole at or after `offset` (lseek SEEK_DATA / SEEK_HOLE,
     /// RFC 7862 §15.11): NXIO past the end of the file.
     pub fn seek(&self, cred: &Cred, n: &Node, offset: u64, data: bool) -> NfsResult<u64> {
-        Self::io_allowed(cred, n, MAY_READ)?;
+        Self::io_allowed(cred, &n.st, MAY_READ)?;
         let f = self.export.open_file(&n.rel, false)?;
         let to = if data {
             rustix::fs::SeekFrom::Data(offset)
@@ -300,7 +319,7 @@ impl<'a> FsOps<'a> {
         punch: bool,
     ) -> NfsResult<()> {
         self.rofs()?;
-        Self::io_allowed(cred, n, MAY_WRITE)?;
+        Self::io_allowed(cred, &n.st, MAY_WRITE)?;
         let f = self.export.open_file(&n.rel, true)?;
         let mode = if punch {
             rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE
@@ -367,6 +386,8 @@ impl<'a> FsOps<'a> {
             AtFlags::empty()
         };
         rustix::fs::unlinkat(&dfd, name, flags)?;
+        // The open-file cache must not keep the removed file's blocks (crate::filecache).
+        self.export.close_cached(victim.stx_ino);
         if rmdir || victim.stx_nlink <= 1 {
             self.export.forget(victim.stx_ino);
         }
@@ -399,17 +420,18 @@ impl<'a> FsOps<'a> {
         if !Self::sticky_ok(cred, &from.st, &victim) {
             return Err(Nfsstat3::Acces);
         }
-        if let Ok(target) = self.export.stat_at(&tfd, tname) {
+        let replaced = self.export.stat_at(&tfd, tname).ok();
+        if let Some(target) = &replaced {
             if target.stx_ino == victim.stx_ino {
                 // RFC 1813 §3.3.14, RFC 8881 §18.26.4: renaming onto the same object is a
                 // successful no-op.
                 return Ok(());
             }
-            if !Self::sticky_ok(cred, &to.st, &target) {
+            if !Self::sticky_ok(cred, &to.st, target) {
                 return Err(Nfsstat3::Acces);
             }
-            if is_dir(&victim) != is_dir(&target) {
-                return Err(if is_dir(&target) {
+            if is_dir(&victim) != is_dir(target) {
+                return Err(if is_dir(target) {
                     Nfsstat3::IsDir
                 } else {
                     Nfsstat3::NotDir
@@ -417,6 +439,10 @@ impl<'a> FsOps<'a> {
             }
         }
         rustix::fs::renameat(&ffd, fname, &tfd, tname)?;
+        if let Some(target) = replaced {
+            // The replaced object lost this name (crate::filecache).
+            self.export.close_cached(target.stx_ino);
+        }
         let old = from.rel.join(fname);
         let new = to.rel.join(tname);
         self.export.remember(victim.stx_ino, &new);
@@ -596,6 +622,67 @@ impl<'a> FsOps<'a> {
             afiles: v.f_favail,
         })
     }
+}
+
+/// Read up to `count` bytes (at most [`MAX_IO`]) at `offset` into a fresh buffer, or a pooled one
+/// for large reads: the data and its length. With `nowait`, `None` when not even the first
+/// page is in memory (`RWF_NOWAIT`, Linux 4.14).
+fn read_into(
+    f: &std::fs::File,
+    offset: u64,
+    count: u32,
+    pool: &Arc<oncrpc::BufPool>,
+    nowait: bool,
+) -> NfsResult<Option<(Bytes, usize)>> {
+    let count = count.min(MAX_IO) as usize;
+    let fill = |buf: &mut [u8]| -> NfsResult<Option<usize>> {
+        let mut got = 0;
+        while got < buf.len() {
+            let at = offset.saturating_add(got as u64);
+            let r = if nowait {
+                let mut v = [std::io::IoSliceMut::new(&mut buf[got..])];
+                rustix::io::preadv2(f, &mut v, at, rustix::io::ReadWriteFlags::NOWAIT)
+                    .map_err(std::io::Error::from)
+            } else {
+                f.read_at(&mut buf[got..], at)
+            };
+            match r {
+                Ok(0) => break,
+                Ok(k) => got += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if nowait && e.kind() == std::io::ErrorKind::WouldBlock => {
+                    return Ok((got > 0).then_some(got));
+                }
+                Err(e) => return Err(io_to_nfs(&e)),
+            }
+        }
+        Ok(Some(got))
+    };
+    if count >= POOLED_READ_MIN {
+        let mut buf = pool.get(MAX_IO as usize);
+        let Some(got) = fill(&mut buf[..count])? else {
+            return Ok(None);
+        };
+        Ok(Some((pool.wrap(buf, 0..got), got)))
+    } else {
+        let mut buf = BytesMut::zeroed(count);
+        let Some(got) = fill(&mut buf)? else {
+            return Ok(None);
+        };
+        buf.truncate(got);
+        Ok(Some((buf.freeze(), got)))
+    }
+}
+
+/// Write all of `data` at `offset`, then sync as `stable` asks (RFC 1813 §3.3.7).
+fn write_sync(f: &std::fs::File, offset: u64, data: &[u8], stable: StableHow) -> NfsResult<u32> {
+    f.write_all_at(data, offset).map_err(|e| io_to_nfs(&e))?;
+    match stable {
+        StableHow::Unstable => {}
+        StableHow::DataSync => f.sync_data().map_err(|e| io_to_nfs(&e))?,
+        StableHow::FileSync => f.sync_all().map_err(|e| io_to_nfs(&e))?,
+    }
+    Ok(data.len() as u32)
 }
 
 fn uid(v: u32) -> rustix::fs::Uid {

@@ -29,6 +29,16 @@ pub use program::{Args, ArgsError, NfsProgram, call_sync, cred_of};
 
 /// Largest READ and WRITE the server advertises (FSINFO rtmax/wtmax).
 pub const MAX_IO: u32 = crate::fsops::MAX_IO;
+/// Largest READ done on the calling task when its data is in the page cache. A larger one
+/// goes to a blocking thread: over RPC-over-RDMA a call that finishes at once runs on the
+/// connection's receive task, and copying 1 MiB there held back the calls behind it (READ
+/// 1 MiB at depth 4 fell to 0.37x of the blocking-thread path in the A/B of
+/// docs/performance.md, while READs of 4 KiB and 64 KiB gained at every depth).
+pub const INLINE_READ_MAX: u32 = 64 * 1024;
+/// Largest UNSTABLE WRITE done on the calling task when the file is open in the open-file
+/// cache: a copy into the page cache of at most this much (Linux has no `RWF_NOWAIT` for
+/// buffered writes on ext4, so a larger one could hold a runtime worker for long).
+pub const INLINE_WRITE_MAX: usize = 64 * 1024;
 /// Preferred READDIR size (FSINFO dtpref).
 pub const DTPREF: u32 = 64 * 1024;
 

@@ -7,17 +7,17 @@ use bytes::Bytes;
 use rustix::fs::Statx;
 use xdr::XdrEncode;
 
-use super::{DTPREF, MAX_IO, NfsServer};
-use crate::fsops::RemoveKind;
+use super::{DTPREF, INLINE_WRITE_MAX, MAX_IO, NfsServer};
+use crate::fsops::{ReadOut, RemoveKind};
 use crate::nfs3::*;
-use crate::vfs::{Cred, Export, NAME_MAX, NfsResult, Node};
+use crate::vfs::{Cred, Export, NAME_MAX, NfsResult, Node, Opened, Resolved};
 use crate::xdr_util::Void;
 
 impl NfsServer {
     pub(super) fn getattr(&self, a: GetattrArgs) -> GetattrRes {
-        match self.export.resolve(&a.object) {
-            Ok(n) => Res::Ok(GetattrOk {
-                obj_attributes: self.export.fattr(&n.st),
+        match self.export.resolve_open(&a.object, false) {
+            Ok(r) => Res::Ok(GetattrOk {
+                obj_attributes: self.export.fattr(r.st()),
             }),
             Err(s) => Res::Err(s, Void),
         }
@@ -60,14 +60,14 @@ impl NfsServer {
     }
 
     pub(super) fn access(&self, cred: &Cred, a: AccessArgs) -> AccessRes {
-        let n = match self.export.resolve(&a.object) {
-            Ok(n) => n,
+        let r = match self.export.resolve_open(&a.object, false) {
+            Ok(r) => r,
             Err(s) => return Res::Err(s, AttrOnly { attributes: None }),
         };
         // RFC 1813 §3.3.4: report which of the requested rights the caller has.
         Res::Ok(AccessOk {
-            obj_attributes: Some(self.export.fattr(&n.st)),
-            access: a.access & self.fs().access(cred, &n.st),
+            obj_attributes: Some(self.export.fattr(r.st())),
+            access: a.access & self.fs().access(cred, r.st()),
         })
     }
 
@@ -86,30 +86,115 @@ impl NfsServer {
         }
     }
 
-    pub(super) fn read(&self, cred: &Cred, a: ReadArgs) -> ReadRes {
-        let n = match self.export.resolve(&a.file) {
-            Ok(n) => n,
-            Err(s) => return Res::Err(s, AttrOnly { attributes: None }),
+    fn read_ok(&self, r: ReadOut) -> ReadRes {
+        Res::Ok(ReadOk {
+            file_attributes: Some(self.export.fattr(&r.st)),
+            count: r.data.len() as u32,
+            eof: r.eof,
+            data: Data(r.data),
+        })
+    }
+
+    /// READ answered from the page cache through the open-file cache, without waiting for the
+    /// disk: `None` when it would have to wait (or the file cannot be kept open), so the caller
+    /// runs [`Self::read`] on a blocking thread.
+    pub(super) fn read_nowait(&self, cred: &Cred, a: &ReadArgs) -> Option<ReadRes> {
+        let o = match self.export.resolve_open(&a.file, true) {
+            Ok(Resolved::Open(o)) => o,
+            Ok(Resolved::Node(_)) => return None,
+            Err(s) => return Some(Res::Err(s, AttrOnly { attributes: None })),
         };
-        match self.fs().read(cred, &n, a.offset, a.count, &self.read_bufs) {
-            Ok(r) => Res::Ok(ReadOk {
-                file_attributes: Some(self.export.fattr(&r.st)),
-                count: r.data.len() as u32,
-                eof: r.eof,
-                data: Data(r.data),
-            }),
-            Err(s) => Res::Err(
+        match self
+            .fs()
+            .read_open(cred, &o, a.offset, a.count, &self.read_bufs, true)
+        {
+            Ok(Some(r)) => Some(self.read_ok(r)),
+            Ok(None) => None,
+            Err(s) => Some(Res::Err(
                 s,
                 AttrOnly {
-                    attributes: Some(self.export.fattr(&n.st)),
+                    attributes: Some(self.export.fattr(&o.st)),
+                },
+            )),
+        }
+    }
+
+    pub(super) fn read(&self, cred: &Cred, a: ReadArgs) -> ReadRes {
+        let r = match self.export.resolve_open(&a.file, true) {
+            Ok(Resolved::Open(o)) => self
+                .fs()
+                .read_open(cred, &o, a.offset, a.count, &self.read_bufs, false)
+                .and_then(|r| r.ok_or(Nfsstat3::Io))
+                .map_err(|s| (s, o.st)),
+            Ok(Resolved::Node(n)) => self
+                .fs()
+                .read(cred, &n, a.offset, a.count, &self.read_bufs)
+                .map_err(|s| (s, n.st)),
+            Err(s) => return Res::Err(s, AttrOnly { attributes: None }),
+        };
+        match r {
+            Ok(r) => self.read_ok(r),
+            Err((s, st)) => Res::Err(
+                s,
+                AttrOnly {
+                    attributes: Some(self.export.fattr(&st)),
                 },
             ),
         }
     }
 
+    /// An UNSTABLE WRITE of at most [`INLINE_WRITE_MAX`] bytes through a file the open-file
+    /// cache holds open for writing: a copy into the page cache, done on the calling task.
+    /// `None` for anything else (the caller runs [`Self::write`] on a blocking thread).
+    pub(super) fn write_inline(&self, cred: &Cred, a: &WriteArgs) -> Option<WriteRes> {
+        let len = (a.count as usize).min(a.data.len());
+        if a.stable != StableHow::Unstable || len > INLINE_WRITE_MAX {
+            return None;
+        }
+        match self.export.resolve_open(&a.file, true) {
+            Ok(Resolved::Open(o)) if o.file.writable() => Some(self.write_open(cred, a, &o)),
+            Ok(_) => None,
+            Err(s) => Some(Res::Err(s, WccOnly { wcc: WccData::NONE })),
+        }
+    }
+
+    fn write_open(&self, cred: &Cred, a: &WriteArgs, o: &Opened) -> WriteRes {
+        // RFC 1813 §3.3.7: count is the number of bytes of data; never write past it.
+        let len = (a.count as usize).min(a.data.len());
+        let r = self
+            .fs()
+            .write_open(cred, o, a.offset, &a.data.0[..len], a.stable);
+        let wcc = WccData {
+            before: Some(Export::wcc_attr(&o.st)),
+            after: self
+                .export
+                .stat_open(&o.file)
+                .ok()
+                .map(|st| self.export.fattr(&st)),
+        };
+        self.write_res(r, wcc, a.stable)
+    }
+
+    fn write_res(&self, r: NfsResult<u32>, wcc: WccData, stable: StableHow) -> WriteRes {
+        match r {
+            Ok(count) => Res::Ok(WriteOk {
+                file_wcc: wcc,
+                count,
+                committed: stable,
+                verf: self.write_verf,
+            }),
+            Err(s) => Res::Err(s, WccOnly { wcc }),
+        }
+    }
+
     pub(super) fn write(&self, cred: &Cred, a: WriteArgs) -> WriteRes {
-        let n = match self.export.resolve(&a.file) {
-            Ok(n) => n,
+        let n = match self.export.resolve_open(&a.file, true) {
+            Ok(Resolved::Open(o)) if o.file.writable() => return self.write_open(cred, &a, &o),
+            // Not open for writing by the cache: the path walk's object, opened for this call.
+            Ok(_) => match self.export.resolve(&a.file) {
+                Ok(n) => n,
+                Err(s) => return Res::Err(s, WccOnly { wcc: WccData::NONE }),
+            },
             Err(s) => return Res::Err(s, WccOnly { wcc: WccData::NONE }),
         };
         // RFC 1813 §3.3.7: count is the number of bytes of data; never write past it.
@@ -118,15 +203,7 @@ impl NfsServer {
             .fs()
             .write(cred, &n, a.offset, &a.data.0[..len], a.stable);
         let wcc = self.wcc(&n.st, &n.rel);
-        match r {
-            Ok(count) => Res::Ok(WriteOk {
-                file_wcc: wcc,
-                count,
-                committed: a.stable,
-                verf: self.write_verf,
-            }),
-            Err(s) => Res::Err(s, WccOnly { wcc }),
-        }
+        self.write_res(r, wcc, a.stable)
     }
 
     /// The CREATE-style result of a creation in `dir`.

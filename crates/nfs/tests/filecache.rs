@@ -1,0 +1,387 @@
+//! The open-file cache (issue 23): correct across REMOVE, RENAME (over a target too), writes
+//! and removals by another process, a file moved out of the export, and bounded. Driven
+//! in-process through the blocking path (`call_sync`) and over TCP, where READ and small
+//! UNSTABLE WRITEs run on the calling task.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use nfs::filecache::FileCacheConfig;
+use nfs::nfs3::*;
+use nfs::server::{ExportOptions, NfsServer, call_sync};
+use nfs::vfs::{Cred, Export};
+use xdr::XdrEncode;
+
+fn server_with(dir: &std::path::Path, cfg: FileCacheConfig) -> Arc<NfsServer> {
+    let export = Export::open(dir).unwrap().with_file_cache(cfg);
+    NfsServer::from_export(
+        export,
+        ExportOptions {
+            read_only: false,
+            name: "/export".into(),
+        },
+        None,
+    )
+}
+
+fn server(dir: &std::path::Path) -> Arc<NfsServer> {
+    server_with(dir, FileCacheConfig::default())
+}
+
+fn call<A: XdrEncode, R: for<'a> xdr::XdrDecode<'a>>(s: &NfsServer, p: u32, a: &A) -> R {
+    let out = call_sync(s, &Cred::root(), p, &xdr::to_bytes(a)).unwrap();
+    nfs::decode_exact(&out).unwrap()
+}
+
+fn dirop(dir: &Fh3, n: &str) -> DirOpArgs3 {
+    DirOpArgs3 {
+        dir: dir.clone(),
+        name: Filename3(Bytes::copy_from_slice(n.as_bytes())),
+    }
+}
+
+fn create(s: &NfsServer, dir: &Fh3, n: &str) -> Fh3 {
+    let r: NewObjRes = call(
+        s,
+        proc_::CREATE,
+        &CreateArgs {
+            where_: dirop(dir, n),
+            how: CreateHow3::Unchecked(Sattr3 {
+                mode: Some(0o644),
+                ..Sattr3::default()
+            }),
+        },
+    );
+    r.ok().unwrap().obj.unwrap()
+}
+
+fn write(s: &NfsServer, fh: &Fh3, off: u64, data: &[u8]) -> WriteRes {
+    call(
+        s,
+        proc_::WRITE,
+        &WriteArgs {
+            file: fh.clone(),
+            offset: off,
+            count: data.len() as u32,
+            stable: StableHow::Unstable,
+            data: Data(Bytes::copy_from_slice(data)),
+        },
+    )
+}
+
+fn read(s: &NfsServer, fh: &Fh3, off: u64, count: u32) -> ReadRes {
+    call(
+        s,
+        proc_::READ,
+        &ReadArgs {
+            file: fh.clone(),
+            offset: off,
+            count,
+        },
+    )
+}
+
+fn read_bytes(s: &NfsServer, fh: &Fh3) -> Vec<u8> {
+    read(s, fh, 0, 4096).ok().unwrap().data.0.to_vec()
+}
+
+fn getattr(s: &NfsServer, fh: &Fh3) -> GetattrRes {
+    call(s, proc_::GETATTR, &GetattrArgs { object: fh.clone() })
+}
+
+fn remove(s: &NfsServer, dir: &Fh3, n: &str) -> RemoveRes {
+    call(
+        s,
+        proc_::REMOVE,
+        &RemoveArgs {
+            object: dirop(dir, n),
+        },
+    )
+}
+
+fn rename(s: &NfsServer, dir: &Fh3, from: &str, to: &str) -> RenameRes {
+    call(
+        s,
+        proc_::RENAME,
+        &RenameArgs {
+            from: dirop(dir, from),
+            to: dirop(dir, to),
+        },
+    )
+}
+
+fn ino(p: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).unwrap().ino()
+}
+
+#[test]
+fn reads_and_writes_reuse_one_open_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = server(tmp.path());
+    let root = s.export().root_handle().unwrap();
+    let fh = create(&s, &root, "a");
+    assert_eq!(write(&s, &fh, 0, b"hello").status(), Nfsstat3::Ok);
+    let before = s.export().file_cache_stats();
+    for _ in 0..5 {
+        assert_eq!(&read_bytes(&s, &fh)[..5], b"hello");
+        assert_eq!(write(&s, &fh, 5, b" world").status(), Nfsstat3::Ok);
+        assert_eq!(getattr(&s, &fh).ok().unwrap().obj_attributes.size, 11);
+    }
+    let after = s.export().file_cache_stats();
+    assert_eq!(s.export().file_cache_len(), 1);
+    // Fifteen calls, each served by the one entry.
+    assert_eq!(after.hits - before.hits, 15);
+    assert_eq!(std::fs::read(tmp.path().join("a")).unwrap(), b"hello world");
+}
+
+#[test]
+fn remove_closes_the_file_and_its_handle_goes_stale() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = server(tmp.path());
+    let root = s.export().root_handle().unwrap();
+    let fh = create(&s, &root, "a");
+    write(&s, &fh, 0, b"data");
+    let i = ino(&tmp.path().join("a"));
+    assert_eq!(s.export().file_cache_len(), 1);
+    assert_eq!(remove(&s, &root, "a").status(), Nfsstat3::Ok);
+    assert_eq!(s.export().file_cache_len(), 0, "inode {i} still held open");
+    assert_eq!(read(&s, &fh, 0, 10).status(), Nfsstat3::Stale);
+    assert_eq!(write(&s, &fh, 0, b"x").status(), Nfsstat3::Stale);
+    assert_eq!(getattr(&s, &fh).status(), Nfsstat3::Stale);
+}
+
+#[test]
+fn a_file_removed_by_another_process_goes_stale() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = server(tmp.path());
+    let root = s.export().root_handle().unwrap();
+    let fh = create(&s, &root, "a");
+    write(&s, &fh, 0, b"data");
+    assert_eq!(s.export().file_cache_len(), 1);
+    std::fs::remove_file(tmp.path().join("a")).unwrap();
+    // The descriptor still reads the unlinked inode; the cache must not serve it.
+    assert_eq!(read(&s, &fh, 0, 10).status(), Nfsstat3::Stale);
+    assert_eq!(getattr(&s, &fh).status(), Nfsstat3::Stale);
+    assert_eq!(s.export().file_cache_len(), 0);
+}
+
+#[test]
+fn writes_by_another_process_are_seen_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = server(tmp.path());
+    let root = s.export().root_handle().unwrap();
+    let fh = create(&s, &root, "a");
+    write(&s, &fh, 0, b"one");
+    assert_eq!(read_bytes(&s, &fh), b"one");
+    std::fs::write(tmp.path().join("a"), b"two, longer").unwrap();
+    let r = read(&s, &fh, 0, 4096).ok().unwrap();
+    assert_eq!(&r.data.0[..], b"two, longer");
+    assert!(r.eof);
+    assert_eq!(r.file_attributes.unwrap().size, 11);
+    assert_eq!(getattr(&s, &fh).ok().unwrap().obj_attributes.size, 11);
+    // A truncation and a mode change from outside, too.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(tmp.path().join("a"))
+        .unwrap();
+    f.set_len(2).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(tmp.path().join("a"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let a = getattr(&s, &fh).ok().unwrap().obj_attributes;
+    assert_eq!((a.size, a.mode), (2, 0o600));
+    assert_eq!(read_bytes(&s, &fh), b"tw");
+    assert!(s.export().file_cache_stats().hits > 0);
+}
+
+#[test]
+fn rename_keeps_the_handle_and_rename_over_a_target_drops_the_target() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = server(tmp.path());
+    let root = s.export().root_handle().unwrap();
+    let a = create(&s, &root, "a");
+    let b = create(&s, &root, "b");
+    write(&s, &a, 0, b"A");
+    write(&s, &b, 0, b"B");
+    assert_eq!(s.export().file_cache_len(), 2);
+    assert_eq!(rename(&s, &root, "a", "a2").status(), Nfsstat3::Ok);
+    assert_eq!(read_bytes(&s, &a), b"A");
+    // "a2" replaces "b": b's only name is gone, so is its open file, and its handle is stale.
+    assert_eq!(rename(&s, &root, "a2", "b").status(), Nfsstat3::Ok);
+    assert_eq!(s.export().file_cache_len(), 1);
+    assert_eq!(read(&s, &b, 0, 10).status(), Nfsstat3::Stale);
+    assert_eq!(read_bytes(&s, &a), b"A");
+    assert_eq!(write(&s, &a, 1, b"!").status(), Nfsstat3::Ok);
+    assert_eq!(std::fs::read(tmp.path().join("b")).unwrap(), b"A!");
+}
+
+#[test]
+fn a_file_replaced_by_another_process_goes_stale() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = server(tmp.path());
+    let root = s.export().root_handle().unwrap();
+    let fh = create(&s, &root, "a");
+    write(&s, &fh, 0, b"old");
+    // What an editor's save does: a new file renamed over the old name.
+    std::fs::write(tmp.path().join("a.tmp"), b"new").unwrap();
+    std::fs::rename(tmp.path().join("a.tmp"), tmp.path().join("a")).unwrap();
+    assert_eq!(read(&s, &fh, 0, 10).status(), Nfsstat3::Stale);
+    assert_eq!(write(&s, &fh, 0, b"x").status(), Nfsstat3::Stale);
+    assert_eq!(std::fs::read(tmp.path().join("a")).unwrap(), b"new");
+}
+
+#[test]
+fn a_file_renamed_by_another_process_is_still_served() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Every use walks the path again (recheck 0), so the walk must find the new name.
+    let s = server_with(
+        tmp.path(),
+        FileCacheConfig {
+            recheck: Duration::ZERO,
+            ..FileCacheConfig::default()
+        },
+    );
+    let root = s.export().root_handle().unwrap();
+    let fh = create(&s, &root, "a");
+    write(&s, &fh, 0, b"data");
+    std::fs::create_dir(tmp.path().join("sub")).unwrap();
+    std::fs::rename(tmp.path().join("a"), tmp.path().join("sub/b")).unwrap();
+    assert_eq!(read_bytes(&s, &fh), b"data");
+    assert_eq!(write(&s, &fh, 4, b"!").status(), Nfsstat3::Ok);
+    assert_eq!(std::fs::read(tmp.path().join("sub/b")).unwrap(), b"data!");
+}
+
+#[test]
+fn a_file_moved_out_of_the_export_is_not_served_after_the_recheck() {
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let s = server_with(
+        tmp.path(),
+        FileCacheConfig {
+            recheck: Duration::ZERO,
+            ..FileCacheConfig::default()
+        },
+    );
+    let root = s.export().root_handle().unwrap();
+    let fh = create(&s, &root, "a");
+    write(&s, &fh, 0, b"secret");
+    // Same file system, so the rename keeps the inode (skip otherwise).
+    if std::fs::rename(tmp.path().join("a"), outside.path().join("a")).is_err() {
+        eprintln!("skipped: the two temporary directories are on different file systems");
+        return;
+    }
+    assert_eq!(read(&s, &fh, 0, 10).status(), Nfsstat3::Stale);
+    assert_eq!(getattr(&s, &fh).status(), Nfsstat3::Stale);
+}
+
+#[test]
+fn the_cache_stays_within_its_capacity() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = server_with(
+        tmp.path(),
+        FileCacheConfig {
+            capacity: 4,
+            ..FileCacheConfig::default()
+        },
+    );
+    let root = s.export().root_handle().unwrap();
+    let mut handles = Vec::new();
+    for i in 0..40 {
+        let fh = create(&s, &root, &format!("f{i}"));
+        assert_eq!(
+            write(&s, &fh, 0, format!("{i}").as_bytes()).status(),
+            Nfsstat3::Ok
+        );
+        assert!(s.export().file_cache_len() <= 4);
+        handles.push(fh);
+    }
+    assert_eq!(s.export().file_cache_len(), 4);
+    assert_eq!(s.export().file_cache_stats().evictions, 36);
+    // Evicted files are opened again on use, with their own data.
+    for (i, fh) in handles.iter().enumerate() {
+        assert_eq!(read_bytes(&s, fh), format!("{i}").as_bytes());
+        assert!(s.export().file_cache_len() <= 4);
+    }
+}
+
+#[test]
+fn zero_capacity_still_serves_every_call() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = server_with(
+        tmp.path(),
+        FileCacheConfig {
+            capacity: 0,
+            ..FileCacheConfig::default()
+        },
+    );
+    let root = s.export().root_handle().unwrap();
+    let fh = create(&s, &root, "a");
+    assert_eq!(write(&s, &fh, 0, b"abc").status(), Nfsstat3::Ok);
+    assert_eq!(read_bytes(&s, &fh), b"abc");
+    assert_eq!(s.export().file_cache_len(), 0);
+}
+
+/// Over TCP, where READ and small UNSTABLE WRITEs run on the calling task through the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tcp_the_inline_path_sees_outside_changes() {
+    use nfs::client::{MountClient, Nfs3Client};
+    use nfs::serve::{ServeConfig, start};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = ServeConfig::new(tmp.path());
+    cfg.tcp = Some("127.0.0.1:0".parse().unwrap());
+    cfg.mount = Some("127.0.0.1:0".parse().unwrap());
+    cfg.portmap = None;
+    cfg.export_name = Some("/export".into());
+    let served = start(cfg).await.unwrap();
+    let mc = MountClient::new(Arc::new(
+        oncrpc::TcpClient::connect(served.mount_addr.unwrap())
+            .await
+            .unwrap(),
+    ));
+    let root = mc.mnt("/export").await.unwrap();
+    let me = rustix::process::geteuid().as_raw();
+    let c = Nfs3Client::new(Arc::new(
+        oncrpc::TcpClient::connect(served.nfs_addr.unwrap())
+            .await
+            .unwrap(),
+    ))
+    .with_auth_sys(me, me, vec![]);
+    let fh = c
+        .create(
+            &root,
+            b"a",
+            CreateHow3::Unchecked(Sattr3 {
+                mode: Some(0o644),
+                ..Sattr3::default()
+            }),
+        )
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap()
+        .obj
+        .unwrap();
+    let w = c
+        .write(&fh, 0, Bytes::from_static(b"first"), StableHow::Unstable)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    assert_eq!(w.count, 5);
+    let r = c.read(&fh, 0, 100).await.unwrap().into_result().unwrap();
+    assert_eq!(&r.data.0[..], b"first");
+    std::fs::write(tmp.path().join("a"), b"second!").unwrap();
+    let r = c.read(&fh, 0, 100).await.unwrap().into_result().unwrap();
+    assert_eq!((&r.data.0[..], r.eof), (&b"second!"[..], true));
+    std::fs::remove_file(tmp.path().join("a")).unwrap();
+    assert_eq!(c.read(&fh, 0, 100).await.unwrap().status(), Nfsstat3::Stale);
+    assert_eq!(
+        c.write(&fh, 0, Bytes::from_static(b"x"), StableHow::Unstable)
+            .await
+            .unwrap()
+            .status(),
+        Nfsstat3::Stale
+    );
+    served.shutdown().await;
+}
