@@ -77,6 +77,7 @@ pub mod privdata;
 pub mod props;
 pub mod requester;
 pub mod responder;
+pub mod rrc;
 pub mod ulb;
 pub mod version;
 

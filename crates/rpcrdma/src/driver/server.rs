@@ -325,6 +325,11 @@ async fn serve_connection(
     let lost = sh.lost.lock().take(peer.ip());
     let mut resp = Responder::new(cfg.clone(), params, sh.ulbs.clone(), lost);
     resp.set_read_timeout(Some(sh.cfg.rdma_timeout));
+    if cfg.rrc.enabled {
+        // Responder-provided Read chunks are registered in the connection's protection
+        // domain, for remote read only, with the provider's random STags.
+        resp.set_registrar(Box::new(super::link::VerbsRegistrar::new(pd.clone())));
+    }
     let nrecv = resp.receives_needed();
     // The receive buffers are the first thing a connection costs: refuse it when they do not
     // fit in the budget (backpressure on new connections; the ones already served go on).
@@ -483,7 +488,7 @@ fn on_server_receive(
         if !lost.is_empty() {
             r.note_lost(lost);
         }
-        r.on_receive(msg)
+        r.on_receive_with(msg, c.invalidated_rkey)
     };
     let (sc, sh, ctx) = (sc.clone(), sh.clone(), ctx.clone());
     let mut fut = Box::pin(async move {
@@ -605,6 +610,8 @@ async fn handle_incoming(
                 return;
             }
             Incoming::Respond(actions) => {
+                // (A notification may have let parked replies go: their pull deadlines.)
+                sc.arm(&resp.lock());
                 perform(actions, link, resp, None).await;
                 return;
             }
@@ -730,7 +737,13 @@ async fn handle_incoming(
                     .dispatch(call.message, ctx.clone(), call.policy)
                     .await;
                 let xid = call.token.xid;
-                let actions = resp.lock().reply(call.token, reply);
+                let actions = {
+                    let mut r = resp.lock();
+                    let a = r.reply(call.token, reply);
+                    // A responder-provided Read chunk's pull deadline.
+                    sc.arm(&r);
+                    a
+                };
                 // The call's sinks are done with (what the reply still uses of them is counted
                 // with the reply): what the call reserved shrinks to the reply.
                 let pre = held.pop();
