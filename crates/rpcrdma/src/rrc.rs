@@ -118,7 +118,7 @@ impl PullDone {
 }
 
 /// Which way a Requester that announced the capability asks for large replies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub enum ReplyMode {
     /// Write chunks for DDP-eligible results and a Reply chunk when the reply may exceed the
     /// inline threshold (RFC 8166; today's behaviour).
@@ -126,8 +126,30 @@ pub enum ReplyMode {
     WriteChunk,
     /// Neither Write chunks nor a Reply chunk once the server announced the capability: a
     /// reply larger than the inline threshold comes back as a responder-provided Read chunk
-    /// (draft §5.3.1, "Responder-provided Read chunk").
+    /// (draft §5.3.1, "Responder-provided Read chunk"). Against a server that did not
+    /// announce the capability the Requester keeps to Write and Reply chunks.
     ReadChunk,
+    /// Neither Write chunks nor a Reply chunk on any settled version 2 connection, announced
+    /// or not (draft §5.3.1, "Send-only"): a server without the capability answers a reply
+    /// larger than the inline threshold with REPLY_RESOURCE (draft §6).
+    SendOnly,
+}
+
+impl ReplyMode {
+    /// `write-chunk`, `read-chunk` or `send-only`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReplyMode::WriteChunk => "write-chunk",
+            ReplyMode::ReadChunk => "read-chunk",
+            ReplyMode::SendOnly => "send-only",
+        }
+    }
+}
+
+impl std::fmt::Display for ReplyMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl std::str::FromStr for ReplyMode {
@@ -136,8 +158,9 @@ impl std::str::FromStr for ReplyMode {
         match s {
             "write-chunk" => Ok(ReplyMode::WriteChunk),
             "read-chunk" => Ok(ReplyMode::ReadChunk),
+            "send-only" => Ok(ReplyMode::SendOnly),
             other => Err(format!(
-                "reply mode {other:?}: expected write-chunk or read-chunk"
+                "reply mode {other:?}: expected write-chunk, read-chunk or send-only"
             )),
         }
     }

@@ -644,3 +644,21 @@ fn write_chunk_mode_keeps_todays_messages_when_the_capability_is_agreed() {
     assert_eq!(h.sreg.lock().registered, 0);
     let _ = DdpPolicy::Inline;
 }
+
+#[test]
+fn send_only_needs_the_server_s_read_chunks() {
+    // Send-only (draft §5.3.1): no Reply chunk even though the server did not announce the
+    // capability; its large reply is REPLY_RESOURCE (draft §6). With the server's
+    // capability, the same call succeeds through a Read chunk.
+    let mut h = connected(Some(ReplyMode::SendOnly), false);
+    submit(&mut h, 2, 0, 30_000, expect(0, 30_000));
+    h.run();
+    assert!(matches!(
+        h.done.remove(&2),
+        Some(Err(RpcError::RdmaErrChunk))
+    ));
+    assert_eq!(h.req.stats().rrc_calls, 1);
+    let mut h = connected(Some(ReplyMode::SendOnly), true);
+    call(&mut h, 2, 0, 30_000).expect("through a Read chunk");
+    assert_eq!(h.resp.stats().rrc_replies, 1);
+}

@@ -114,6 +114,12 @@ pub struct ServeArgs {
     /// does not fit is refused, calls that do not fit wait for memory.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_memory: Option<usize>,
+    /// Offer RPC-over-RDMA version 2 clients responder-provided Read chunks
+    /// (draft-cel-nfsv4-rpcrdma-reliable-reply-02, as an experimental transport property):
+    /// replies too large for the inline threshold and the client's Reply chunk go back as a
+    /// Read chunk the client pulls. Clients that do not announce them see no change.
+    #[arg(long)]
+    read_chunks: bool,
     /// How long an RPC-over-RDMA client may take to answer the server's RDMA Read of its
     /// Read chunks, and a TCP client to take any of its replies, before its connection is
     /// closed and its memory given back [default: 30].
@@ -231,8 +237,9 @@ async fn serve(a: ServeArgs) -> CmdResult {
     if let Some(secs) = a.rdma_timeout {
         cfg.tcp_send_timeout = Some(Duration::from_secs(secs));
     }
-    if a.max_memory.is_some() || a.rdma_timeout.is_some() {
-        let d = rpcrdma::TransportConfig::default();
+    if a.max_memory.is_some() || a.rdma_timeout.is_some() || a.read_chunks {
+        let mut d = rpcrdma::TransportConfig::default();
+        d.rpc.rrc.enabled = a.read_chunks;
         cfg.rdma_config = Some(rpcrdma::TransportConfig {
             budget: cfg.budget.clone(),
             rdma_timeout: a.rdma_timeout.map_or(d.rdma_timeout, Duration::from_secs),
@@ -542,6 +549,13 @@ pub struct ClientArgs {
     /// AUTH_SYS gid of the calls.
     #[arg(long, default_value_t = 0)]
     gid: u32,
+    /// How RPC-over-RDMA asks for large replies: write-chunk (Write chunks and a Reply chunk,
+    /// RFC 8166), read-chunk (none once the server announced responder-provided Read chunks:
+    /// it returns large replies as Read chunks the client pulls; version 2), or send-only
+    /// (none on any version 2 connection, announced or not).
+    #[arg(long, value_name = "MODE", default_value = "write-chunk",
+          value_parser = |s: &str| s.parse::<rpcrdma::rrc::ReplyMode>())]
+    reply_mode: rpcrdma::rrc::ReplyMode,
     #[command(subcommand)]
     cmd: ClientCommand,
 }
@@ -556,11 +570,26 @@ pub enum ClientCommand {
         #[arg(long, default_value_t = 64)]
         max_mb: usize,
     },
+    /// List the export's root directory with READDIR calls of --count bytes; prints
+    /// `ENTRIES n CALLS k`, then PASS (exit 0) or `FAIL readdir: error` (exit 1).
+    Readdir {
+        /// Bytes each READDIR reply may take (its `count`).
+        #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
+        count: u32,
+    },
 }
 
 async fn client(a: ClientArgs) -> CmdResult {
-    let (c, root, desc) =
-        nfs_bench::connect_client(a.rdma, a.tcp, a.mount_port, &a.export, a.uid, a.gid).await?;
+    let (c, root, desc) = nfs_bench::connect_client_with(
+        a.rdma,
+        a.tcp,
+        a.mount_port,
+        &a.export,
+        a.uid,
+        a.gid,
+        a.reply_mode,
+    )
+    .await?;
     println!("CONNECTED {desc}");
     match a.cmd {
         ClientCommand::Selftest { max_mb } => {
@@ -575,6 +604,17 @@ async fn client(a: ClientArgs) -> CmdResult {
                 }
             }
         }
+        ClientCommand::Readdir { count } => match c.readdir_all(&root, count).await {
+            Ok((entries, calls)) => {
+                println!("ENTRIES {} CALLS {calls}", entries.len());
+                println!("PASS");
+                Ok(())
+            }
+            Err(e) => {
+                println!("FAIL readdir: {e}");
+                Err(e.into())
+            }
+        },
     }
 }
 
@@ -618,6 +658,14 @@ pub struct BenchArgs {
     /// announced as RFC 8797 private data and, to version 2 clients, as RBSIZ) [default: 4096].
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1024..=1048576))]
     inline: Option<u32>,
+    /// How the RPC-over-RDMA client asks for large replies, comma separated: the rdma
+    /// transport is measured once per mode, in this order (rows rdma, rdma-rc, rdma-so):
+    /// write-chunk (RFC 8166), read-chunk (responder-provided Read chunks, version 2; the
+    /// server announces them), send-only. With write-chunk and read-chunk a ratio line
+    /// compares READ 1 MiB.
+    #[arg(long, value_name = "MODES", value_delimiter = ',', default_value = "write-chunk",
+          value_parser = |s: &str| s.parse::<rpcrdma::rrc::ReplyMode>())]
+    reply_mode: Vec<rpcrdma::rrc::ReplyMode>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -724,6 +772,7 @@ async fn bench(a: BenchArgs) -> CmdResult {
             })
             .collect(),
         inline: a.inline,
+        reply_modes: a.reply_mode.clone(),
     };
     let pb = Bar::new(cfg.progress_total());
     let report = nfs_bench::run(&cfg, &pb).await;
@@ -763,6 +812,12 @@ async fn bench(a: BenchArgs) -> CmdResult {
         "ratio READ-1MiB rdma/nfs-tcp {}  (target >= 1.00)",
         opt(ratio_nfs, 2)
     );
+    if report.ratio_read_chunk.is_some() {
+        println!(
+            "ratio READ-1MiB rdma-rc/rdma (read-chunk / write-chunk) {}",
+            opt(report.ratio_read_chunk, 2)
+        );
+    }
     Ok(())
 }
 

@@ -135,6 +135,16 @@ impl ServerConnection {
         self.conn.peer
     }
 
+    /// The connection's Responder counters.
+    pub fn stats(&self) -> responder::ResponderStats {
+        self.conn.resp.lock().stats().clone()
+    }
+
+    /// Responder-provided Read chunks waiting for their notification, and their bytes.
+    pub fn rrc_waiting(&self) -> (usize, usize) {
+        self.conn.resp.lock().rrc_waiting()
+    }
+
     /// Close this connection (the client reconnects and retransmits).
     pub async fn disconnect(&self) {
         self.conn.link.conn.disconnect().await;

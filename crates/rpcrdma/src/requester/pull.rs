@@ -42,7 +42,15 @@ impl Requester {
     /// Calls go with neither Write chunks nor a Reply chunk (reliable-reply-02 §5.3.1): the
     /// server returns large replies as responder-provided Read chunks.
     pub(super) fn replies_by_read_chunk(&self) -> bool {
-        self.cfg.rrc.reply_mode == ReplyMode::ReadChunk && self.rrc_agreed()
+        match self.cfg.rrc.reply_mode {
+            ReplyMode::WriteChunk => false,
+            ReplyMode::ReadChunk => self.rrc_agreed(),
+            // Whether or not the server announced the capability (draft §6: one that did not
+            // answers with a transport error).
+            ReplyMode::SendOnly => {
+                self.cfg.rrc.enabled && self.version.current() == Version::V2 && self.connprop_sent
+            }
+        }
     }
 
     /// The notification for `xid`, by Send With Invalidate of `inv` when given.
