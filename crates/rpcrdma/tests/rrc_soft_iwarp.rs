@@ -130,6 +130,60 @@ async fn soft_iwarp_replies_come_back_through_responder_read_chunks() {
     let r = settled(&srv).await;
     assert_eq!((r.rrc_replies, r.rrc_notified), (5, 5), "{r:?}");
     assert_eq!(r.rrc_remote_invalidated, 5);
+    // Each chunk was held in the server's memory budget until its notification: the peak
+    // covers a 1 MiB chunk, and once they are invalidated none of it is held.
+    let b = srv.budget();
+    assert!(b.peak() >= 1 << 20, "peak {}", b.peak());
+    let idle = b.used();
+    assert!(idle < 1 << 20, "still held: {idle}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soft_iwarp_a_chunk_beyond_the_memory_budget_is_refused() {
+    // A connection's share of a 4 MiB budget is 4 MiB (the floor). An ECHO of 3 MiB: the
+    // server holds the call's 3 MiB Read chunk while it builds the reply, so the reply's 3 MiB
+    // Read chunk does not fit beside it: refused (RDMA2_ERR_SYSTEM), the call fails at once,
+    // and the connection goes on.
+    let dev = Device::soft_iwarp();
+    let local: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let scfg = TransportConfig {
+        rpc: Config {
+            max_version: Version::V2,
+            max_call_size: 8 << 20,
+            rrc: RrcConfig {
+                enabled: true,
+                ..RrcConfig::default()
+            },
+            ..Config::default()
+        },
+        device: Some(dev.clone()),
+        budget: Some(oncrpc::MemoryBudget::with_limit(4 << 20)),
+        ..TransportConfig::default()
+    };
+    let srv = RdmaServer::bind(local, dispatcher(), vec![Arc::new(EchoUlb)], scfg)
+        .await
+        .unwrap();
+    let ccfg = TransportConfig {
+        rpc: Config {
+            version_policy: VersionPolicy::V2,
+            max_call_size: 8 << 20,
+            rrc: rrc(ReplyMode::ReadChunk),
+            ..Config::default()
+        },
+        device: Some(dev),
+        ..TransportConfig::default()
+    };
+    let cl = RdmaClient::connect_with(srv.local_addr(), ccfg, vec![Arc::new(EchoUlb)], None)
+        .await
+        .unwrap();
+    echo(&cl, 1, 8, 8).await.unwrap();
+    echo(&cl, 2, 0, 100_000).await.unwrap();
+    match echo(&cl, 3, 0, 3 << 20).await {
+        Err(oncrpc::RpcError::Transport(m)) => assert!(m.contains("System"), "{m}"),
+        other => panic!("expected RDMA2_ERR_SYSTEM, got {other:?}"),
+    }
+    echo(&cl, 4, 0, 100_000).await.unwrap();
+    assert_eq!(cl.stats().rrc_pulls, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

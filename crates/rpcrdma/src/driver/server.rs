@@ -46,6 +46,51 @@ struct ServerShared {
     budget: Arc<oncrpc::MemoryBudget>,
 }
 
+/// The registrar of responder-provided Read chunks: each chunk's bytes are reserved in the
+/// connection's memory budget from its registration to its invalidation (a chunk that does not
+/// fit is refused: the Responder answers RDMA2_ERR_SYSTEM).
+struct BudgetedRegistrar {
+    inner: super::link::VerbsRegistrar,
+    budget: Arc<oncrpc::ConnBudget>,
+    held: HashMap<crate::engine::RegionId, oncrpc::Reservation>,
+}
+
+impl crate::engine::Registrar for BudgetedRegistrar {
+    fn register_source(
+        &mut self,
+        data: Bytes,
+    ) -> Result<crate::engine::Region, crate::engine::RegError> {
+        let r = self
+            .budget
+            .try_reserve(data.len())
+            .map_err(|e| crate::engine::RegError::Register(e.to_string()))?;
+        let region = self.inner.register_source(data)?;
+        self.held.insert(region.id, r);
+        Ok(region)
+    }
+    fn register_sink(
+        &mut self,
+        len: usize,
+    ) -> Result<crate::engine::Region, crate::engine::RegError> {
+        self.inner.register_sink(len)
+    }
+    fn sink_contents(
+        &mut self,
+        id: crate::engine::RegionId,
+        len: usize,
+    ) -> Result<Bytes, crate::engine::RegError> {
+        self.inner.sink_contents(id, len)
+    }
+    fn invalidate(
+        &mut self,
+        id: crate::engine::RegionId,
+        remote: bool,
+    ) -> Result<(), crate::engine::RegError> {
+        self.held.remove(&id);
+        self.inner.invalidate(id, remote)
+    }
+}
+
 /// Per-connection state shared by the receive handler, the call tasks and [`ServerConnection`].
 struct ServerConn {
     link: Arc<Link>,
@@ -335,15 +380,20 @@ async fn serve_connection(
     let lost = sh.lost.lock().take(peer.ip());
     let mut resp = Responder::new(cfg.clone(), params, sh.ulbs.clone(), lost);
     resp.set_read_timeout(Some(sh.cfg.rdma_timeout));
+    let budget = sh.budget.connection();
     if cfg.rrc.enabled {
         // Responder-provided Read chunks are registered in the connection's protection
-        // domain, for remote read only, with the provider's random STags.
-        resp.set_registrar(Box::new(super::link::VerbsRegistrar::new(pd.clone())));
+        // domain, for remote read only, with the provider's random STags, and held in the
+        // connection's memory budget until they are invalidated.
+        resp.set_registrar(Box::new(BudgetedRegistrar {
+            inner: super::link::VerbsRegistrar::new(pd.clone()),
+            budget: budget.clone(),
+            held: HashMap::new(),
+        }));
     }
     let nrecv = resp.receives_needed();
     // The receive buffers are the first thing a connection costs: refuse it when they do not
     // fit in the budget (backpressure on new connections; the ones already served go on).
-    let budget = sh.budget.connection();
     let recv_reservation = match budget.try_reserve(nrecv * params.inline_recv) {
         Ok(r) => r,
         Err(e) => {
