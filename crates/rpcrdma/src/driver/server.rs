@@ -14,6 +14,7 @@ use tokio::sync::{Notify, oneshot};
 use verbs::{Device, RecvWr, WcStatus};
 use xdr::Encoder;
 
+use super::budget::{BudgetedRegistrar, hold_in_budget};
 use super::link::{Link, REPLY_WR, Router, SinkPool, recv_pool};
 use super::{DriverError, TransportConfig};
 use crate::engine::Params;
@@ -44,51 +45,6 @@ struct ServerShared {
     conns: Mutex<HashMap<u64, Arc<ServerConn>>>,
     next_conn: AtomicU64,
     budget: Arc<oncrpc::MemoryBudget>,
-}
-
-/// The registrar of responder-provided Read chunks: each chunk's bytes are reserved in the
-/// connection's memory budget from its registration to its invalidation (a chunk that does not
-/// fit is refused: the Responder answers RDMA2_ERR_SYSTEM).
-struct BudgetedRegistrar {
-    inner: super::link::VerbsRegistrar,
-    budget: Arc<oncrpc::ConnBudget>,
-    held: HashMap<crate::engine::RegionId, oncrpc::Reservation>,
-}
-
-impl crate::engine::Registrar for BudgetedRegistrar {
-    fn register_source(
-        &mut self,
-        data: Bytes,
-    ) -> Result<crate::engine::Region, crate::engine::RegError> {
-        let r = self
-            .budget
-            .try_reserve(data.len())
-            .map_err(|e| crate::engine::RegError::Register(e.to_string()))?;
-        let region = self.inner.register_source(data)?;
-        self.held.insert(region.id, r);
-        Ok(region)
-    }
-    fn register_sink(
-        &mut self,
-        len: usize,
-    ) -> Result<crate::engine::Region, crate::engine::RegError> {
-        self.inner.register_sink(len)
-    }
-    fn sink_contents(
-        &mut self,
-        id: crate::engine::RegionId,
-        len: usize,
-    ) -> Result<Bytes, crate::engine::RegError> {
-        self.inner.sink_contents(id, len)
-    }
-    fn invalidate(
-        &mut self,
-        id: crate::engine::RegionId,
-        remote: bool,
-    ) -> Result<(), crate::engine::RegError> {
-        self.held.remove(&id);
-        self.inner.invalidate(id, remote)
-    }
 }
 
 /// Per-connection state shared by the receive handler, the call tasks and [`ServerConnection`].
@@ -565,70 +521,6 @@ fn on_server_receive(
         rt.spawn(fut);
     }
     true
-}
-
-/// Reserve the bytes of a reply's Sends and RDMA Writes in `budget` and tie the reservation to
-/// those buffers, so it is given back when the transport has sent (and dropped) the last one.
-///
-/// `pre` is what the call reserved before its reply was built: shrunk to the reply when it
-/// covers it, so that the reply never waits for memory while it is held outside the budget.
-async fn hold_in_budget(
-    actions: Vec<responder::Action>,
-    budget: &Arc<oncrpc::ConnBudget>,
-    wait: Duration,
-    pre: Option<oncrpc::Reservation>,
-) -> Result<Vec<responder::Action>, oncrpc::BudgetError> {
-    use responder::Action;
-    let total: usize = actions
-        .iter()
-        .map(|a| match a {
-            Action::Write { data, .. } | Action::Send { data, .. } => data.len(),
-            // Nothing to hold for it; it is performed with the rest (see `perform`).
-            Action::Close => 0,
-        })
-        .sum();
-    if total == 0 {
-        return Ok(actions);
-    }
-    let held = match pre {
-        Some(mut r) if r.bytes() >= total => {
-            r.shrink(total);
-            Arc::new(r)
-        }
-        other => {
-            drop(other);
-            Arc::new(budget.reserve(total, wait).await?)
-        }
-    };
-    struct Held {
-        data: Bytes,
-        _reservation: Arc<oncrpc::Reservation>,
-    }
-    impl AsRef<[u8]> for Held {
-        fn as_ref(&self) -> &[u8] {
-            &self.data
-        }
-    }
-    let hold = |data: Bytes| {
-        Bytes::from_owner(Held {
-            data,
-            _reservation: held.clone(),
-        })
-    };
-    Ok(actions
-        .into_iter()
-        .map(|a| match a {
-            Action::Write { segment, data } => Action::Write {
-                segment,
-                data: hold(data),
-            },
-            Action::Send { data, invalidate } => Action::Send {
-                data: hold(data),
-                invalidate,
-            },
-            Action::Close => Action::Close,
-        })
-        .collect())
 }
 
 /// What the RDMA Reads of a call brought.
