@@ -42,6 +42,9 @@ pub struct Config {
     /// falls back to version 1 (cel-05 §8). Default: [`crate::version::default_policy`]
     /// (version 1 unless the process set another).
     pub version_policy: crate::version::VersionPolicy,
+    /// Responder-provided Read chunks (draft-cel-nfsv4-rpcrdma-reliable-reply-02), version 2
+    /// only; off by default ([`crate::rrc::RrcConfig`]).
+    pub rrc: crate::rrc::RrcConfig,
 }
 
 impl Default for Config {
@@ -59,6 +62,7 @@ impl Default for Config {
             max_call_size: 4 << 20,
             max_version: crate::version::Version::V2,
             version_policy: crate::version::default_policy(),
+            rrc: crate::rrc::RrcConfig::default(),
         }
     }
 }
@@ -186,6 +190,32 @@ pub trait Registrar {
     /// Invalidate (fence) and release a region. `remote` is true when the peer already
     /// invalidated it with Send With Invalidate; only the local release remains.
     fn invalidate(&mut self, id: RegionId, remote: bool) -> Result<(), RegError>;
+}
+
+/// A registrar shared between an engine and whoever watches it (a test reading the counters
+/// of a [`MemRegistrar`], a peer reading its memory).
+impl<R: Registrar + ?Sized> Registrar for std::sync::Arc<parking_lot::Mutex<R>> {
+    fn register_source(&mut self, data: Bytes) -> Result<Region, RegError> {
+        self.lock().register_source(data)
+    }
+    fn register_sink(&mut self, len: usize) -> Result<Region, RegError> {
+        self.lock().register_sink(len)
+    }
+    fn sink_contents(&mut self, id: RegionId, len: usize) -> Result<Bytes, RegError> {
+        self.lock().sink_contents(id, len)
+    }
+    fn sink_framed(
+        &mut self,
+        id: RegionId,
+        len: usize,
+        prefix: &[u8],
+        suffix: &[u8],
+    ) -> Result<Option<Bytes>, RegError> {
+        self.lock().sink_framed(id, len, prefix, suffix)
+    }
+    fn invalidate(&mut self, id: RegionId, remote: bool) -> Result<(), RegError> {
+        self.lock().invalidate(id, remote)
+    }
 }
 
 /// Round `n` up to a multiple of four.

@@ -60,9 +60,13 @@
 //!   receive buffer size as RBSIZ, and keeps one receive for the peer's; a peer's RBSIZ raises
 //!   the send limit, and a version 2 call that fits it whole goes inline unreduced; REQPROP
 //!   gets RESPROP). `CONFORMANCE.md` has the table.
+//! - [`rrc`]: responder-provided Read chunks (draft-cel-nfsv4-rpcrdma-reliable-reply-02) on
+//!   version 2: an experimental property announces them, an RDMA2_OPTIONAL carries the
+//!   pull-completion notification; the Responder sends replies too large for inline and the
+//!   Reply chunk as a Position-Zero Read chunk and keeps a bounded XID table of them with a
+//!   pull deadline; the Requester pulls them and always notifies. Off by default.
 //!
-//! What it does not do: the Read-Read transfer model (responder-provided Read chunks),
-//! RDMA_MSGP padding, Write chunks in the backward direction, or reduction of any item its Upper-Layer
+//! What it does not do: RDMA_MSGP padding, Write chunks in the backward direction, or reduction of any item its Upper-Layer
 //! Binding did not mark DDP-eligible. Requesters refuse calls of programs without a binding
 //! (`RpcError::NoBinding`, RFC 8166 §6); Responders still answer inline calls of such
 //! programs (see `docs/traceability.md`).
@@ -77,6 +81,7 @@ pub mod privdata;
 pub mod props;
 pub mod requester;
 pub mod responder;
+pub mod rrc;
 pub mod ulb;
 pub mod version;
 

@@ -372,6 +372,10 @@ pub struct V2Properties {
     pub peer_brs: BackwardSupport,
     /// Whether the peer's CONNPROP arrived.
     pub peer_announced: bool,
+    /// We announce responder-provided Read chunks ([`crate::rrc::PROPID_RRC`]).
+    pub local_rrc: bool,
+    /// The peer announced them (value 1 of [`crate::rrc::PROPID_RRC`]).
+    pub peer_rrc: bool,
 }
 
 impl V2Properties {
@@ -384,20 +388,44 @@ impl V2Properties {
             peer_rbsiz: DEFAULT_RBSIZ,
             peer_brs: BackwardSupport::Inline,
             peer_announced: false,
+            local_rrc: false,
+            peer_rrc: false,
         }
     }
 
+    /// Announce responder-provided Read chunks (draft-cel-nfsv4-rpcrdma-reliable-reply-02 §6:
+    /// used "only when both peers support them").
+    pub fn with_rrc(mut self, on: bool) -> Self {
+        self.local_rrc = on;
+        self
+    }
+
+    /// Both sides announced responder-provided Read chunks.
+    pub fn rrc_agreed(&self) -> bool {
+        self.local_rrc && self.peer_rrc
+    }
+
     /// The RDMA2_CONNPROP we send once the version is settled (gap 4). Neither value changes
-    /// during the connection, so both are in `rdma_nochg`. Its encoding is 44 bytes with the
+    /// during the connection, so both are in `rdma_nochg`. Its encoding is 52 bytes with the
     /// header, well inside the 1 KB a peer can receive before it knows our properties
     /// (§6.3.1).
+    /// With responder-provided Read chunks announced, a third property follows (64 bytes
+    /// with the header); without, the message is exactly what it was before them.
     pub fn connprop(&self) -> ConnProp {
+        let mut start = vec![
+            PropVal::rbsiz(self.local_rbsiz),
+            PropVal::brs(self.local_brs),
+        ];
+        if self.local_rrc {
+            start.push(PropVal {
+                which: crate::rrc::PROPID_RRC,
+                data: bytes::Bytes::from_static(&[0, 0, 0, 1]),
+            });
+        }
+        let n = start.len();
         ConnProp {
-            start: PropSet(vec![
-                PropVal::rbsiz(self.local_rbsiz),
-                PropVal::brs(self.local_brs),
-            ]),
-            nochg: PropSubset::from_positions([0, 1]),
+            start: PropSet(start),
+            nochg: PropSubset::from_positions(0..n),
         }
     }
 
@@ -409,6 +437,15 @@ impl V2Properties {
             match p {
                 Property::ReceiveBufferSize(n) => self.peer_rbsiz = n.max(DEFAULT_RBSIZ),
                 Property::BackwardRequestSupport(b) => self.peer_brs = b,
+                // The experimental capability (crate::rrc): 1 supported, 0 or empty not;
+                // another value is not this property and is ignored like an unknown one.
+                Property::Unknown { which, data } if which == crate::rrc::PROPID_RRC => {
+                    match &data[..] {
+                        [] | [0, 0, 0, 0, ..] => self.peer_rrc = false,
+                        [0, 0, 0, 1, ..] => self.peer_rrc = true,
+                        _ => {}
+                    }
+                }
                 Property::Unknown { .. } => {}
             }
         }

@@ -19,6 +19,7 @@ use std::time::Duration;
 use nfs::client::{ClientError, MountClient, Nfs3Client};
 use nfs::serve::ServeConfig;
 use oncrpc::{RpcTransport, TcpClient};
+use rpcrdma::rrc::{ReplyMode, RrcConfig};
 use rpcrdma::{RdmaClient, TransportConfig};
 use serde::Serialize;
 
@@ -115,6 +116,19 @@ pub struct BenchConfig {
     /// version 1 clients in RFC 8797 private data and to version 2 clients as RBSIZ (cel-05
     /// §6.2.1); `None`: the default (4096).
     pub inline: Option<u32>,
+    /// How the RPC-over-RDMA client asks for large replies; the `rdma` transport is measured
+    /// once per mode, in this order (rows `rdma`, `rdma-rc`, `rdma-so`). With a mode other
+    /// than write-chunk the server announces responder-provided Read chunks.
+    pub reply_modes: Vec<ReplyMode>,
+}
+
+/// The row name of the `rdma` transport measured in `mode`.
+pub fn rdma_row_name(mode: ReplyMode) -> &'static str {
+    match mode {
+        ReplyMode::WriteChunk => "rdma",
+        ReplyMode::ReadChunk => "rdma-rc",
+        ReplyMode::SendOnly => "rdma-so",
+    }
 }
 
 impl BenchConfig {
@@ -131,7 +145,13 @@ impl BenchConfig {
     /// Bytes the whole run moves through [`Progress::inc`].
     pub fn progress_total(&self) -> u64 {
         let per_nfs: u64 = self.io.iter().map(|&io| 2 * self.pass_bytes(io)).sum();
-        self.transports.len() as u64 * per_nfs + RAW_RUNS * raw_bytes(self.size_mb << 20)
+        let modes = self.reply_modes.len().max(1) as u64;
+        let runs: u64 = self
+            .transports
+            .iter()
+            .map(|t| if *t == Transport::Rdma { modes } else { 1 })
+            .sum();
+        runs * per_nfs + RAW_RUNS * raw_bytes(self.size_mb << 20)
     }
 }
 
@@ -181,6 +201,14 @@ pub struct BenchReport {
         serialize_with = "crate::json::opt3"
     )]
     pub ratio_nfs: Option<f64>,
+    /// READ 1 MiB over RDMA with responder-provided Read chunks ÷ with Write chunks (both
+    /// measured in the same run).
+    #[serde(
+        rename = "ratio_read_1mib_read_chunk_over_write_chunk",
+        serialize_with = "crate::json::opt3",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ratio_read_chunk: Option<f64>,
 }
 
 fn localhost(port: u16) -> SocketAddr {
@@ -492,12 +520,52 @@ pub async fn connect_client(
     uid: u32,
     gid: u32,
 ) -> Result<(Nfs3Client, nfs::nfs3::Fh3, String), BenchError> {
+    connect_client_with(
+        rdma,
+        tcp,
+        mount_port,
+        export,
+        uid,
+        gid,
+        ReplyMode::WriteChunk,
+    )
+    .await
+}
+
+/// The RPC-over-RDMA client settings of `mode`: write-chunk is the default transport
+/// (nothing announced); the others announce responder-provided Read chunks, which need
+/// version 2 (a process default of version 1 becomes a version 2 probe that falls back).
+pub fn rdma_client_config(mode: ReplyMode) -> TransportConfig {
+    let mut t = TransportConfig::default();
+    if mode != ReplyMode::WriteChunk {
+        t.rpc.rrc = RrcConfig {
+            enabled: true,
+            reply_mode: mode,
+            ..RrcConfig::default()
+        };
+        if t.rpc.version_policy == rpcrdma::version::VersionPolicy::V1 {
+            t.rpc.version_policy = rpcrdma::version::VersionPolicy::Auto;
+        }
+    }
+    t
+}
+
+/// [`connect_client`] with the RPC-over-RDMA client asking for large replies in `mode`.
+pub async fn connect_client_with(
+    rdma: Option<SocketAddr>,
+    tcp: Option<SocketAddr>,
+    mount_port: Option<u16>,
+    export: &str,
+    uid: u32,
+    gid: u32,
+    mode: ReplyMode,
+) -> Result<(Nfs3Client, nfs::nfs3::Fh3, String), BenchError> {
     let (nfs_addr, transport): (SocketAddr, Arc<dyn RpcTransport>) = match (rdma, tcp) {
         (Some(a), _) => {
             // RFC 8267: the NFS binding makes READ/WRITE/READLINK data DDP-eligible.
             let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> =
                 Arc::new(nfs::ulb::NfsBinding::new());
-            let c = RdmaClient::connect_with(a, TransportConfig::default(), vec![ulb], None)
+            let c = RdmaClient::connect_with(a, rdma_client_config(mode), vec![ulb], None)
                 .await
                 .map_err(|e| format!("cannot connect to rdma://{a}: {e}"))?;
             (a, Arc::new(c))
@@ -524,11 +592,13 @@ pub async fn connect_client(
         .map_err(|e| format!("MNT {export} at tcp://{maddr}: {e}"))?;
     let scheme = if rdma.is_some() { "rdma" } else { "tcp" };
     let desc = format!("{scheme}://{nfs_addr} (MOUNT tcp://{maddr}, export {export})");
-    Ok((
-        Nfs3Client::new(transport).with_auth_sys(uid, gid, vec![gid]),
-        root,
-        desc,
-    ))
+    let client = Nfs3Client::new(transport).with_auth_sys(uid, gid, vec![gid]);
+    if rdma.is_some() && mode != ReplyMode::WriteChunk {
+        // The first call settles the version and both sides' transport properties; only the
+        // calls after it can go without Write and Reply chunks.
+        client.null().await?;
+    }
+    Ok((client, root, desc))
 }
 
 /// Run the bench: a fresh server over a temporary directory under `a.dir`, every transport of
@@ -543,9 +613,14 @@ pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, Benc
     cfg.tcp = Some(localhost(0));
     cfg.rdma = Some(localhost(0));
     cfg.portmap = None;
-    if let Some(n) = a.inline {
+    let rrc = a.reply_modes.iter().any(|m| *m != ReplyMode::WriteChunk);
+    if a.inline.is_some() || rrc {
         let mut t = TransportConfig::default();
-        t.rpc.inline_recv = n;
+        if let Some(n) = a.inline {
+            t.rpc.inline_recv = n;
+        }
+        // The server announces responder-provided Read chunks only when a mode needs them.
+        t.rpc.rrc.enabled = rrc;
         cfg.rdma_config = Some(t);
     }
     let served = nfs::serve::start(cfg)
@@ -558,14 +633,29 @@ pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, Benc
     let result = async {
         let mut rows = Vec::new();
         warm_up(tmp.path(), a.size_mb << 20, pb)?;
+        let modes = if a.reply_modes.is_empty() {
+            vec![ReplyMode::WriteChunk]
+        } else {
+            a.reply_modes.clone()
+        };
         for tr in &a.transports {
-            let (r, t) = match tr {
-                Transport::Rdma => (Some(rdma), None),
-                Transport::Tcp => (None, Some(tcp)),
+            let runs: Vec<(
+                Option<SocketAddr>,
+                Option<SocketAddr>,
+                &'static str,
+                ReplyMode,
+            )> = match tr {
+                Transport::Rdma => modes
+                    .iter()
+                    .map(|m| (Some(rdma), None, rdma_row_name(*m), *m))
+                    .collect(),
+                Transport::Tcp => vec![(None, Some(tcp), tr.name(), ReplyMode::WriteChunk)],
             };
-            let name = tr.name();
-            let (c, root, _) = connect_client(r, t, Some(tcp.port()), "/", 0, 0).await?;
-            rows.extend(bench_nfs(name, &c, &root, a, pb).await?);
+            for (r, t, name, mode) in runs {
+                let (c, root, _) =
+                    connect_client_with(r, t, Some(tcp.port()), "/", 0, 0, mode).await?;
+                rows.extend(bench_nfs(name, &c, &root, a, pb).await?);
+            }
         }
         rows.push(bench_raw_tcp(raw_bytes(a.size_mb << 20), pb).await?);
         Ok::<_, BoxErr>(rows)
@@ -579,6 +669,9 @@ pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, Benc
         .zip(find(&rows, "raw-tcp", "STREAM", io1m))
         .map(|(a, b)| a / b);
     let ratio_nfs = rd.zip(find(&rows, "tcp", "READ", io1m)).map(|(a, b)| a / b);
+    let ratio_read_chunk = find(&rows, "rdma-rc", "READ", io1m)
+        .zip(rd)
+        .map(|(a, b)| a / b);
     Ok(BenchReport {
         size_mb: a.size_mb,
         depth: a.depth,
@@ -586,6 +679,7 @@ pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, Benc
         rows,
         ratio_raw,
         ratio_nfs,
+        ratio_read_chunk,
     })
 }
 
@@ -621,6 +715,7 @@ mod tests {
             ],
             ratio_raw: Some(0.81234),
             ratio_nfs: None,
+            ratio_read_chunk: None,
         };
         assert_eq!(
             serde_json::to_string(&r).unwrap(),
@@ -646,6 +741,7 @@ mod tests {
             io: vec![4096, 1 << 20],
             transports: Transport::ALL.to_vec(),
             inline: None,
+            reply_modes: vec![ReplyMode::WriteChunk],
         };
         // 4 KiB moves at most 16 MiB; each transport WRITEs and READs.
         let per_nfs = 2 * (16 << 20) + 2 * (64 << 20);

@@ -348,6 +348,38 @@ impl Nfs3Client {
         Ok(())
     }
 
+    /// All entries of a directory via READDIR calls of `count` bytes each; the entries and
+    /// the number of calls made.
+    pub async fn readdir_all(
+        &self,
+        dir: &Fh3,
+        count: u32,
+    ) -> Result<(Vec<crate::nfs3::Entry3>, usize), ClientError> {
+        let mut out = Vec::new();
+        let (mut cookie, mut cookieverf, mut calls) = (0, [0; 8], 0);
+        loop {
+            let r = self
+                .readdir(crate::nfs3::ReaddirArgs {
+                    dir: dir.clone(),
+                    cookie,
+                    cookieverf,
+                    count,
+                })
+                .await?
+                .into_result()?;
+            calls += 1;
+            cookieverf = r.cookieverf;
+            if let Some(last) = r.entries.0.last() {
+                cookie = last.cookie;
+            }
+            let done = r.eof || r.entries.0.is_empty();
+            out.extend(r.entries.0);
+            if done {
+                return Ok((out, calls));
+            }
+        }
+    }
+
     /// All entries of a directory via READDIRPLUS.
     pub async fn readdirplus_all(&self, dir: &Fh3) -> Result<Vec<Entryplus3>, ClientError> {
         let mut out: Vec<Entryplus3> = Vec::new();

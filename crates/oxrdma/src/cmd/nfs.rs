@@ -11,9 +11,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use super::nfs_bench::BenchArgs;
 use clap::{Args, Subcommand};
 use nfs::serve::{ServeConfig, Served};
-use tools::nfs_bench::{self, BenchConfig, NFS_PORT};
+use tools::nfs_bench::{self, NFS_PORT};
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -114,6 +115,12 @@ pub struct ServeArgs {
     /// does not fit is refused, calls that do not fit wait for memory.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_memory: Option<usize>,
+    /// Offer RPC-over-RDMA version 2 clients responder-provided Read chunks
+    /// (draft-cel-nfsv4-rpcrdma-reliable-reply-02, as an experimental transport property):
+    /// replies too large for the inline threshold and the client's Reply chunk go back as a
+    /// Read chunk the client pulls. Clients that do not announce them see no change.
+    #[arg(long)]
+    read_chunks: bool,
     /// How long an RPC-over-RDMA client may take to answer the server's RDMA Read of its
     /// Read chunks, and a TCP client to take any of its replies, before its connection is
     /// closed and its memory given back [default: 30].
@@ -231,8 +238,9 @@ async fn serve(a: ServeArgs) -> CmdResult {
     if let Some(secs) = a.rdma_timeout {
         cfg.tcp_send_timeout = Some(Duration::from_secs(secs));
     }
-    if a.max_memory.is_some() || a.rdma_timeout.is_some() {
-        let d = rpcrdma::TransportConfig::default();
+    if a.max_memory.is_some() || a.rdma_timeout.is_some() || a.read_chunks {
+        let mut d = rpcrdma::TransportConfig::default();
+        d.rpc.rrc.enabled = a.read_chunks;
         cfg.rdma_config = Some(rpcrdma::TransportConfig {
             budget: cfg.budget.clone(),
             rdma_timeout: a.rdma_timeout.map_or(d.rdma_timeout, Duration::from_secs),
@@ -542,6 +550,13 @@ pub struct ClientArgs {
     /// AUTH_SYS gid of the calls.
     #[arg(long, default_value_t = 0)]
     gid: u32,
+    /// How RPC-over-RDMA asks for large replies: write-chunk (Write chunks and a Reply chunk,
+    /// RFC 8166), read-chunk (none once the server announced responder-provided Read chunks:
+    /// it returns large replies as Read chunks the client pulls; version 2), or send-only
+    /// (none on any version 2 connection, announced or not).
+    #[arg(long, value_name = "MODE", default_value = "write-chunk",
+          value_parser = |s: &str| s.parse::<rpcrdma::rrc::ReplyMode>())]
+    reply_mode: rpcrdma::rrc::ReplyMode,
     #[command(subcommand)]
     cmd: ClientCommand,
 }
@@ -556,11 +571,26 @@ pub enum ClientCommand {
         #[arg(long, default_value_t = 64)]
         max_mb: usize,
     },
+    /// List the export's root directory with READDIR calls of --count bytes; prints
+    /// `ENTRIES n CALLS k`, then PASS (exit 0) or `FAIL readdir: error` (exit 1).
+    Readdir {
+        /// Bytes each READDIR reply may take (its `count`).
+        #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
+        count: u32,
+    },
 }
 
 async fn client(a: ClientArgs) -> CmdResult {
-    let (c, root, desc) =
-        nfs_bench::connect_client(a.rdma, a.tcp, a.mount_port, &a.export, a.uid, a.gid).await?;
+    let (c, root, desc) = nfs_bench::connect_client_with(
+        a.rdma,
+        a.tcp,
+        a.mount_port,
+        &a.export,
+        a.uid,
+        a.gid,
+        a.reply_mode,
+    )
+    .await?;
     println!("CONNECTED {desc}");
     match a.cmd {
         ClientCommand::Selftest { max_mb } => {
@@ -575,6 +605,17 @@ async fn client(a: ClientArgs) -> CmdResult {
                 }
             }
         }
+        ClientCommand::Readdir { count } => match c.readdir_all(&root, count).await {
+            Ok((entries, calls)) => {
+                println!("ENTRIES {} CALLS {calls}", entries.len());
+                println!("PASS");
+                Ok(())
+            }
+            Err(e) => {
+                println!("FAIL readdir: {e}");
+                Err(e.into())
+            }
+        },
     }
 }
 
@@ -584,186 +625,9 @@ pub async fn run(cmd: NfsCommand) -> CmdResult {
         NfsCommand::Serve(a) => serve(*a).await,
         NfsCommand::Status(a) => status(a).await,
         NfsCommand::Client(a) => client(a).await,
-        NfsCommand::Bench(a) => bench(a).await,
+        NfsCommand::Bench(a) => super::nfs_bench::bench(a).await,
         NfsCommand::Torture(a) => super::torture::torture(a).await,
     }
-}
-
-// ------------------------------------------------------------------------------------------
-// bench
-// ------------------------------------------------------------------------------------------
-
-#[derive(Debug, Args)]
-pub struct BenchArgs {
-    /// Make the temporary export under this directory [default: the system temp directory].
-    #[arg(long, value_name = "D")]
-    dir: Option<PathBuf>,
-    /// Bytes moved per READ/WRITE measurement, in MiB (4 KiB I/O moves at most 16 MiB).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
-    size_mb: u64,
-    /// GETATTR calls per transport.
-    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
-    getattrs: u64,
-    /// READ/WRITE calls kept in flight, as a client's readahead and write-behind do (GETATTR
-    /// stays at one). Latency is per call either way.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=128))]
-    depth: u64,
-    /// The READ/WRITE I/O sizes to measure, comma separated (4k, 8k, 64k, 1m).
-    #[arg(long, value_name = "SIZES", value_delimiter = ',', default_values_t = IoSize::ALL)]
-    io: Vec<IoSize>,
-    /// The NFS transports to measure, in this order (the raw TCP stream is always measured).
-    #[arg(long, value_name = "LIST", value_delimiter = ',', default_values_t = Transport::ALL)]
-    transports: Vec<Transport>,
-    /// The server's RPC-over-RDMA receive buffer size in bytes (its inline threshold,
-    /// announced as RFC 8797 private data and, to version 2 clients, as RBSIZ) [default: 4096].
-    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1024..=1048576))]
-    inline: Option<u32>,
-    /// Print one JSON object instead of a table.
-    #[arg(long)]
-    json: bool,
-}
-
-/// An NFS transport the bench measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Transport {
-    Rdma,
-    Tcp,
-}
-
-impl Transport {
-    const ALL: [Transport; 2] = [Transport::Rdma, Transport::Tcp];
-}
-
-impl std::fmt::Display for Transport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Transport::Rdma => "rdma",
-            Transport::Tcp => "tcp",
-        })
-    }
-}
-
-/// An I/O size the bench measures READ and WRITE at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum IoSize {
-    #[value(name = "4k")]
-    K4,
-    #[value(name = "8k")]
-    K8,
-    #[value(name = "64k")]
-    K64,
-    #[value(name = "1m")]
-    M1,
-}
-
-impl IoSize {
-    const ALL: [IoSize; 3] = [IoSize::K4, IoSize::K64, IoSize::M1];
-
-    fn bytes(self) -> u32 {
-        match self {
-            IoSize::K4 => 4096,
-            IoSize::K8 => 8192,
-            IoSize::K64 => 64 << 10,
-            IoSize::M1 => 1 << 20,
-        }
-    }
-}
-
-impl std::fmt::Display for IoSize {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            IoSize::K4 => "4k",
-            IoSize::K8 => "8k",
-            IoSize::K64 => "64k",
-            IoSize::M1 => "1m",
-        })
-    }
-}
-
-/// A progress bar on stderr, fed by the bench.
-struct Bar(indicatif::ProgressBar);
-
-impl Bar {
-    fn new(total: u64) -> Self {
-        let pb = indicatif::ProgressBar::with_draw_target(
-            Some(total),
-            indicatif::ProgressDrawTarget::stderr(),
-        );
-        if let Ok(style) = indicatif::ProgressStyle::with_template(
-            "{spinner} {msg:28} [{bar:30}] {bytes}/{total_bytes} {elapsed}",
-        ) {
-            pb.set_style(style.progress_chars("=> "));
-        }
-        Bar(pb)
-    }
-}
-
-impl nfs_bench::Progress for Bar {
-    fn set_message(&self, msg: String) {
-        self.0.set_message(msg);
-    }
-
-    fn inc(&self, bytes: u64) {
-        self.0.inc(bytes);
-    }
-}
-
-async fn bench(a: BenchArgs) -> CmdResult {
-    let cfg = BenchConfig {
-        dir: a.dir.clone().unwrap_or_else(std::env::temp_dir),
-        size_mb: a.size_mb,
-        getattrs: a.getattrs,
-        depth: a.depth,
-        io: a.io.iter().map(|s| s.bytes()).collect(),
-        transports: a
-            .transports
-            .iter()
-            .map(|t| match t {
-                Transport::Rdma => nfs_bench::Transport::Rdma,
-                Transport::Tcp => nfs_bench::Transport::Tcp,
-            })
-            .collect(),
-        inline: a.inline,
-    };
-    let pb = Bar::new(cfg.progress_total());
-    let report = nfs_bench::run(&cfg, &pb).await;
-    pb.0.finish_and_clear();
-    let report = report?;
-    let (rows, ratio_raw, ratio_nfs) = (&report.rows, report.ratio_raw, report.ratio_nfs);
-    if a.json {
-        println!("{}", serde_json::to_string(&report)?);
-        return Ok(());
-    }
-    println!(
-        "NFSv3 sequential I/O, {} MiB per READ/WRITE run (4 KiB: at most 16 MiB), {} READ/WRITE call(s) in flight, {} GETATTRs one at a time",
-        a.size_mb, a.depth, a.getattrs
-    );
-    println!(
-        "{:<9} {:<8} {:>8} {:>10} {:>10} {:>10} {:>10}",
-        "transport", "op", "io", "MB/s", "ops/s", "p50[us]", "p99[us]"
-    );
-    let opt = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |v| format!("{v:.p$}"));
-    for r in rows {
-        println!(
-            "{:<9} {:<8} {:>8} {:>10} {:>10.0} {:>10} {:>10}",
-            r.transport,
-            r.op,
-            r.io.map_or_else(|| "-".to_string(), |v| v.to_string()),
-            opt(r.mbs, 1),
-            r.ops,
-            opt(r.p50_us, 1),
-            opt(r.p99_us, 1),
-        );
-    }
-    println!(
-        "ratio READ-1MiB rdma/raw-tcp {}  (target >= 0.80)",
-        opt(ratio_raw, 2)
-    );
-    println!(
-        "ratio READ-1MiB rdma/nfs-tcp {}  (target >= 1.00)",
-        opt(ratio_nfs, 2)
-    );
-    Ok(())
 }
 
 #[cfg(test)]

@@ -249,6 +249,8 @@ struct Submission {
 enum Work {
     Submit(Submission),
     Receive(Bytes, Option<u32>),
+    /// A pull of a responder-provided Read chunk ended.
+    PullDone(u64, Result<Bytes, String>),
 }
 
 /// What the requester asked for, done once the state lock is released (in this order).
@@ -260,6 +262,10 @@ enum Post {
     ),
     BackCall(u32, Bytes),
     Close,
+    /// RDMA Read a responder-provided Read chunk (pull id, segments, length).
+    Pull(u64, Vec<crate::header::Segment>, usize),
+    /// A pull-completion notification, by Send With Invalidate when a handle is given.
+    Notify(Bytes, Option<u32>),
 }
 
 fn absorb(st: &mut ClientState, actions: Vec<requester::Action>, posts: &mut Vec<Post>) {
@@ -275,6 +281,15 @@ fn absorb(st: &mut ClientState, actions: Vec<requester::Action>, posts: &mut Vec
                 posts.push(Post::BackCall(xid, message));
             }
             requester::Action::Close => posts.push(Post::Close),
+            requester::Action::Pull {
+                pull,
+                segments,
+                len,
+                ..
+            } => posts.push(Post::Pull(pull, segments, len)),
+            requester::Action::Notify { data, invalidate } => {
+                posts.push(Post::Notify(data, invalidate))
+            }
         }
     }
 }
@@ -285,6 +300,11 @@ fn work_locked(st: &mut ClientState, w: Work, posts: &mut Vec<Post>) {
         Work::Receive(msg, invalidated) => {
             let ClientState { req, reg, .. } = st;
             let actions = req.on_receive(msg, invalidated, reg);
+            absorb(st, actions, posts);
+        }
+        Work::PullDone(pull, result) => {
+            let ClientState { req, reg, .. } = st;
+            let actions = req.pull_done(pull, result, reg);
             absorb(st, actions, posts);
         }
     }
@@ -425,6 +445,22 @@ fn perform(inner: &Arc<ClientInner>, posts: Vec<Post>) {
             }
             Post::Done(tx, result) => {
                 let _ = tx.send(result);
+            }
+            Post::Notify(data, invalidate) => {
+                // Like a call's Send: a failure means the connection is gone, which the
+                // receive handler sees; the responder invalidates the chunk then.
+                let _ = inner.link().post_send_inv_unsignaled(data, invalidate);
+            }
+            Post::Pull(pull, segments, len) => {
+                let (inner2, link) = (inner.clone(), inner.link());
+                let ord = inner.cfg.rpc.rrc.ord;
+                inner.rt.spawn(async move {
+                    let r = link
+                        .pull_chunk(&segments, len, ord)
+                        .await
+                        .map_err(|e| e.to_string());
+                    enqueue(&inner2, Work::PullDone(pull, r));
+                });
             }
             Post::BackCall(xid, message) => {
                 let inner2 = inner.clone();

@@ -348,6 +348,74 @@ impl Link {
         self.qp.post_send(wr)
     }
 
+    /// Post a Send (or a Send With Invalidate of `invalidate`) of `data`, unsignaled.
+    pub(super) fn post_send_inv_unsignaled(
+        &self,
+        data: Bytes,
+        invalidate: Option<u32>,
+    ) -> Result<(), verbs::VerbsError> {
+        let op = match invalidate {
+            Some(h) => SendOp::SendWithInvalidate(h),
+            None => SendOp::Send,
+        };
+        let mut wr = SendWr {
+            payload: Payload::Inline(data),
+            ..SendWr::new(self.router.id(), op, Vec::new())
+        };
+        wr.signaled = false;
+        self.qp.post_send(wr)
+    }
+
+    /// RDMA Read a responder-provided Read chunk (`segs`, `len` bytes in all) into a buffer of
+    /// exactly its size, with at most `ord` Reads outstanding at once (the requester's ORD).
+    pub(super) async fn pull_chunk(
+        &self,
+        segs: &[Segment],
+        len: usize,
+        ord: usize,
+    ) -> Result<Bytes, verbs::VerbsError> {
+        let total: usize = segs.iter().map(|s| s.length as usize).sum();
+        if total != len {
+            return Err(verbs::VerbsError::OutOfBounds);
+        }
+        let mr = self
+            .qp
+            .pd()
+            .register(self.read_sinks.get(len.max(1)), Access::LOCAL_WRITE)?;
+        let mut at = 0u64;
+        for window in segs.chunks(ord.max(1)) {
+            let mut waits = Vec::with_capacity(window.len());
+            for s in window {
+                let id = self.router.id();
+                let rx = self.router.wait(id);
+                self.qp.post_send(SendWr::new(
+                    id,
+                    SendOp::RdmaRead {
+                        remote_addr: s.offset,
+                        rkey: s.handle,
+                    },
+                    vec![mr.sge(at, s.length)],
+                ))?;
+                at += u64::from(s.length);
+                waits.push(rx);
+            }
+            // Bounded: the client's call deadline ends the call; a connection that breaks
+            // flushes the Reads (and the router ends the waits when it closes).
+            for rx in waits {
+                let st = rx.await.unwrap_or(WcStatus::WrFlushError);
+                if st != WcStatus::Success {
+                    tracing::debug!(status = ?st, "RDMA Read of a reply's Read chunk failed");
+                    return Err(verbs::VerbsError::Disconnected);
+                }
+            }
+        }
+        let v = mr.take_vec()?;
+        if v.len() < len {
+            return Err(verbs::VerbsError::OutOfBounds);
+        }
+        Ok(self.read_sinks.wrap(v, 0..len))
+    }
+
     /// RDMA Write (unsignaled: errors still complete, and QP ordering puts it before the Send).
     pub(super) fn write(&self, seg: Segment, data: Bytes) -> Result<(), verbs::VerbsError> {
         let mut wr = SendWr {

@@ -14,6 +14,7 @@ use tokio::sync::{Notify, oneshot};
 use verbs::{Device, RecvWr, WcStatus};
 use xdr::Encoder;
 
+use super::budget::{BudgetedRegistrar, hold_in_budget};
 use super::link::{Link, REPLY_WR, Router, SinkPool, recv_pool};
 use super::{DriverError, TransportConfig};
 use crate::engine::Params;
@@ -133,6 +134,16 @@ impl ServerConnection {
     /// The client's address.
     pub fn peer(&self) -> SocketAddr {
         self.conn.peer
+    }
+
+    /// The connection's Responder counters.
+    pub fn stats(&self) -> responder::ResponderStats {
+        self.conn.resp.lock().stats().clone()
+    }
+
+    /// Responder-provided Read chunks waiting for their notification, and their bytes.
+    pub fn rrc_waiting(&self) -> (usize, usize) {
+        self.conn.resp.lock().rrc_waiting()
     }
 
     /// Close this connection (the client reconnects and retransmits).
@@ -325,10 +336,20 @@ async fn serve_connection(
     let lost = sh.lost.lock().take(peer.ip());
     let mut resp = Responder::new(cfg.clone(), params, sh.ulbs.clone(), lost);
     resp.set_read_timeout(Some(sh.cfg.rdma_timeout));
+    let budget = sh.budget.connection();
+    if cfg.rrc.enabled {
+        // Responder-provided Read chunks are registered in the connection's protection
+        // domain, for remote read only, with the provider's random STags, and held in the
+        // connection's memory budget until they are invalidated.
+        resp.set_registrar(Box::new(BudgetedRegistrar {
+            inner: super::link::VerbsRegistrar::new(pd.clone()),
+            budget: budget.clone(),
+            held: HashMap::new(),
+        }));
+    }
     let nrecv = resp.receives_needed();
     // The receive buffers are the first thing a connection costs: refuse it when they do not
     // fit in the budget (backpressure on new connections; the ones already served go on).
-    let budget = sh.budget.connection();
     let recv_reservation = match budget.try_reserve(nrecv * params.inline_recv) {
         Ok(r) => r,
         Err(e) => {
@@ -483,7 +504,7 @@ fn on_server_receive(
         if !lost.is_empty() {
             r.note_lost(lost);
         }
-        r.on_receive(msg)
+        r.on_receive_with(msg, c.invalidated_rkey)
     };
     let (sc, sh, ctx) = (sc.clone(), sh.clone(), ctx.clone());
     let mut fut = Box::pin(async move {
@@ -500,70 +521,6 @@ fn on_server_receive(
         rt.spawn(fut);
     }
     true
-}
-
-/// Reserve the bytes of a reply's Sends and RDMA Writes in `budget` and tie the reservation to
-/// those buffers, so it is given back when the transport has sent (and dropped) the last one.
-///
-/// `pre` is what the call reserved before its reply was built: shrunk to the reply when it
-/// covers it, so that the reply never waits for memory while it is held outside the budget.
-async fn hold_in_budget(
-    actions: Vec<responder::Action>,
-    budget: &Arc<oncrpc::ConnBudget>,
-    wait: Duration,
-    pre: Option<oncrpc::Reservation>,
-) -> Result<Vec<responder::Action>, oncrpc::BudgetError> {
-    use responder::Action;
-    let total: usize = actions
-        .iter()
-        .map(|a| match a {
-            Action::Write { data, .. } | Action::Send { data, .. } => data.len(),
-            // Nothing to hold for it; it is performed with the rest (see `perform`).
-            Action::Close => 0,
-        })
-        .sum();
-    if total == 0 {
-        return Ok(actions);
-    }
-    let held = match pre {
-        Some(mut r) if r.bytes() >= total => {
-            r.shrink(total);
-            Arc::new(r)
-        }
-        other => {
-            drop(other);
-            Arc::new(budget.reserve(total, wait).await?)
-        }
-    };
-    struct Held {
-        data: Bytes,
-        _reservation: Arc<oncrpc::Reservation>,
-    }
-    impl AsRef<[u8]> for Held {
-        fn as_ref(&self) -> &[u8] {
-            &self.data
-        }
-    }
-    let hold = |data: Bytes| {
-        Bytes::from_owner(Held {
-            data,
-            _reservation: held.clone(),
-        })
-    };
-    Ok(actions
-        .into_iter()
-        .map(|a| match a {
-            Action::Write { segment, data } => Action::Write {
-                segment,
-                data: hold(data),
-            },
-            Action::Send { data, invalidate } => Action::Send {
-                data: hold(data),
-                invalidate,
-            },
-            Action::Close => Action::Close,
-        })
-        .collect())
 }
 
 /// What the RDMA Reads of a call brought.
@@ -605,6 +562,8 @@ async fn handle_incoming(
                 return;
             }
             Incoming::Respond(actions) => {
+                // (A notification may have let parked replies go: their pull deadlines.)
+                sc.arm(&resp.lock());
                 perform(actions, link, resp, None).await;
                 return;
             }
@@ -730,7 +689,13 @@ async fn handle_incoming(
                     .dispatch(call.message, ctx.clone(), call.policy)
                     .await;
                 let xid = call.token.xid;
-                let actions = resp.lock().reply(call.token, reply);
+                let actions = {
+                    let mut r = resp.lock();
+                    let a = r.reply(call.token, reply);
+                    // A responder-provided Read chunk's pull deadline.
+                    sc.arm(&r);
+                    a
+                };
                 // The call's sinks are done with (what the reply still uses of them is counted
                 // with the reply): what the call reserved shrinks to the reply.
                 let pre = held.pop();

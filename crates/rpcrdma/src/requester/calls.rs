@@ -125,6 +125,7 @@ impl Requester {
                 sent: false,
                 long_call: false,
                 reshaped: false,
+                pull: None,
             },
         );
         self.queue.push_back(xid);
@@ -169,6 +170,9 @@ impl Requester {
         let cfg = self.cfg.clone();
         let version = self.version.current();
         let send_limit = self.send_limit();
+        // reliable-reply-02 §5.3.1: with responder-provided Read chunks agreed, a requester in
+        // read-chunk mode registers no Write chunks and no Reply chunk.
+        let by_read_chunk = self.replies_by_read_chunk();
         let o = self
             .calls
             .get_mut(&xid)
@@ -221,7 +225,7 @@ impl Requester {
         // contents and XDR padding (RFC 8166 §3.4.6.2), its length word stays inline.
         let mut writes: Vec<WriteChunk> = Vec::new();
         let mut moved = 0usize;
-        if !o.call.no_reduction {
+        if !o.call.no_reduction && !by_read_chunk {
             //= specs/rfc8166.txt#section-3.4.6
             //# Thus, it MUST register Write chunks long enough to accommodate the maximum possible
             //# size of each returned data item.
@@ -259,7 +263,7 @@ impl Requester {
         //# A Requester MUST provide a Reply chunk whenever the maximum possible size of the RPC
         //# Reply message's Transport and Payload streams is larger than the inline threshold for
         //# messages from Responder to Requester.
-        let reply = if max_reply + reply_hdr_room > params.reply_inline {
+        let reply = if !by_read_chunk && max_reply + reply_hdr_room > params.reply_inline {
             let r = reg.register_sink(max_reply).map_err(reg_failed)?;
             let segs = r.segments.clone();
             o.reply_chunk = Some(o.regions.len());
@@ -273,6 +277,9 @@ impl Requester {
         }
         if !writes.is_empty() {
             self.stats.write_chunk_calls += 1;
+        }
+        if by_read_chunk {
+            self.stats.rrc_calls += 1;
         }
         let payload = msg.to_bytes();
         let mut chunks = Chunks {

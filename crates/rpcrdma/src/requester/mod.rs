@@ -30,6 +30,7 @@ use crate::ulb::UpperLayerBinding;
 use crate::version::{Reason, RequesterVersion, SharedVersionMemory, V2Properties, Version};
 
 mod calls;
+mod pull;
 mod reply;
 mod timers;
 
@@ -66,6 +67,21 @@ pub enum Action {
     /// Close the connection (RFC 8166 §4.5.4: memory that cannot be invalidated must be
     /// fenced by closing the connection).
     Close,
+    /// RDMA Read the responder-provided Read chunk of `xid`'s reply: `segments` in order into
+    /// one buffer of `len` bytes, at most `RrcConfig::ord` Reads outstanding at once; then
+    /// hand the bytes (or the failure) to [`Requester::pull_done`] with `pull`.
+    Pull {
+        xid: u32,
+        pull: u64,
+        segments: Vec<crate::header::Segment>,
+        len: usize,
+    },
+    /// Post the pull-completion notification `data` (no credit, no reply), by Send With
+    /// Invalidate of `invalidate` when given.
+    Notify {
+        data: Bytes,
+        invalidate: Option<u32>,
+    },
 }
 
 struct Outstanding {
@@ -80,6 +96,8 @@ struct Outstanding {
     /// Resent once already after a version 2 error that asks for another form (cel-05
     /// §7.2.4: READ_CHUNKS, WRITE_CHUNKS); a second such error ends the call.
     reshaped: bool,
+    /// The pull of its reply's responder-provided Read chunk under way.
+    pull: Option<u64>,
 }
 
 /// The largest reply to procedure 0: by convention the NULL procedure of every program takes
@@ -138,6 +156,22 @@ pub struct RequesterStats {
     /// Regions the server invalidated with Send With Invalidate (RFC 8797, cel-05 §7.2.3):
     /// only their local release remained.
     pub remote_invalidated: u64,
+    /// Calls sent with neither Write chunks nor a Reply chunk (read-chunk reply mode).
+    pub rrc_calls: u64,
+    /// Responder-provided Read chunks pulled (RDMA Reads started) and their bytes delivered.
+    pub rrc_pulls: u64,
+    pub rrc_pulled_bytes: u64,
+    /// Pulls whose RDMA Reads failed (or brought the wrong length).
+    pub rrc_pull_failed: u64,
+    /// Chunks refused without a pull (shape, size or segment count beyond the bounds).
+    pub rrc_refused: u64,
+    /// Read-chunk replies for an XID no call waits for.
+    pub rrc_unknown_xid: u64,
+    /// Read-chunk replies on a connection that did not agree to them.
+    pub rrc_unsupported: u64,
+    /// Pull-completion notifications sent, and of those by Send With Invalidate.
+    pub rrc_notifications: u64,
+    pub rrc_notified_by_invalidate: u64,
 }
 
 /// One connection's Requester.
@@ -170,6 +204,9 @@ pub struct Requester {
     connprop_sent: bool,
     /// What is decided about a call before it is encoded and after RDMA_ERR_CHUNK.
     policy: Arc<CallPolicy>,
+    /// Pulls of responder-provided Read chunks under way, by id.
+    pulls: HashMap<u64, pull::Pull>,
+    next_pull: u64,
 }
 
 impl std::fmt::Debug for Requester {
@@ -198,9 +235,12 @@ impl Requester {
             peer_v1_only: false,
             memory: None,
             remembered: false,
-            props: V2Properties::new(cfg.recv_buffer_size(true), BackwardSupport::Inline),
+            props: V2Properties::new(cfg.recv_buffer_size(true), BackwardSupport::Inline)
+                .with_rrc(cfg.rrc.enabled),
             connprop_sent: false,
             policy: Arc::new(CallPolicy::new(&cfg, ulbs.clone())),
+            pulls: HashMap::new(),
+            next_pull: 0,
             ulbs,
             cfg,
         }
@@ -328,8 +368,10 @@ impl Requester {
         }
         self.remembered = false;
         self.version = RequesterVersion::new(self.cfg.version_policy, self.peer_v1_only);
-        self.props = V2Properties::new(self.cfg.recv_buffer_size(true), BackwardSupport::Inline);
+        self.props = V2Properties::new(self.cfg.recv_buffer_size(true), BackwardSupport::Inline)
+            .with_rrc(self.cfg.rrc.enabled);
         self.connprop_sent = false;
+        self.forget_pulls();
         self.in_flight = 0;
         self.abandoned.clear();
         let mut resend: Vec<u32> = self
@@ -355,6 +397,8 @@ impl Requester {
         self.connected = false;
         self.in_flight = 0;
         self.abandoned.clear();
+        // Pulls under way end with the connection (their responder invalidates the chunks).
+        self.forget_pulls();
         let mut out = Vec::new();
         for o in self.calls.values_mut() {
             for r in o.regions.drain(..) {

@@ -86,6 +86,11 @@ impl Requester {
                 let v1 = Header::new(xid, h.credits, Body::Msg(l.chunks));
                 self.on_message(v1, inline, remote_invalidated, reg)
             }
+            // A responder-provided Read chunk (crate::rrc): RDMA2_NOMSG whose Read list holds
+            // the reply's Payload stream.
+            Body2::NoMsg(l) if !l.chunks.reads.is_empty() => {
+                self.on_read_chunk_reply(xid, h.credits, l, remote_invalidated, reg)
+            }
             body @ (Body2::Msg(_) | Body2::NoMsg(_)) => {
                 let nomsg = matches!(body, Body2::NoMsg(_));
                 let (Body2::Msg(l) | Body2::NoMsg(l)) = body else {
@@ -348,7 +353,7 @@ impl Requester {
         out
     }
 
-    fn reply_result(
+    pub(super) fn reply_result(
         &mut self,
         xid: u32,
         h: &Header,

@@ -14,6 +14,12 @@ use crate::version::{CallVersion, Version};
 impl Responder {
     /// Handle one received message (a full receive buffer as filled by the Send).
     pub fn on_receive(&mut self, buf: Bytes) -> Incoming {
+        self.on_receive_with(buf, None)
+    }
+
+    /// [`Responder::on_receive`] for a message that came by Send With Invalidate of
+    /// `invalidated` (a pull-completion notification may invalidate its chunk so).
+    pub fn on_receive_with(&mut self, buf: Bytes, invalidated: Option<u32>) -> Incoming {
         // RFC 8166 §4.2 / cel-05 §8: the version decides how the rest is read; one the
         // connection does not (or no longer) accept gets ERR_VERS with the range it does.
         let Some((xid, vers)) = peek_version(&buf) else {
@@ -32,7 +38,7 @@ impl Responder {
                     invalidate: None,
                 }]);
             }
-            CallVersion::Serve(Version::V2) => return self.on_receive_v2(buf),
+            CallVersion::Serve(Version::V2) => return self.on_receive_v2(buf, invalidated),
             CallVersion::Serve(Version::V1) => {}
         }
         let (header, hlen) = match Header::decode(&buf) {
@@ -78,7 +84,7 @@ impl Responder {
     }
 
     /// A version 2 message (cel-05 §7.2).
-    fn on_receive_v2(&mut self, buf: Bytes) -> Incoming {
+    fn on_receive_v2(&mut self, buf: Bytes, invalidated: Option<u32>) -> Incoming {
         let lim = Decode2Limits::default();
         let (h, hlen) = match Header2::decode_with(&buf, &lim) {
             Ok(x) => x,
@@ -138,6 +144,19 @@ impl Responder {
                 if o.direction == Direction::Reply {
                     self.stats.dropped += 1;
                     return Incoming::Nothing;
+                }
+                // A pull-completion notification (crate::rrc), understood only when we
+                // announced the capability; otherwise its opttype is unknown, as before.
+                if self.cfg.rrc.enabled
+                    && let Some(n) = crate::rrc::PullDone::from_optional(xid, &o)
+                {
+                    return match n {
+                        Ok(n) => self.on_pull_done(n, invalidated),
+                        Err(_) => self.error2(ErrorResponse2::Error {
+                            xid,
+                            body: ErrorBody2::BadXdr,
+                        }),
+                    };
                 }
                 match o.property_message(&lim.props) {
                     Some(Ok(m)) => self.on_property(xid, m),

@@ -25,6 +25,7 @@ mod errors;
 mod intake;
 mod reads;
 mod reply;
+mod rrc;
 mod timers;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -170,6 +171,22 @@ pub struct ResponderStats {
     pub dropped: u64,
     pub back_calls: u64,
     pub back_max_outstanding: u32,
+    /// Replies sent as a Position-Zero Read chunk (responder-provided Read chunks).
+    pub rrc_replies: u64,
+    /// Their chunks invalidated on the requester's notification.
+    pub rrc_notified: u64,
+    /// ... of which the requester had invalidated with Send With Invalidate.
+    pub rrc_remote_invalidated: u64,
+    /// ... invalidated because no notification came before the pull deadline.
+    pub rrc_timed_out: u64,
+    /// ... invalidated because the connection ended.
+    pub rrc_invalidated_on_close: u64,
+    /// Notifications naming no waiting chunk (silently dropped).
+    pub rrc_notifications_dropped: u64,
+    /// Replies that waited for room in the table (backpressure).
+    pub rrc_parked: u64,
+    /// Replies refused REPLY_RESOURCE because one per credit was already waiting for room.
+    pub rrc_refused: u64,
 }
 
 /// Why a backward call was not sent.
@@ -209,6 +226,8 @@ pub struct Responder {
     connprop_sent: bool,
     /// Deadlines of RDMA Reads and backward calls.
     deadlines: timers::Deadlines,
+    /// Responder-provided Read chunks waiting for their notification.
+    rrc: rrc::RrcState,
 }
 
 /// What [`Responder::handle_timeout`] found due.
@@ -276,9 +295,11 @@ impl Responder {
             props: V2Properties::new(
                 u32::try_from(params.inline_recv).unwrap_or(u32::MAX),
                 BackwardSupport::Inline,
-            ),
+            )
+            .with_rrc(cfg.rrc.enabled),
             connprop_sent: false,
             deadlines: timers::Deadlines::default(),
+            rrc: rrc::RrcState::new(&cfg.rrc),
             cfg,
         }
     }
@@ -339,7 +360,14 @@ impl Responder {
         // Gap 4 of cel-05 (CONFORMANCE): a version 2 client's RDMA2_CONNPROP carries no
         // credit, so a Responder that may speak version 2 keeps one more receive for it.
         let props = usize::from(self.cfg.max_version == Version::V2);
-        self.cfg.credits as usize + self.cfg.back_credits as usize + props
+        // Pull-completion notifications carry no credit either (crate::rrc): one receive per
+        // chunk the table may hold.
+        let rrc = if self.cfg.rrc.enabled && self.cfg.max_version == Version::V2 {
+            self.cfg.rrc.max_chunks
+        } else {
+            0
+        };
+        self.cfg.credits as usize + self.cfg.back_credits as usize + props + rrc
     }
 
     /// Our RDMA2_CONNPROP, once per version 2 connection, sent just before the first reply

@@ -16,6 +16,18 @@ impl Responder {
     /// reply; the credit is still released).
     #[must_use = "every action the engine returns must be performed"]
     pub fn reply(&mut self, token: ReplyToken, reply: Option<ReplyMessage>) -> Vec<Action> {
+        self.reply_at(token, reply, std::time::Instant::now())
+    }
+
+    /// [`Responder::reply`] at `now` (which starts the pull deadline of a responder-provided
+    /// Read chunk).
+    #[must_use = "every action the engine returns must be performed"]
+    pub fn reply_at(
+        &mut self,
+        token: ReplyToken,
+        reply: Option<ReplyMessage>,
+        now: std::time::Instant,
+    ) -> Vec<Action> {
         self.in_progress.remove(&token.xid);
         self.stats.in_progress = self.in_progress.len() as u32;
         let Some(reply) = reply else {
@@ -121,6 +133,21 @@ impl Responder {
                 .reply_chunk
                 .as_ref()
                 .is_some_and(|rc| chunk_len(rc) >= payload.len() as u64);
+            if !fits && self.rrc_usable() {
+                // Responder-provided Read chunks (reliable-reply-02 §4.1.1, §5.3.2): the
+                // Payload stream exceeds the inline threshold and any Reply chunk.
+                return self.reply_by_read_chunk(
+                    xid,
+                    actions,
+                    chunks.writes,
+                    payload,
+                    token.swi_handle,
+                    now,
+                );
+            }
+            // Without the capability: reliable-reply-02 §4.1.1, "it MUST return an appropriate
+            // permanent transport error to terminate the requester's RPC transaction":
+            // REPLY_RESOURCE in version 2 (below), ERR_CHUNK in version 1 (further down).
             if !fits && self.v2() {
                 // cel-05 §7.2.4: "the responder MUST set the rdma_err field to
                 // RDMA2_ERR_REPLY_RESOURCE ... rdma_length_needed to the number of Reply chunk

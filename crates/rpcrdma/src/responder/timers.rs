@@ -138,6 +138,7 @@ impl Responder {
     /// nothing is left due: the backward calls under way are dropped (the driver tells their
     /// callers the connection is gone).
     pub fn connection_closed(&mut self) {
+        self.close_pulls();
         self.deadlines.close();
         self.deadlines.back.clear();
         self.back_queue.clear();
@@ -152,7 +153,10 @@ impl Responder {
     /// The earliest deadline of this connection: RDMA Reads of a call's Read chunks, backward
     /// calls.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines.next()
+        match (self.deadlines.next(), self.rrc.table.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Everything due at `now`: a peer that did not answer RDMA Reads in time loses the
@@ -173,6 +177,8 @@ impl Responder {
         if !expired.back_calls.is_empty() {
             actions.extend(self.pump_back());
         }
+        // Responder-provided Read chunks whose notification is overdue.
+        actions.extend(self.expire_pulls(now));
         TimedOut {
             back_calls: expired.back_calls,
             actions,

@@ -275,6 +275,18 @@ pub struct Harness {
     pub framed: bool,
     /// Calls completed that way.
     pub framed_calls: usize,
+    /// The Responder's registrar (responder-provided Read chunks), shared so a test reads its
+    /// counters and the Requester's pulls read its memory.
+    pub sreg: Arc<parking_lot::Mutex<MemRegistrar>>,
+    /// Pulls are queued here instead of performed at once (`perform_pull` does them).
+    pub hold_pulls: bool,
+    pub pulls: VecDeque<(u64, Vec<rpcrdma::header::Segment>, usize)>,
+    /// Pull-completion notifications are lost on the way (a requester that never notifies).
+    pub drop_notifications: bool,
+    /// Notifications sent, with the handle they invalidated by Send With Invalidate.
+    pub notifications: Vec<(Bytes, Option<u32>)>,
+    /// Server-bound messages that came by Send With Invalidate, with the handle.
+    pub server_inv: Vec<(Bytes, u32)>,
 }
 
 impl Harness {
@@ -300,7 +312,14 @@ impl Harness {
             batch: 1,
             framed: false,
             framed_calls: 0,
+            sreg: Arc::new(parking_lot::Mutex::new(MemRegistrar::new(0x0dd_ba11))),
+            hold_pulls: false,
+            pulls: VecDeque::new(),
+            drop_notifications: false,
+            notifications: Vec::new(),
+            server_inv: Vec::new(),
         };
+        h.resp.set_registrar(Box::new(h.sreg.clone()));
         let a = h.req.on_connect(cparams, &mut h.creg);
         h.client_actions(a);
         h
@@ -317,8 +336,51 @@ impl Harness {
                     self.back_calls.push((xid, message))
                 }
                 requester::Action::Close => panic!("client closed the connection"),
+                requester::Action::Pull {
+                    pull,
+                    segments,
+                    len,
+                    ..
+                } => {
+                    self.pulls.push_back((pull, segments, len));
+                    if !self.hold_pulls {
+                        self.perform_pull();
+                    }
+                }
+                requester::Action::Notify { data, invalidate } => {
+                    self.notifications.push((data.clone(), invalidate));
+                    if !self.drop_notifications {
+                        if let Some(h) = invalidate {
+                            self.server_inv.push((data.clone(), h));
+                        }
+                        self.to_server.push_back(data);
+                    }
+                }
             }
         }
+    }
+
+    /// Perform the oldest queued pull: RDMA Read its segments from the Responder's memory
+    /// (a dead handle fails, like a Remote Access error) and hand the bytes to the Requester.
+    pub fn perform_pull(&mut self) {
+        let Some((pull, segs, _len)) = self.pulls.pop_front() else {
+            return;
+        };
+        let mut v = Vec::new();
+        let mut ok = true;
+        for s in &segs {
+            match self.sreg.lock().rdma_read(s) {
+                Some(d) => v.extend_from_slice(&d),
+                None => ok = false,
+            }
+        }
+        let r = if ok {
+            Ok(Bytes::from(v))
+        } else {
+            Err("remote access error".to_string())
+        };
+        let a = self.req.pull_done(pull, r, &mut self.creg);
+        self.client_actions(a);
     }
 
     pub fn server_actions(&mut self, actions: Vec<responder::Action>) {
@@ -343,7 +405,12 @@ impl Harness {
 
     /// Deliver one server-bound message; returns the ready call, if any.
     pub fn server_receive(&mut self, m: Bytes) -> Option<responder::ReadyCall> {
-        let mut inc = self.resp.on_receive(m);
+        let inv = self
+            .server_inv
+            .iter()
+            .position(|(b, _)| *b == m)
+            .map(|i| self.server_inv.remove(i).1);
+        let mut inc = self.resp.on_receive_with(m, inv);
         loop {
             match inc {
                 Incoming::Nothing => return None,

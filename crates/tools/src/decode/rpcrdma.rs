@@ -118,6 +118,13 @@ fn props(set: &PropSet) -> Vec<String> {
         .map(|p| match p.interpret() {
             Ok(Property::ReceiveBufferSize(n)) => format!("RBSIZ={n}"),
             Ok(Property::BackwardRequestSupport(b)) => format!("BRS={b:?}"),
+            // The experimental capability of responder-provided Read chunks (rpcrdma::rrc).
+            Ok(Property::Unknown { which, data }) if which == rpcrdma::rrc::PROPID_RRC => {
+                match &data[..] {
+                    [0, 0, 0, v] if *v <= 1 => format!("RRC={v}"),
+                    _ => format!("{which:#x}=<{} bytes>", data.len()),
+                }
+            }
             Ok(Property::Unknown { which, data }) => format!("{which:#x}=<{} bytes>", data.len()),
             Err(e) => format!("{}: {e}", p.which),
         })
@@ -185,8 +192,13 @@ fn v2(msg: &[u8], xid: u32) -> RpcRdmaInfo {
         Body2::Optional(o) => {
             i.proc_name = "RDMA2_OPTIONAL";
             i.opttype = Some(o.opttype);
-            i.properties
-                .push(format!("optinfo=<{} bytes>", o.optinfo.len()));
+            // The pull-completion notification of responder-provided Read chunks.
+            match rpcrdma::rrc::PullDone::from_optional(h.xid, o) {
+                Some(Ok(n)) => i.properties.push(format!("PULL_DONE {:?}", n.status)),
+                _ => i
+                    .properties
+                    .push(format!("optinfo=<{} bytes>", o.optinfo.len())),
+            }
         }
         Body2::ConnProp(c) => {
             i.proc_name = "RDMA2_CONNPROP";
@@ -243,4 +255,31 @@ pub fn rebuild_payload(inline: &[u8], reads: &[ReadChunkInfo]) -> Vec<u8> {
     }
     out.extend_from_slice(&inline[taken..]);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rpcrdma::rrc::{PullDone, PullStatus};
+
+    #[test]
+    fn responder_read_chunk_messages_are_named() {
+        let n = PullDone {
+            xid: 9,
+            status: PullStatus::UnknownXid,
+        }
+        .to_bytes(4);
+        let i = decode_header(&n);
+        assert_eq!(i.proc_name, "RDMA2_OPTIONAL");
+        assert_eq!(i.properties, vec!["PULL_DONE UnknownXid".to_string()]);
+        let p = rpcrdma::version::V2Properties::new(4096, rpcrdma::props::BackwardSupport::Inline)
+            .with_rrc(true);
+        let c = Header2::new(1, 1, Body2::ConnProp(p.connprop())).to_bytes();
+        let i = decode_header(&c);
+        assert!(
+            i.properties.contains(&"RRC=1".to_string()),
+            "{:?}",
+            i.properties
+        );
+    }
 }
