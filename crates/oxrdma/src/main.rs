@@ -72,6 +72,8 @@ enum Command {
     Perf(cmd::perf::PerfArgs),
     /// Decode a pcap/pcapng capture: iWARP, RPC-over-RDMA v1/v2 with RPC and NFS, RDS.
     Decode(cmd::decode::DecodeArgs),
+    /// Test an RPC-over-RDMA server's conformance (RFC 8166, RFC 8797, cel-05, RFC 8267).
+    Conform(cmd::conform::ConformArgs),
 }
 
 fn init_tracing(verbose: u8) {
@@ -134,6 +136,7 @@ fn main() -> ExitCode {
                 Command::Nfs(c) => cmd::nfs::run(c).await,
                 Command::Perf(a) => cmd::perf::run(a).await,
                 Command::Decode(a) => cmd::decode::run(a).await,
+                Command::Conform(a) => cmd::conform::run(a).await,
             }
         });
         match command.await {

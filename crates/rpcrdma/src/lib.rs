@@ -1,8 +1,8 @@
 //! # rpcrdma — RPC-over-RDMA versions 1 (RFC 8166, RFC 8167, RFC 8797) and 2 (draft-cel-05)
 //!
 //! What it does:
-//! - [`header`]: the transport header codec (RDMA_MSG, RDMA_NOMSG, RDMA_ERROR; RDMA_MSGP and
-//!   RDMA_DONE recognised so they can be refused with RDMA_ERR_CHUNK). The decoder never
+//! - [`header`]: the transport header codec (RDMA_MSG, RDMA_NOMSG, RDMA_ERROR; RDMA_MSGP
+//!   recognised so it can be refused with RDMA_ERR_CHUNK, RDMA_DONE so it can be dropped). The decoder never
 //!   panics; every error says how to answer it (ERR_VERS, ERR_CHUNK or silent discard).
 //! - [`header_v2`] and [`props`]: the version 2 transport header of
 //!   draft-cel-nfsv4-rpcrdma-version-two-05 (every procedure, the direction and remote

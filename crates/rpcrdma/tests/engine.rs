@@ -682,23 +682,32 @@ fn responder_error_paths() {
     assert_eq!(b, raw(&[77, 2, 16, 4, 2]));
     let b = only_send(h.resp.on_receive(raw(&[77, 3, 1, 0, 0, 0, 0])));
     assert_eq!(b, raw(&[77, 3, 16, 4, 1, 1, 2]));
-    // RFC 8166 §4.5.2: unknown proc, RDMA_NOMSG without chunks -> ERR_CHUNK.
+    // RFC 8166 §4.5.2: unknown proc, RDMA_NOMSG without chunks, a Read list cut short ->
+    // ERR_CHUNK (each at least the 28-byte minimum).
     for m in [
-        raw(&[78, 1, 1, 9]),
+        raw(&[78, 1, 1, 9, 0, 0, 0]),
         raw(&[78, 1, 1, 1, 0, 0, 0]),
-        raw(&[78, 1, 1, 0, 1, 0]),
+        raw(&[78, 1, 1, 0, 1, 0, 0]),
     ] {
         assert_eq!(only_send(h.resp.on_receive(m)), raw(&[78, 1, 16, 4, 2]));
     }
-    // RFC 8166 §4.6: RDMA_MSGP and RDMA_DONE -> ERR_CHUNK.
+    // RFC 8166 §4.5: shorter than 28 bytes -> dropped without a word, whatever it claims.
+    for m in [
+        raw(&[78, 1, 1, 9]),
+        raw(&[78, 1, 1, 0, 1, 0]),
+        raw(&[78, 7, 1, 0, 0, 0]),
+    ] {
+        assert!(matches!(h.resp.on_receive(m), Incoming::Nothing));
+    }
+    // RFC 8166 §4.6.1: RDMA_MSGP -> ERR_CHUNK; §4.6.2: RDMA_DONE dropped silently.
     assert_eq!(
         only_send(h.resp.on_receive(raw(&[79, 1, 1, 2, 4, 1024, 0, 0, 0]))),
         raw(&[79, 1, 16, 4, 2])
     );
-    assert_eq!(
-        only_send(h.resp.on_receive(raw(&[80, 1, 1, 3]))),
-        raw(&[80, 1, 16, 4, 2])
-    );
+    assert!(matches!(
+        h.resp.on_receive(raw(&[80, 1, 1, 3, 0, 0, 0])),
+        Incoming::Nothing
+    ));
     // RFC 8166 §4.5: malformed RDMA_ERRORs (and well-formed ones) are dropped silently.
     assert!(matches!(
         h.resp.on_receive(raw(&[81, 1, 1, 4, 7])),

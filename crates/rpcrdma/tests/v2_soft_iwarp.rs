@@ -539,11 +539,12 @@ async fn soft_iwarp_hand_made_version_2_messages_get_the_prescribed_answers() {
     let (h, _) = peer.recv_header().await;
     assert_eq!((h.xid, h.body), (6, Body2::Error(ErrorBody2::InvalProc)));
     // A version 1 message on this version 2 connection: ERR_VERS naming version 2 only
-    // (cel-05 §8.3: the connection is locked to its first call's version).
-    let mut v1 = Header2::new(8, 8, Body2::ConnProp(ConnProp::default()))
-        .to_bytes()
-        .to_vec();
-    v1[4..8].copy_from_slice(&1u32.to_be_bytes());
+    // (cel-05 §8.3: the connection is locked to its first call's version). An empty version 1
+    // RDMA_MSG header, 28 bytes: anything shorter is dropped unanswered (RFC 8166 §4.5).
+    let v1: Vec<u8> = [8u32, 1, 8, 0, 0, 0, 0]
+        .iter()
+        .flat_map(|w| w.to_be_bytes())
+        .collect();
     peer.send(v1.into());
     let (m, _) = peer.recv().await;
     let words: Vec<u32> = m

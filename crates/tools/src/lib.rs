@@ -23,6 +23,8 @@
 //! - [`decode`]: `oxrdma decode`, a pcap/pcapng decoder for iWARP (MPA/DDP/RDMAP),
 //!   RPC-over-RDMA versions 1 and 2 with the RPC and NFS messages under them, and RDS over TCP
 //!   and iWARP, with TCP reassembly, gap reports and a per-XID timeline.
+//! - [`conform`]: `oxrdma conform`, a black-box conformance suite for RPC-over-RDMA servers
+//!   (RFC 8166, RFC 8797, cel-05 version 2, RFC 8267) with its own requester; a table and JUnit XML.
 //! - [`proxy`]: a fault-injecting TCP relay (stall a direction, stop reading a side, drop the
 //!   connection) that turns any client, soft-iWARP or ONC RPC over TCP, into a hostile one.
 //!
@@ -34,6 +36,7 @@
 //! What it does not do: implement any of the real protocols (those stay in `xdr`, `oncrpc`,
 //! `verbs`, `rpcrdma`, `rds` and `nfs`), parse command lines or print (the CLI does).
 
+pub mod conform;
 pub mod decode;
 pub mod hostile;
 pub mod iwpeer;

@@ -1,5 +1,6 @@
 //! Command groups, one module each.
 
+pub mod conform;
 pub mod decode;
 pub mod iwarp;
 pub mod nfs;

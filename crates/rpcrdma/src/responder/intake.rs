@@ -4,10 +4,12 @@
 use bytes::Bytes;
 
 use super::{Action, Incoming, PendingCall, Responder, msg_type};
-use crate::header::{Body, Chunks, ErrorResponse, Header, HeaderError, RDMA_MSG, ReadChunk};
+use crate::header::{
+    Body, Chunks, ErrorResponse, Header, HeaderError, MIN_MSG_LEN, RDMA_MSG, ReadChunk,
+};
 use crate::header_v2::{
-    Body2, Decode2Limits, Direction, ErrorBody2, ErrorResponse2, Header2, error_vers_bytes,
-    peek_version,
+    Body2, Decode2Limits, Direction, ErrorBody2, ErrorResponse2, Header2, RPCRDMA_VERSION_2,
+    error_vers_bytes, peek_version,
 };
 use crate::version::{CallVersion, Version};
 
@@ -25,6 +27,15 @@ impl Responder {
         let Some((xid, vers)) = peek_version(&buf) else {
             return self.error(ErrorResponse::Discard);
         };
+        // Version 2 has shorter valid messages (an RDMA2_CONNPROP with empty sets is 24
+        // bytes); every other version falls under version 1's minimum.
+        if buf.len() < MIN_MSG_LEN && vers != RPCRDMA_VERSION_2 {
+            //= specs/rfc8166.txt#section-4.5
+            //# If an incoming RPC-over-RDMA message is not as long as a minimal size RPC-over-RDMA
+            //# header (28 bytes), the receiver cannot trust the value of the XID field; therefore,
+            //# it MUST silently discard the message before performing any parsing.
+            return self.error(ErrorResponse::Discard);
+        }
         match self.version.check(vers) {
             //= specs/rfc8166.txt#section-4.5.1
             //# When a Responder detects an RPC-over-RDMA header version that it does not support
@@ -54,12 +65,13 @@ impl Responder {
         let xid = header.xid;
         match &header.body {
             Body::Msg(_) | Body::NoMsg(_) => {}
-            // RFC 8166 §4.6.1: RDMA_MSGP gets RDMA_ERR_CHUNK. RDMA_DONE gets it too, although
-            // §4.6.2 says receivers MUST silently discard RDMA_DONE (not changed here: see
-            // docs/traceability.md).
-            Body::MsgP { .. } | Body::Done => {
+            // RFC 8166 §4.6.1: RDMA_MSGP gets RDMA_ERR_CHUNK (a SHOULD).
+            Body::MsgP { .. } => {
                 return self.error(HeaderError::BadProc { xid, proc_: 0 }.response());
             }
+            //= specs/rfc8166.txt#section-4.6.2
+            //# Receivers MUST silently discard RDMA_DONE messages.
+            Body::Done => return self.error(ErrorResponse::Discard),
             // An RDMA_ERROR sent to a Responder has no transaction to end: drop it (and never
             // answer an error with an error, RFC 8166 §4.5).
             //= specs/rfc8166.txt#section-4.2.4

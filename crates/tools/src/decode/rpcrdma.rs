@@ -72,9 +72,47 @@ pub fn decode_header(msg: &[u8]) -> RpcRdmaInfo {
                 _ => (0, 0),
             };
             let mut i = empty(vers, xid);
+            fixed_words(&mut i, msg);
             i.malformed = Some(e.to_string());
             i
         }
+    }
+}
+
+/// What a malformed header's fixed words still say: the credits, and the procedure when it is
+/// a known one (RFC 8166 §4.2; the same words in version 2, cel-05 §7.2).
+fn fixed_words(i: &mut RpcRdmaInfo, msg: &[u8]) {
+    let word = |n: usize| {
+        msg.get(n * 4..n * 4 + 4)
+            .map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]]))
+    };
+    if let Some(c) = word(2) {
+        i.credits = c;
+    }
+    let names: &[&'static str] = if i.vers == 2 {
+        &[
+            "RDMA2_MSG",
+            "RDMA2_NOMSG",
+            "?",
+            "?",
+            "RDMA2_ERROR",
+            "RDMA2_OPTIONAL",
+            "RDMA2_CONNPROP",
+            "RDMA2_REQPROP",
+            "RDMA2_RESPROP",
+            "RDMA2_UPDPROP",
+        ]
+    } else {
+        &[
+            "RDMA_MSG",
+            "RDMA_NOMSG",
+            "RDMA_MSGP",
+            "RDMA_DONE",
+            "RDMA_ERROR",
+        ]
+    };
+    if let Some(&n) = word(3).and_then(|p| names.get(p as usize)) {
+        i.proc_name = n;
     }
 }
 
@@ -141,6 +179,7 @@ fn v2(msg: &[u8], xid: u32) -> RpcRdmaInfo {
         Ok(x) => x,
         Err(e) => {
             let mut i = empty(2, xid);
+            fixed_words(&mut i, msg);
             if let Header2Error::BadProc { proc_, .. } = e {
                 i.properties.push(format!("proc={proc_}"));
             }
