@@ -180,6 +180,20 @@ async fn flags_until(c: &mut Client, tries: u32, f: impl Fn(u32) -> bool) -> u32
     flags
 }
 
+/// The callback counters once no callback is in flight (a client's answer reaches the server
+/// a little after the client saw the callback); at most 100 looks, 50 ms apart.
+async fn settled(served: &Served) -> nfs::nfs4::state::CallbackCounts {
+    let mut counts = served.nfs4().unwrap().state().callback_counts();
+    for _ in 0..100 {
+        if counts.in_flight == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        counts = served.nfs4().unwrap().state().callback_counts();
+    }
+    counts
+}
+
 async fn next_event(events: &mut mpsc::Receiver<CbEvent>) -> CbEvent {
     tokio::time::timeout(Duration::from_secs(20), events.recv())
         .await
@@ -197,7 +211,7 @@ async fn probe_answered(t: Transport) {
     assert_eq!(next_event(&mut events).await, CbEvent::Null, "{t:?}");
     let flags = flags_until(&mut c, 100, |f| f == 0).await;
     assert_eq!(flags, 0, "{t:?}: SEQUENCE flags after a good probe");
-    let counts = served.nfs4().unwrap().state().callback_counts();
+    let counts = settled(&served).await;
     assert_eq!(counts.sent, 1, "{t:?}: {counts:?}");
     assert_eq!(counts.answered, 1, "{t:?}: {counts:?}");
     assert_eq!(counts.failed, 0, "{t:?}: {counts:?}");
@@ -361,7 +375,8 @@ async fn notify_lock(t: Transport) {
     b.ok(vec![OpArgs::Putfh(fh), waiting_lock(sb, b"lb", 50, 10)])
         .await;
     assert!(ev_a.try_recv().is_err(), "A got a callback it should not");
-    let counts = served.nfs4().unwrap().state().callback_counts();
+    // The client answered before the server took the reply in: wait for it to land.
+    let counts = settled(&served).await;
     assert_eq!(counts.lock_waiters, 0, "{counts:?}");
     assert_eq!((counts.sent, counts.answered), (3, 3), "{t:?}: {counts:?}");
 }

@@ -6,20 +6,23 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use oncrpc::{AuthSys, BackCall, BackChannel, BackHandle, OpaqueAuth};
+use oncrpc::{AuthSys, BackCall, BackChannel, BackHandle, OpaqueAuth, TransportKind};
 use parking_lot::Mutex;
 
 use super::super::callback::wire::CB_VERSION;
-use super::super::state::{CbOutcome, CbSend, ConnId};
+use super::super::state::{CbOutcome, CbSend, CbWhat, ConnId};
 use super::super::types::CallbackSecParms4;
 use super::Nfs4Server;
 
 /// Connections remembered at most; dead ones are pruned first when it is reached.
 const MAX_ROUTES: usize = 4096;
 
+/// A connection's backward direction (held weakly: the connection owns it) and transport.
+type Route = (Weak<dyn BackChannel>, TransportKind);
+
 /// The backward direction of each connection that carried a COMPOUND.
 #[derive(Default)]
-pub(super) struct Routes(Mutex<HashMap<ConnId, Weak<dyn BackChannel>>>);
+pub(super) struct Routes(Mutex<HashMap<ConnId, Route>>);
 
 impl std::fmt::Debug for Routes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -30,8 +33,10 @@ impl std::fmt::Debug for Routes {
 }
 
 impl Routes {
-    fn get(&self, conn: ConnId) -> Option<Arc<dyn BackChannel>> {
-        self.0.lock().get(&conn).and_then(Weak::upgrade)
+    fn get(&self, conn: ConnId) -> Option<(Arc<dyn BackChannel>, TransportKind)> {
+        let m = self.0.lock();
+        let (w, t) = m.get(&conn)?;
+        Some((w.upgrade()?, *t))
     }
 }
 
@@ -51,21 +56,26 @@ fn credential(sec: &Option<CallbackSecParms4>) -> OpaqueAuth {
 }
 
 impl Nfs4Server {
-    /// A COMPOUND arrived on connection `conn`, whose transport offers `back` as its backward
-    /// direction (none for in-process calls).
-    pub fn note_connection(&self, conn: ConnId, back: Option<&BackHandle>) {
+    /// A COMPOUND arrived on connection `conn` of `transport`, which offers `back` as its
+    /// backward direction (none for in-process calls).
+    pub fn note_connection(
+        &self,
+        conn: ConnId,
+        back: Option<&BackHandle>,
+        transport: TransportKind,
+    ) {
         let Some(b) = back else { return };
         let mut m = self.routes.0.lock();
-        if m.get(&conn).is_some_and(|w| w.strong_count() > 0) {
+        if m.get(&conn).is_some_and(|(w, _)| w.strong_count() > 0) {
             return;
         }
         if m.len() >= MAX_ROUTES {
-            m.retain(|_, w| w.strong_count() > 0);
+            m.retain(|_, (w, _)| w.strong_count() > 0);
             if m.len() >= MAX_ROUTES {
                 return;
             }
         }
-        m.insert(conn, Arc::downgrade(&b.0));
+        m.insert(conn, (Arc::downgrade(&b.0), transport));
     }
 
     /// Whether connection `conn` can carry callbacks (CREATE_SESSION grants
@@ -93,9 +103,9 @@ impl Nfs4Server {
                         self.state().callback_done(cb.id, &CbOutcome::Failed);
                         failed_now = true;
                     }
-                    Some(back) => {
+                    Some((back, transport)) => {
                         let server = self.clone();
-                        rt.spawn(async move { server.send_callback(back, cb).await });
+                        rt.spawn(async move { server.send_callback(back, transport, cb).await });
                     }
                 }
             }
@@ -105,9 +115,19 @@ impl Nfs4Server {
         }
     }
 
-    async fn send_callback(self: Arc<Self>, back: Arc<dyn BackChannel>, cb: CbSend) {
+    async fn send_callback(
+        self: Arc<Self>,
+        back: Arc<dyn BackChannel>,
+        transport: TransportKind,
+        cb: CbSend,
+    ) {
         // RFC 8167 §6: backward calls only once the upper layer knows the client takes them
-        // (the session's back channel was granted on this connection).
+        // (the session's back channel was granted on this connection). On RPC-over-RDMA the
+        // connection's BackChannel is the Responder's RFC 8167 backward call.
+        //= specs/rfc8267.txt#section-6.5.2
+        //# NFS version 4 clients and servers MUST use
+        //# the approach described in [RFC8167] when backchannel operations are
+        //# conveyed on RPC-over-RDMA version 1 transports.
         back.enable();
         let call = BackCall {
             prog: cb.program,
@@ -123,10 +143,23 @@ impl Nfs4Server {
             args: cb.args.clone(),
         };
         let timeout = cb.deadline.saturating_duration_since(Instant::now());
+        let what = match cb.what {
+            CbWhat::Null => "CB_NULL",
+            CbWhat::NotifyLock { .. } => "CB_COMPOUND(CB_SEQUENCE,CB_NOTIFY_LOCK)",
+        };
         let outcome = match back.call(call, timeout).await {
-            Ok(results) => CbOutcome::Replied(results),
+            Ok(results) => {
+                tracing::info!(
+                    conn = cb.conn,
+                    ?transport,
+                    callback = what,
+                    "NFSv4 callback answered"
+                );
+                CbOutcome::Replied(results)
+            }
             Err(e) => {
-                tracing::info!(conn = cb.conn, proc_ = cb.proc_, error = %e, "NFSv4 callback failed");
+                tracing::info!(conn = cb.conn, ?transport, callback = what, error = %e,
+                    "NFSv4 callback failed");
                 CbOutcome::Failed
             }
         };

@@ -78,7 +78,11 @@ impl Program for NfsV3V4 {
                         return Outcome::AuthError(AuthStat::TooWeak);
                     }
                     let conn = conn_id(&call);
-                    self.v4.note_connection(conn, call.context.back.as_ref());
+                    self.v4.note_connection(
+                        conn,
+                        call.context.back.as_ref(),
+                        call.context.transport,
+                    );
                     let mut enc = call.reply_encoder();
                     let r = tokio::task::spawn_blocking(move || {
                         let req = Request {
