@@ -1,5 +1,6 @@
-//! `nfs bench`: a self-contained NFSv3 benchmark. A fresh in-process server over a temporary
-//! directory; for each transport (RPC-over-RDMA, TCP) a client that WRITEs then READs a file
+//! `nfs bench`: a self-contained NFS benchmark. A fresh in-process server over a temporary
+//! directory; for each transport (RPC-over-RDMA, TCP) and each NFS version (3, and 4.1 or 4.2
+//! through a session: [`crate::nfs4_bench`]) a client that WRITEs then READs a file
 //! sequentially at each I/O size, `depth` calls in flight (the WRITE pass ends with a COMMIT),
 //! then GETATTRs one at a time; then the raw TCP ceiling of the same loopback (the best of
 //! [`RAW_RUNS`] streams). Rows carry MB/s, ops/s and per-call p50/p99; the report also carries
@@ -96,6 +97,37 @@ impl Transport {
     }
 }
 
+/// An NFS version the bench measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum NfsVersion {
+    #[serde(rename = "3")]
+    V3,
+    #[serde(rename = "4.1")]
+    V41,
+    #[serde(rename = "4.2")]
+    V42,
+}
+
+impl NfsVersion {
+    /// `3`, `4.1` or `4.2`.
+    pub fn name(self) -> &'static str {
+        match self {
+            NfsVersion::V3 => "3",
+            NfsVersion::V41 => "4.1",
+            NfsVersion::V42 => "4.2",
+        }
+    }
+
+    /// The NFSv4 minor version (`None` for NFSv3).
+    pub fn minor(self) -> Option<u32> {
+        match self {
+            NfsVersion::V3 => None,
+            NfsVersion::V41 => Some(1),
+            NfsVersion::V42 => Some(2),
+        }
+    }
+}
+
 /// What to measure.
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
@@ -111,6 +143,8 @@ pub struct BenchConfig {
     pub io: Vec<u32>,
     /// NFS transports, in this order (the raw TCP stream is always measured).
     pub transports: Vec<Transport>,
+    /// NFS versions, in this order, over each transport.
+    pub versions: Vec<NfsVersion>,
     /// The server's RPC-over-RDMA receive buffer size (its inline threshold), announced to
     /// version 1 clients in RFC 8797 private data and to version 2 clients as RBSIZ (cel-05
     /// §6.2.1); `None`: the default (4096).
@@ -119,7 +153,7 @@ pub struct BenchConfig {
 
 impl BenchConfig {
     /// Bytes moved at I/O size `io` per pass.
-    fn pass_bytes(&self, io: u32) -> u64 {
+    pub(crate) fn pass_bytes(&self, io: u32) -> u64 {
         let t = if io == 4096 {
             (self.size_mb << 20).min(16 << 20)
         } else {
@@ -131,7 +165,8 @@ impl BenchConfig {
     /// Bytes the whole run moves through [`Progress::inc`].
     pub fn progress_total(&self) -> u64 {
         let per_nfs: u64 = self.io.iter().map(|&io| 2 * self.pass_bytes(io)).sum();
-        self.transports.len() as u64 * per_nfs + RAW_RUNS * raw_bytes(self.size_mb << 20)
+        (self.transports.len() * self.versions.len()) as u64 * per_nfs
+            + RAW_RUNS * raw_bytes(self.size_mb << 20)
     }
 }
 
@@ -140,6 +175,8 @@ impl BenchConfig {
 pub struct Row {
     /// `rdma`, `tcp` or `raw-tcp`.
     pub transport: &'static str,
+    /// The NFS version (`3`, `4.1`, `4.2`; none for the raw TCP stream).
+    pub nfs: Option<NfsVersion>,
     /// `WRITE`, `READ`, `GETATTR` or `STREAM`.
     pub op: &'static str,
     /// I/O size, bytes (none for GETATTR).
@@ -169,13 +206,13 @@ pub struct BenchReport {
     pub getattrs: u64,
     /// Every measurement, in order.
     pub rows: Vec<Row>,
-    /// READ 1 MiB over RDMA ÷ the raw TCP stream.
+    /// READ 1 MiB over RDMA ÷ the raw TCP stream (the first NFS version measured).
     #[serde(
         rename = "ratio_read_1mib_rdma_over_raw_tcp",
         serialize_with = "crate::json::opt3"
     )]
     pub ratio_raw: Option<f64>,
-    /// READ 1 MiB over RDMA ÷ READ 1 MiB over NFS/TCP.
+    /// READ 1 MiB over RDMA ÷ READ 1 MiB over NFS/TCP (the first NFS version measured).
     #[serde(
         rename = "ratio_read_1mib_rdma_over_nfs_tcp",
         serialize_with = "crate::json::opt3"
@@ -187,15 +224,17 @@ fn localhost(port: u16) -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
 }
 
-fn hist() -> hdrhistogram::Histogram<u64> {
+pub(crate) fn hist() -> hdrhistogram::Histogram<u64> {
     // 1 ns .. 100 s, 3 significant digits.
     hdrhistogram::Histogram::new_with_bounds(1, 100_000_000_000, 3).unwrap_or_else(|_| {
         hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!("3 digits is valid"))
     })
 }
 
-fn row(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn row(
     transport: &'static str,
+    version: NfsVersion,
     op: &'static str,
     io: Option<u32>,
     bytes: Option<u64>,
@@ -206,6 +245,7 @@ fn row(
     let secs = el.as_secs_f64().max(1e-9);
     Row {
         transport,
+        nfs: Some(version),
         op,
         io,
         mbs: bytes.map(|b| b as f64 / 1e6 / secs),
@@ -216,18 +256,24 @@ fn row(
 }
 
 /// One measured sequential pass over a file: `total` bytes in calls of `io`, `depth` at a time.
-struct Pass<'a> {
-    transport: &'static str,
-    io: u32,
-    total: u64,
-    depth: u64,
-    pb: &'a dyn Progress,
+pub(crate) struct Pass<'a> {
+    pub(crate) transport: &'static str,
+    pub(crate) version: NfsVersion,
+    pub(crate) io: u32,
+    pub(crate) total: u64,
+    pub(crate) depth: u64,
+    pub(crate) pb: &'a dyn Progress,
 }
 
 impl Pass<'_> {
     /// The same calls untimed over the first part of the file (see `WARM_PASS`), then the
     /// timed pass over all of it; `then` runs inside the timing (a WRITE pass's COMMIT).
-    async fn run<F, Fut, T, TFut>(&self, op: &'static str, call: F, then: T) -> Result<Row, BoxErr>
+    pub(crate) async fn run<F, Fut, T, TFut>(
+        &self,
+        op: &'static str,
+        call: F,
+        then: T,
+    ) -> Result<Row, BoxErr>
     where
         F: Fn(u64) -> Fut + Copy,
         Fut: std::future::Future<Output = Result<(), BoxErr>> + Send + 'static,
@@ -235,10 +281,13 @@ impl Pass<'_> {
         TFut: std::future::Future<Output = Result<(), BoxErr>>,
     {
         let (name, io, total) = (self.transport, self.io, self.total);
+        let v = self.version.name();
         let warm = total.min(WARM_PASS).div_ceil(u64::from(io)) * u64::from(io);
-        self.pb.set_message(format!("{name} warm-up {}", human(io)));
+        self.pb
+            .set_message(format!("{name} v{v} warm-up {}", human(io)));
         windowed(warm, io, self.depth, &mut hist(), &NoProgress, call).await?;
-        self.pb.set_message(format!("{name} {op} {}", human(io)));
+        self.pb
+            .set_message(format!("{name} v{v} {op} {}", human(io)));
         let mut h = hist();
         let t0 = std::time::Instant::now();
         windowed(total, io, self.depth, &mut h, self.pb, call).await?;
@@ -246,6 +295,7 @@ impl Pass<'_> {
         let el = t0.elapsed();
         Ok(row(
             name,
+            self.version,
             op,
             Some(io),
             Some(total),
@@ -307,6 +357,7 @@ async fn bench_nfs(
         };
         let pass = Pass {
             transport: name,
+            version: NfsVersion::V3,
             io,
             total,
             depth: a.depth,
@@ -332,6 +383,7 @@ async fn bench_nfs(
     }
     rows.push(row(
         name,
+        NfsVersion::V3,
         "GETATTR",
         None,
         None,
@@ -421,6 +473,7 @@ async fn bench_raw_tcp(total: u64, pb: &dyn Progress) -> Result<Row, BoxErr> {
     }
     Ok(Row {
         transport: "raw-tcp",
+        nfs: None,
         op: "STREAM",
         io: Some(1 << 20),
         mbs: Some(best / 1e6),
@@ -475,9 +528,9 @@ fn human(io: u32) -> String {
     }
 }
 
-fn find(rows: &[Row], t: &str, op: &str, io: Option<u32>) -> Option<f64> {
+fn find(rows: &[Row], t: &str, v: Option<NfsVersion>, op: &str, io: Option<u32>) -> Option<f64> {
     rows.iter()
-        .find(|r| r.transport == t && r.op == op && r.io == io)
+        .find(|r| r.transport == t && r.nfs == v && r.op == op && r.io == io)
         .and_then(|r| r.mbs)
 }
 
@@ -543,6 +596,9 @@ pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, Benc
     cfg.tcp = Some(localhost(0));
     cfg.rdma = Some(localhost(0));
     cfg.portmap = None;
+    // A fresh server over an empty directory: no client can hold state to reclaim, so no
+    // grace period (RFC 8881 §8.4.2) holds the NFSv4 OPENs back.
+    cfg.nfs4 = Some(nfs::nfs4::server::Nfs4Config::default().with_grace(Duration::ZERO));
     if let Some(n) = a.inline {
         let mut t = TransportConfig::default();
         t.rpc.inline_recv = n;
@@ -564,8 +620,25 @@ pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, Benc
                 Transport::Tcp => (None, Some(tcp)),
             };
             let name = tr.name();
-            let (c, root, _) = connect_client(r, t, Some(tcp.port()), "/", 0, 0).await?;
-            rows.extend(bench_nfs(name, &c, &root, a, pb).await?);
+            for &v in &a.versions {
+                match v.minor() {
+                    None => {
+                        let (c, root, _) =
+                            connect_client(r, t, Some(tcp.port()), "/", 0, 0).await?;
+                        rows.extend(bench_nfs(name, &c, &root, a, pb).await?);
+                    }
+                    Some(minor) => {
+                        let (c, _) = crate::nfs4_bench::connect_client4(r, t, minor, 0, 0).await?;
+                        let c = Arc::new(c);
+                        rows.extend(
+                            crate::nfs4_bench::bench_nfs4(name, v, c.clone(), a, pb).await?,
+                        );
+                        if let Ok(c) = Arc::try_unwrap(c) {
+                            c.destroy().await.map_err(|e| e.to_string())?;
+                        }
+                    }
+                }
+            }
         }
         rows.push(bench_raw_tcp(raw_bytes(a.size_mb << 20), pb).await?);
         Ok::<_, BoxErr>(rows)
@@ -574,11 +647,14 @@ pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, Benc
     let _ = tokio::time::timeout(Duration::from_secs(5), served.shutdown()).await;
     let rows = result?;
     let io1m = Some(1 << 20);
-    let rd = find(&rows, "rdma", "READ", io1m);
+    let first = a.versions.first().copied();
+    let rd = find(&rows, "rdma", first, "READ", io1m);
     let ratio_raw = rd
-        .zip(find(&rows, "raw-tcp", "STREAM", io1m))
+        .zip(find(&rows, "raw-tcp", None, "STREAM", io1m))
         .map(|(a, b)| a / b);
-    let ratio_nfs = rd.zip(find(&rows, "tcp", "READ", io1m)).map(|(a, b)| a / b);
+    let ratio_nfs = rd
+        .zip(find(&rows, "tcp", first, "READ", io1m))
+        .map(|(a, b)| a / b);
     Ok(BenchReport {
         size_mb: a.size_mb,
         depth: a.depth,
@@ -602,6 +678,7 @@ mod tests {
             rows: vec![
                 Row {
                     transport: "rdma",
+                    nfs: Some(NfsVersion::V3),
                     op: "READ",
                     io: Some(1 << 20),
                     mbs: Some(1234.56789),
@@ -611,6 +688,7 @@ mod tests {
                 },
                 Row {
                     transport: "tcp",
+                    nfs: Some(NfsVersion::V41),
                     op: "GETATTR",
                     io: None,
                     mbs: None,
@@ -626,9 +704,9 @@ mod tests {
             serde_json::to_string(&r).unwrap(),
             concat!(
                 r#"{"size_mb":4,"depth":2,"getattrs":10,"rows":["#,
-                r#"{"transport":"rdma","op":"READ","io":1048576,"mb_per_s":1234.568,"#,
+                r#"{"transport":"rdma","nfs":"3","op":"READ","io":1048576,"mb_per_s":1234.568,"#,
                 r#""ops_per_s":1177.346,"p50_us":800.0,"p99_us":null},"#,
-                r#"{"transport":"tcp","op":"GETATTR","io":null,"mb_per_s":null,"#,
+                r#"{"transport":"tcp","nfs":"4.1","op":"GETATTR","io":null,"mb_per_s":null,"#,
                 r#""ops_per_s":20000.0,"p50_us":50.0,"p99_us":61.0}],"#,
                 r#""ratio_read_1mib_rdma_over_raw_tcp":0.812,"#,
                 r#""ratio_read_1mib_rdma_over_nfs_tcp":null}"#
@@ -645,10 +723,11 @@ mod tests {
             depth: 1,
             io: vec![4096, 1 << 20],
             transports: Transport::ALL.to_vec(),
+            versions: vec![NfsVersion::V3, NfsVersion::V41],
             inline: None,
         };
-        // 4 KiB moves at most 16 MiB; each transport WRITEs and READs.
+        // 4 KiB moves at most 16 MiB; each transport and version WRITEs and READs.
         let per_nfs = 2 * (16 << 20) + 2 * (64 << 20);
-        assert_eq!(c.progress_total(), 2 * per_nfs + RAW_RUNS * (1 << 30));
+        assert_eq!(c.progress_total(), 4 * per_nfs + RAW_RUNS * (1 << 30));
     }
 }

@@ -3,6 +3,7 @@
 pub mod decode;
 pub mod iwarp;
 pub mod nfs;
+pub mod nfs_bench;
 pub mod perf;
 pub mod rds;
 pub mod rds_peer;

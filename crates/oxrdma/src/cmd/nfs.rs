@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use nfs::serve::{ServeConfig, Served};
-use tools::nfs_bench::{self, BenchConfig, NFS_PORT};
+use tools::nfs_bench::{self, NFS_PORT};
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -39,16 +39,17 @@ pub enum NfsCommand {
     /// Show a running `nfs serve`: its exports, connected clients per transport, RPC-over-RDMA
     /// credits in use, calls per procedure and bytes moved (read from its control socket).
     Status(StatusArgs),
-    /// Call an NFSv3 server: MOUNT over TCP, then NFS over --rdma or --tcp.
+    /// Call an NFS server over --rdma or --tcp: NFSv3 (MOUNT over TCP first), or NFSv4.1/4.2
+    /// with --nfs-version.
     Client(ClientArgs),
-    /// Benchmark NFSv3 over RPC-over-RDMA and over TCP against an in-process server on a
+    /// Benchmark NFSv3 and NFSv4.1 over RPC-over-RDMA and over TCP against an in-process server on a
     /// temporary directory: sequential READ and WRITE MB/s at 4 KiB, 64 KiB and 1 MiB, GETATTR
     /// ops/s, p50/p99 latency, and the raw TCP ceiling (best of three loopback streams of at
     /// least 1 GiB) measured in the same run.
     ///
-    /// Rows are `TRANSPORT OP IO MB/s OPS/s P50_US P99_US`; the ratio lines compare READ at
-    /// 1 MiB over RDMA with the raw TCP stream and with NFS over TCP.
-    Bench(BenchArgs),
+    /// Rows are `TRANSPORT NFS OP IO MB/s OPS/s P50_US P99_US`; the ratio lines compare READ
+    /// at 1 MiB over RDMA with the raw TCP stream and with NFS over TCP (the first version).
+    Bench(super::nfs_bench::BenchArgs),
     /// Fault-injection campaign: mixed NFS operations against an in-process server over
     /// RPC-over-RDMA and over TCP, with connection drops from either side, every outcome
     /// checked against a model of the file tree (exit status 1 on any problem). With --soak,
@@ -542,6 +543,10 @@ pub struct ClientArgs {
     /// AUTH_SYS gid of the calls.
     #[arg(long, default_value_t = 0)]
     gid: u32,
+    /// The NFS version: 3 (MOUNT, then NFSv3), or 4.1 / 4.2 (no MOUNT: a session, then
+    /// COMPOUNDs from PUTROOTFH).
+    #[arg(long = "nfs-version", value_name = "V", default_value_t = super::nfs_bench::NfsVersion::V3)]
+    nfs_version: super::nfs_bench::NfsVersion,
     #[command(subcommand)]
     cmd: ClientCommand,
 }
@@ -551,6 +556,8 @@ pub enum ClientCommand {
     /// Round trips in a fresh directory: files of 0 B..--max-mb MiB written, committed, read
     /// back and compared; READDIRPLUS, GETATTR, MKDIR, RENAME, SYMLINK/READLINK, REMOVE,
     /// RMDIR. Prints `OK step` per step, then PASS (exit 0) or `FAIL step: error` (exit 1).
+    /// With --nfs-version 4.1 or 4.2: files of 0 B..--max-mb MiB through OPEN, WRITE, COMMIT,
+    /// GETATTR, READ, CLOSE and REMOVE in the root, then DESTROY_SESSION/DESTROY_CLIENTID.
     Selftest {
         /// Largest file written, in MiB.
         #[arg(long, default_value_t = 64)]
@@ -559,6 +566,22 @@ pub enum ClientCommand {
 }
 
 async fn client(a: ClientArgs) -> CmdResult {
+    if let Some(minor) = a.nfs_version.bench().minor() {
+        let (c, desc) =
+            tools::nfs4_bench::connect_client4(a.rdma, a.tcp, minor, a.uid, a.gid).await?;
+        println!("CONNECTED {desc}");
+        let ClientCommand::Selftest { max_mb } = a.cmd;
+        return match nfs::client::selftest4(c, max_mb, |l| println!("{l}")).await {
+            Ok(()) => {
+                println!("PASS");
+                Ok(())
+            }
+            Err(e) => {
+                println!("FAIL {}: {}", e.step, e.error);
+                Err(e.into())
+            }
+        };
+    }
     let (c, root, desc) =
         nfs_bench::connect_client(a.rdma, a.tcp, a.mount_port, &a.export, a.uid, a.gid).await?;
     println!("CONNECTED {desc}");
@@ -584,186 +607,9 @@ pub async fn run(cmd: NfsCommand) -> CmdResult {
         NfsCommand::Serve(a) => serve(*a).await,
         NfsCommand::Status(a) => status(a).await,
         NfsCommand::Client(a) => client(a).await,
-        NfsCommand::Bench(a) => bench(a).await,
+        NfsCommand::Bench(a) => super::nfs_bench::bench(a).await,
         NfsCommand::Torture(a) => super::torture::torture(a).await,
     }
-}
-
-// ------------------------------------------------------------------------------------------
-// bench
-// ------------------------------------------------------------------------------------------
-
-#[derive(Debug, Args)]
-pub struct BenchArgs {
-    /// Make the temporary export under this directory [default: the system temp directory].
-    #[arg(long, value_name = "D")]
-    dir: Option<PathBuf>,
-    /// Bytes moved per READ/WRITE measurement, in MiB (4 KiB I/O moves at most 16 MiB).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
-    size_mb: u64,
-    /// GETATTR calls per transport.
-    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
-    getattrs: u64,
-    /// READ/WRITE calls kept in flight, as a client's readahead and write-behind do (GETATTR
-    /// stays at one). Latency is per call either way.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=128))]
-    depth: u64,
-    /// The READ/WRITE I/O sizes to measure, comma separated (4k, 8k, 64k, 1m).
-    #[arg(long, value_name = "SIZES", value_delimiter = ',', default_values_t = IoSize::ALL)]
-    io: Vec<IoSize>,
-    /// The NFS transports to measure, in this order (the raw TCP stream is always measured).
-    #[arg(long, value_name = "LIST", value_delimiter = ',', default_values_t = Transport::ALL)]
-    transports: Vec<Transport>,
-    /// The server's RPC-over-RDMA receive buffer size in bytes (its inline threshold,
-    /// announced as RFC 8797 private data and, to version 2 clients, as RBSIZ) [default: 4096].
-    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1024..=1048576))]
-    inline: Option<u32>,
-    /// Print one JSON object instead of a table.
-    #[arg(long)]
-    json: bool,
-}
-
-/// An NFS transport the bench measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Transport {
-    Rdma,
-    Tcp,
-}
-
-impl Transport {
-    const ALL: [Transport; 2] = [Transport::Rdma, Transport::Tcp];
-}
-
-impl std::fmt::Display for Transport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Transport::Rdma => "rdma",
-            Transport::Tcp => "tcp",
-        })
-    }
-}
-
-/// An I/O size the bench measures READ and WRITE at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum IoSize {
-    #[value(name = "4k")]
-    K4,
-    #[value(name = "8k")]
-    K8,
-    #[value(name = "64k")]
-    K64,
-    #[value(name = "1m")]
-    M1,
-}
-
-impl IoSize {
-    const ALL: [IoSize; 3] = [IoSize::K4, IoSize::K64, IoSize::M1];
-
-    fn bytes(self) -> u32 {
-        match self {
-            IoSize::K4 => 4096,
-            IoSize::K8 => 8192,
-            IoSize::K64 => 64 << 10,
-            IoSize::M1 => 1 << 20,
-        }
-    }
-}
-
-impl std::fmt::Display for IoSize {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            IoSize::K4 => "4k",
-            IoSize::K8 => "8k",
-            IoSize::K64 => "64k",
-            IoSize::M1 => "1m",
-        })
-    }
-}
-
-/// A progress bar on stderr, fed by the bench.
-struct Bar(indicatif::ProgressBar);
-
-impl Bar {
-    fn new(total: u64) -> Self {
-        let pb = indicatif::ProgressBar::with_draw_target(
-            Some(total),
-            indicatif::ProgressDrawTarget::stderr(),
-        );
-        if let Ok(style) = indicatif::ProgressStyle::with_template(
-            "{spinner} {msg:28} [{bar:30}] {bytes}/{total_bytes} {elapsed}",
-        ) {
-            pb.set_style(style.progress_chars("=> "));
-        }
-        Bar(pb)
-    }
-}
-
-impl nfs_bench::Progress for Bar {
-    fn set_message(&self, msg: String) {
-        self.0.set_message(msg);
-    }
-
-    fn inc(&self, bytes: u64) {
-        self.0.inc(bytes);
-    }
-}
-
-async fn bench(a: BenchArgs) -> CmdResult {
-    let cfg = BenchConfig {
-        dir: a.dir.clone().unwrap_or_else(std::env::temp_dir),
-        size_mb: a.size_mb,
-        getattrs: a.getattrs,
-        depth: a.depth,
-        io: a.io.iter().map(|s| s.bytes()).collect(),
-        transports: a
-            .transports
-            .iter()
-            .map(|t| match t {
-                Transport::Rdma => nfs_bench::Transport::Rdma,
-                Transport::Tcp => nfs_bench::Transport::Tcp,
-            })
-            .collect(),
-        inline: a.inline,
-    };
-    let pb = Bar::new(cfg.progress_total());
-    let report = nfs_bench::run(&cfg, &pb).await;
-    pb.0.finish_and_clear();
-    let report = report?;
-    let (rows, ratio_raw, ratio_nfs) = (&report.rows, report.ratio_raw, report.ratio_nfs);
-    if a.json {
-        println!("{}", serde_json::to_string(&report)?);
-        return Ok(());
-    }
-    println!(
-        "NFSv3 sequential I/O, {} MiB per READ/WRITE run (4 KiB: at most 16 MiB), {} READ/WRITE call(s) in flight, {} GETATTRs one at a time",
-        a.size_mb, a.depth, a.getattrs
-    );
-    println!(
-        "{:<9} {:<8} {:>8} {:>10} {:>10} {:>10} {:>10}",
-        "transport", "op", "io", "MB/s", "ops/s", "p50[us]", "p99[us]"
-    );
-    let opt = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |v| format!("{v:.p$}"));
-    for r in rows {
-        println!(
-            "{:<9} {:<8} {:>8} {:>10} {:>10.0} {:>10} {:>10}",
-            r.transport,
-            r.op,
-            r.io.map_or_else(|| "-".to_string(), |v| v.to_string()),
-            opt(r.mbs, 1),
-            r.ops,
-            opt(r.p50_us, 1),
-            opt(r.p99_us, 1),
-        );
-    }
-    println!(
-        "ratio READ-1MiB rdma/raw-tcp {}  (target >= 0.80)",
-        opt(ratio_raw, 2)
-    );
-    println!(
-        "ratio READ-1MiB rdma/nfs-tcp {}  (target >= 1.00)",
-        opt(ratio_nfs, 2)
-    );
-    Ok(())
 }
 
 #[cfg(test)]
