@@ -529,6 +529,7 @@ fn replay_crosses_transports_and_ports() {
                     peer: Some(peer.parse().unwrap()),
                     local: None,
                     transport: t,
+                    back: None,
                 }),
                 reply_policy: xdr::DdpPolicy::Inline,
             }

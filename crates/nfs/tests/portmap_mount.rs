@@ -33,6 +33,7 @@ async fn call(
         peer,
         local: Some("10.1.2.3:111".parse().unwrap()),
         transport: oncrpc::TransportKind::Local,
+        back: None,
     });
     let reply = d
         .dispatch_call(header, args, ctx, xdr::DdpPolicy::Inline)

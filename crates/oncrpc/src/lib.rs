@@ -15,6 +15,8 @@
 //! - [`tcp`]: thin tokio drivers: [`tcp::TcpServer`] (concurrent calls per connection, bounded,
 //!   graceful shutdown) and [`tcp::TcpClient`] (pipelined, XID matching, timeouts, reconnect
 //!   and retransmit with the same XID).
+//! - [`backchannel`]: calls from a server to its client on the client's connection (RFC 8167;
+//!   NFSv4.1 back channels over TCP).
 //! - [`null`]: a program that answers only NULL, for `rpcinfo`, benchmarks and tests.
 //! - [`budget`]: per-server and per-connection memory budgets that every transport's server
 //!   side draws from before it allocates what a peer asked for.
@@ -24,6 +26,7 @@
 //! registration (crate `nfs`).
 
 pub mod auth;
+pub mod backchannel;
 pub mod budget;
 pub mod bufpool;
 pub mod client;
@@ -34,6 +37,7 @@ pub mod service;
 pub mod tcp;
 
 pub use auth::{AuthSys, Credential, OpaqueAuth};
+pub use backchannel::{BackCall, BackChannel, BackHandle};
 pub use budget::{BudgetError, ConnBudget, MemoryBudget, Reservation};
 pub use bufpool::BufPool;
 pub use client::{CallRequest, ReplyExpectation, RpcClient, RpcError, RpcTransport};

@@ -41,6 +41,9 @@ pub struct CallContext {
     pub peer: Option<SocketAddr>,
     pub local: Option<SocketAddr>,
     pub transport: TransportKind,
+    /// The connection's backward direction, when the transport offers one
+    /// ([`crate::backchannel`]).
+    pub back: Option<crate::backchannel::BackHandle>,
 }
 
 impl CallContext {
@@ -50,6 +53,7 @@ impl CallContext {
             peer: None,
             local: None,
             transport: TransportKind::Local,
+            back: None,
         })
     }
 }

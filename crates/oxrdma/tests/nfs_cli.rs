@@ -313,6 +313,57 @@ fn client_selftest_over_rdma_and_tcp() {
     rt.block_on(served.shutdown());
 }
 
+/// `nfs client --nfs-version 4.1|4.2 selftest`: a session, files written and read back through
+/// OPEN/WRITE/COMMIT/READ/CLOSE/REMOVE, the session destroyed; over RDMA and TCP.
+#[test]
+fn client_selftest_nfs4_over_rdma_and_tcp() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let served = rt.block_on(async {
+        let mut cfg = nfs::serve::ServeConfig::new(tmp.path());
+        cfg.tcp = Some("127.0.0.1:0".parse().unwrap());
+        cfg.rdma = Some("127.0.0.1:0".parse().unwrap());
+        cfg.portmap = None;
+        // A fresh server: nothing to reclaim, no grace period to wait out.
+        cfg.nfs4 =
+            Some(nfs::nfs4::server::Nfs4Config::default().with_grace(std::time::Duration::ZERO));
+        nfs::serve::start(cfg).await.unwrap()
+    });
+    let tcp = served.nfs_addr.unwrap().to_string();
+    let rdma = served.rdma_addr.unwrap().to_string();
+    for (ep, v) in [(["--rdma", &rdma], "4.1"), (["--tcp", &tcp], "4.2")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_oxrdma"))
+            .args(["nfs", "client", "--nfs-version", v])
+            .args(ep)
+            .args(["selftest", "--max-mb", "2"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{ep:?} {v}: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.starts_with("CONNECTED "), "{text}");
+        assert!(text.contains(&format!("(NFSv{v}, ")), "{text}");
+        assert!(
+            text.contains("OK file 2097152 B: written, committed, read back, removed"),
+            "{text}"
+        );
+        assert!(
+            text.contains("OK destroy_session destroy_clientid"),
+            "{text}"
+        );
+        assert_eq!(text.lines().last(), Some("PASS"), "{text}");
+    }
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    rt.block_on(served.shutdown());
+}
+
 #[test]
 fn bench_prints_every_row_and_the_ratios() {
     let tmp = tempfile::tempdir().unwrap();
@@ -338,24 +389,28 @@ fn bench_prints_every_row_and_the_ratios() {
     let rows: Vec<Vec<&str>> = text
         .lines()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|f| f.len() == 7 && ["rdma", "tcp", "raw-tcp"].contains(&f[0]))
+        .filter(|f| f.len() == 8 && ["rdma", "tcp", "raw-tcp"].contains(&f[0]))
         .collect();
+    // Every transport with NFSv3 and NFSv4.1 (the default --nfs-version 3,4.1).
     let mut want = Vec::new();
     for t in ["rdma", "tcp"] {
-        for io in ["4096", "65536", "1048576"] {
-            want.push((t, "WRITE", io));
-            want.push((t, "READ", io));
+        for v in ["3", "4.1"] {
+            for io in ["4096", "65536", "1048576"] {
+                want.push((t, v, "WRITE", io));
+                want.push((t, v, "READ", io));
+            }
+            want.push((t, v, "GETATTR", "-"));
         }
-        want.push((t, "GETATTR", "-"));
     }
-    want.push(("raw-tcp", "STREAM", "1048576"));
-    let got: Vec<(&str, &str, &str)> = rows.iter().map(|f| (f[0], f[1], f[2])).collect();
+    want.push(("raw-tcp", "-", "STREAM", "1048576"));
+    let got: Vec<(&str, &str, &str, &str)> =
+        rows.iter().map(|f| (f[0], f[1], f[2], f[3])).collect();
     assert_eq!(got, want, "{text}");
     for f in &rows {
         // ops/s is always a positive number; MB/s for everything but GETATTR.
-        assert!(f[4].parse::<f64>().unwrap() > 0.0, "{f:?}");
-        if f[1] != "GETATTR" {
-            assert!(f[3].parse::<f64>().unwrap() > 0.0, "{f:?}");
+        assert!(f[5].parse::<f64>().unwrap() > 0.0, "{f:?}");
+        if f[2] != "GETATTR" {
+            assert!(f[4].parse::<f64>().unwrap() > 0.0, "{f:?}");
         }
     }
     for l in [
@@ -394,6 +449,7 @@ fn bench_prints_every_row_and_the_ratios() {
         j.trim_start().starts_with('{') && j.trim_end().ends_with('}'),
         "{j}"
     );
-    assert_eq!(j.matches("\"transport\":").count(), 15, "{j}");
+    assert_eq!(j.matches("\"transport\":").count(), 29, "{j}");
+    assert_eq!(j.matches("\"nfs\":\"4.1\"").count(), 14, "{j}");
     assert!(j.contains("\"ratio_read_1mib_rdma_over_raw_tcp\":"), "{j}");
 }

@@ -11,8 +11,9 @@
 //!   and the jobs of `rds peer` against a kernel node.
 //! - [`iwpeer`]: the iwpeer protocol of the interop lab (`iwarp peer`): the 32-byte control
 //!   header codec, the responder's verdicts (sans-IO) and a thin driver over `verbs`.
-//! - [`nfs_bench`]: `nfs bench`, NFSv3 sequential READ/WRITE and GETATTR over RDMA and TCP
-//!   against an in-process server, with the raw TCP ceiling.
+//! - [`nfs_bench`]: `nfs bench`, NFSv3 and NFSv4.1/4.2 sequential READ/WRITE and GETATTR over
+//!   RDMA and TCP against an in-process server, with the raw TCP ceiling; [`nfs4_bench`] is
+//!   its NFSv4 half.
 //! - [`rpc_bench`]: `rpc bench`, NULL round trips at a depth, RDMA ÷ TCP.
 //! - [`torture`]: `nfs torture`, a fault-injection campaign of mixed NFSv3 operations with
 //!   connection drops from either side, checked against a model of the file tree.
@@ -41,6 +42,7 @@ pub mod decode;
 pub mod hostile;
 pub mod iwpeer;
 mod json;
+pub mod nfs4_bench;
 pub mod nfs_bench;
 pub mod perf;
 pub mod proxy;

@@ -1,5 +1,6 @@
-//! `nfs bench`: a self-contained NFSv3 benchmark. A fresh in-process server over a temporary
-//! directory; for each transport (RPC-over-RDMA, TCP) a client that WRITEs then READs a file
+//! `nfs bench`: a self-contained NFS benchmark. A fresh in-process server over a temporary
+//! directory; for each transport (RPC-over-RDMA, TCP) and each NFS version (3, and 4.1 or 4.2
+//! through a session: [`crate::nfs4_bench`]) a client that WRITEs then READs a file
 //! sequentially at each I/O size, `depth` calls in flight (the WRITE pass ends with a COMMIT),
 //! then GETATTRs one at a time; then the raw TCP ceiling of the same loopback (the best of
 //! [`RAW_RUNS`] streams). Rows carry MB/s, ops/s and per-call p50/p99; the report also carries
@@ -97,6 +98,37 @@ impl Transport {
     }
 }
 
+/// An NFS version the bench measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum NfsVersion {
+    #[serde(rename = "3")]
+    V3,
+    #[serde(rename = "4.1")]
+    V41,
+    #[serde(rename = "4.2")]
+    V42,
+}
+
+impl NfsVersion {
+    /// `3`, `4.1` or `4.2`.
+    pub fn name(self) -> &'static str {
+        match self {
+            NfsVersion::V3 => "3",
+            NfsVersion::V41 => "4.1",
+            NfsVersion::V42 => "4.2",
+        }
+    }
+
+    /// The NFSv4 minor version (`None` for NFSv3).
+    pub fn minor(self) -> Option<u32> {
+        match self {
+            NfsVersion::V3 => None,
+            NfsVersion::V41 => Some(1),
+            NfsVersion::V42 => Some(2),
+        }
+    }
+}
+
 /// What to measure.
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
@@ -112,6 +144,8 @@ pub struct BenchConfig {
     pub io: Vec<u32>,
     /// NFS transports, in this order (the raw TCP stream is always measured).
     pub transports: Vec<Transport>,
+    /// NFS versions, in this order, over each transport.
+    pub versions: Vec<NfsVersion>,
     /// The server's RPC-over-RDMA receive buffer size (its inline threshold), announced to
     /// version 1 clients in RFC 8797 private data and to version 2 clients as RBSIZ (cel-05
     /// §6.2.1); `None`: the default (4096).
@@ -133,7 +167,7 @@ pub fn rdma_row_name(mode: ReplyMode) -> &'static str {
 
 impl BenchConfig {
     /// Bytes moved at I/O size `io` per pass.
-    fn pass_bytes(&self, io: u32) -> u64 {
+    pub(crate) fn pass_bytes(&self, io: u32) -> u64 {
         let t = if io == 4096 {
             (self.size_mb << 20).min(16 << 20)
         } else {
@@ -151,7 +185,11 @@ impl BenchConfig {
             .iter()
             .map(|t| if *t == Transport::Rdma { modes } else { 1 })
             .sum();
-        runs * per_nfs + RAW_RUNS * raw_bytes(self.size_mb << 20)
+        // NFSv4 runs once per transport (with Write chunks), NFSv3 once per reply mode.
+        let v3 = self.versions.iter().filter(|v| v.minor().is_none()).count() as u64;
+        let v4 = self.versions.len() as u64 - v3;
+        (runs * v3 + self.transports.len() as u64 * v4) * per_nfs
+            + RAW_RUNS * raw_bytes(self.size_mb << 20)
     }
 }
 
@@ -160,6 +198,8 @@ impl BenchConfig {
 pub struct Row {
     /// `rdma`, `tcp` or `raw-tcp`.
     pub transport: &'static str,
+    /// The NFS version (`3`, `4.1`, `4.2`; none for the raw TCP stream).
+    pub nfs: Option<NfsVersion>,
     /// `WRITE`, `READ`, `GETATTR` or `STREAM`.
     pub op: &'static str,
     /// I/O size, bytes (none for GETATTR).
@@ -189,13 +229,13 @@ pub struct BenchReport {
     pub getattrs: u64,
     /// Every measurement, in order.
     pub rows: Vec<Row>,
-    /// READ 1 MiB over RDMA ÷ the raw TCP stream.
+    /// READ 1 MiB over RDMA ÷ the raw TCP stream (the first NFS version measured).
     #[serde(
         rename = "ratio_read_1mib_rdma_over_raw_tcp",
         serialize_with = "crate::json::opt3"
     )]
     pub ratio_raw: Option<f64>,
-    /// READ 1 MiB over RDMA ÷ READ 1 MiB over NFS/TCP.
+    /// READ 1 MiB over RDMA ÷ READ 1 MiB over NFS/TCP (the first NFS version measured).
     #[serde(
         rename = "ratio_read_1mib_rdma_over_nfs_tcp",
         serialize_with = "crate::json::opt3"
@@ -215,15 +255,17 @@ fn localhost(port: u16) -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
 }
 
-fn hist() -> hdrhistogram::Histogram<u64> {
+pub(crate) fn hist() -> hdrhistogram::Histogram<u64> {
     // 1 ns .. 100 s, 3 significant digits.
     hdrhistogram::Histogram::new_with_bounds(1, 100_000_000_000, 3).unwrap_or_else(|_| {
         hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!("3 digits is valid"))
     })
 }
 
-fn row(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn row(
     transport: &'static str,
+    version: NfsVersion,
     op: &'static str,
     io: Option<u32>,
     bytes: Option<u64>,
@@ -234,6 +276,7 @@ fn row(
     let secs = el.as_secs_f64().max(1e-9);
     Row {
         transport,
+        nfs: Some(version),
         op,
         io,
         mbs: bytes.map(|b| b as f64 / 1e6 / secs),
@@ -244,18 +287,24 @@ fn row(
 }
 
 /// One measured sequential pass over a file: `total` bytes in calls of `io`, `depth` at a time.
-struct Pass<'a> {
-    transport: &'static str,
-    io: u32,
-    total: u64,
-    depth: u64,
-    pb: &'a dyn Progress,
+pub(crate) struct Pass<'a> {
+    pub(crate) transport: &'static str,
+    pub(crate) version: NfsVersion,
+    pub(crate) io: u32,
+    pub(crate) total: u64,
+    pub(crate) depth: u64,
+    pub(crate) pb: &'a dyn Progress,
 }
 
 impl Pass<'_> {
     /// The same calls untimed over the first part of the file (see `WARM_PASS`), then the
     /// timed pass over all of it; `then` runs inside the timing (a WRITE pass's COMMIT).
-    async fn run<F, Fut, T, TFut>(&self, op: &'static str, call: F, then: T) -> Result<Row, BoxErr>
+    pub(crate) async fn run<F, Fut, T, TFut>(
+        &self,
+        op: &'static str,
+        call: F,
+        then: T,
+    ) -> Result<Row, BoxErr>
     where
         F: Fn(u64) -> Fut + Copy,
         Fut: std::future::Future<Output = Result<(), BoxErr>> + Send + 'static,
@@ -263,10 +312,13 @@ impl Pass<'_> {
         TFut: std::future::Future<Output = Result<(), BoxErr>>,
     {
         let (name, io, total) = (self.transport, self.io, self.total);
+        let v = self.version.name();
         let warm = total.min(WARM_PASS).div_ceil(u64::from(io)) * u64::from(io);
-        self.pb.set_message(format!("{name} warm-up {}", human(io)));
+        self.pb
+            .set_message(format!("{name} v{v} warm-up {}", human(io)));
         windowed(warm, io, self.depth, &mut hist(), &NoProgress, call).await?;
-        self.pb.set_message(format!("{name} {op} {}", human(io)));
+        self.pb
+            .set_message(format!("{name} v{v} {op} {}", human(io)));
         let mut h = hist();
         let t0 = std::time::Instant::now();
         windowed(total, io, self.depth, &mut h, self.pb, call).await?;
@@ -274,6 +326,7 @@ impl Pass<'_> {
         let el = t0.elapsed();
         Ok(row(
             name,
+            self.version,
             op,
             Some(io),
             Some(total),
@@ -335,6 +388,7 @@ async fn bench_nfs(
         };
         let pass = Pass {
             transport: name,
+            version: NfsVersion::V3,
             io,
             total,
             depth: a.depth,
@@ -360,6 +414,7 @@ async fn bench_nfs(
     }
     rows.push(row(
         name,
+        NfsVersion::V3,
         "GETATTR",
         None,
         None,
@@ -449,6 +504,7 @@ async fn bench_raw_tcp(total: u64, pb: &dyn Progress) -> Result<Row, BoxErr> {
     }
     Ok(Row {
         transport: "raw-tcp",
+        nfs: None,
         op: "STREAM",
         io: Some(1 << 20),
         mbs: Some(best / 1e6),
@@ -503,9 +559,9 @@ fn human(io: u32) -> String {
     }
 }
 
-fn find(rows: &[Row], t: &str, op: &str, io: Option<u32>) -> Option<f64> {
+fn find(rows: &[Row], t: &str, v: Option<NfsVersion>, op: &str, io: Option<u32>) -> Option<f64> {
     rows.iter()
-        .find(|r| r.transport == t && r.op == op && r.io == io)
+        .find(|r| r.transport == t && r.nfs == v && r.op == op && r.io == io)
         .and_then(|r| r.mbs)
 }
 
@@ -613,6 +669,9 @@ pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, Benc
     cfg.tcp = Some(localhost(0));
     cfg.rdma = Some(localhost(0));
     cfg.portmap = None;
+    // A fresh server over an empty directory: no client can hold state to reclaim, so no
+    // grace period (RFC 8881 §8.4.2) holds the NFSv4 OPENs back.
+    cfg.nfs4 = Some(nfs::nfs4::server::Nfs4Config::default().with_grace(Duration::ZERO));
     let rrc = a.reply_modes.iter().any(|m| *m != ReplyMode::WriteChunk);
     if a.inline.is_some() || rrc {
         let mut t = TransportConfig::default();
@@ -652,9 +711,29 @@ pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, Benc
                 Transport::Tcp => vec![(None, Some(tcp), tr.name(), ReplyMode::WriteChunk)],
             };
             for (r, t, name, mode) in runs {
-                let (c, root, _) =
-                    connect_client_with(r, t, Some(tcp.port()), "/", 0, 0, mode).await?;
-                rows.extend(bench_nfs(name, &c, &root, a, pb).await?);
+                for &v in &a.versions {
+                    match v.minor() {
+                        None => {
+                            let (c, root, _) =
+                                connect_client_with(r, t, Some(tcp.port()), "/", 0, 0, mode)
+                                    .await?;
+                            rows.extend(bench_nfs(name, &c, &root, a, pb).await?);
+                        }
+                        // The NFSv4 client asks for large replies with Write chunks only.
+                        Some(_) if mode != ReplyMode::WriteChunk => {}
+                        Some(minor) => {
+                            let (c, _) =
+                                crate::nfs4_bench::connect_client4(r, t, minor, 0, 0).await?;
+                            let c = Arc::new(c);
+                            rows.extend(
+                                crate::nfs4_bench::bench_nfs4(name, v, c.clone(), a, pb).await?,
+                            );
+                            if let Ok(c) = Arc::try_unwrap(c) {
+                                c.destroy().await.map_err(|e| e.to_string())?;
+                            }
+                        }
+                    }
+                }
             }
         }
         rows.push(bench_raw_tcp(raw_bytes(a.size_mb << 20), pb).await?);
@@ -664,12 +743,15 @@ pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, Benc
     let _ = tokio::time::timeout(Duration::from_secs(5), served.shutdown()).await;
     let rows = result?;
     let io1m = Some(1 << 20);
-    let rd = find(&rows, "rdma", "READ", io1m);
+    let first = a.versions.first().copied();
+    let rd = find(&rows, "rdma", first, "READ", io1m);
     let ratio_raw = rd
-        .zip(find(&rows, "raw-tcp", "STREAM", io1m))
+        .zip(find(&rows, "raw-tcp", None, "STREAM", io1m))
         .map(|(a, b)| a / b);
-    let ratio_nfs = rd.zip(find(&rows, "tcp", "READ", io1m)).map(|(a, b)| a / b);
-    let ratio_read_chunk = find(&rows, "rdma-rc", "READ", io1m)
+    let ratio_nfs = rd
+        .zip(find(&rows, "tcp", first, "READ", io1m))
+        .map(|(a, b)| a / b);
+    let ratio_read_chunk = find(&rows, "rdma-rc", first, "READ", io1m)
         .zip(rd)
         .map(|(a, b)| a / b);
     Ok(BenchReport {
@@ -696,6 +778,7 @@ mod tests {
             rows: vec![
                 Row {
                     transport: "rdma",
+                    nfs: Some(NfsVersion::V3),
                     op: "READ",
                     io: Some(1 << 20),
                     mbs: Some(1234.56789),
@@ -705,6 +788,7 @@ mod tests {
                 },
                 Row {
                     transport: "tcp",
+                    nfs: Some(NfsVersion::V41),
                     op: "GETATTR",
                     io: None,
                     mbs: None,
@@ -721,9 +805,9 @@ mod tests {
             serde_json::to_string(&r).unwrap(),
             concat!(
                 r#"{"size_mb":4,"depth":2,"getattrs":10,"rows":["#,
-                r#"{"transport":"rdma","op":"READ","io":1048576,"mb_per_s":1234.568,"#,
+                r#"{"transport":"rdma","nfs":"3","op":"READ","io":1048576,"mb_per_s":1234.568,"#,
                 r#""ops_per_s":1177.346,"p50_us":800.0,"p99_us":null},"#,
-                r#"{"transport":"tcp","op":"GETATTR","io":null,"mb_per_s":null,"#,
+                r#"{"transport":"tcp","nfs":"4.1","op":"GETATTR","io":null,"mb_per_s":null,"#,
                 r#""ops_per_s":20000.0,"p50_us":50.0,"p99_us":61.0}],"#,
                 r#""ratio_read_1mib_rdma_over_raw_tcp":0.812,"#,
                 r#""ratio_read_1mib_rdma_over_nfs_tcp":null}"#
@@ -740,11 +824,12 @@ mod tests {
             depth: 1,
             io: vec![4096, 1 << 20],
             transports: Transport::ALL.to_vec(),
+            versions: vec![NfsVersion::V3, NfsVersion::V41],
             inline: None,
             reply_modes: vec![ReplyMode::WriteChunk],
         };
-        // 4 KiB moves at most 16 MiB; each transport WRITEs and READs.
+        // 4 KiB moves at most 16 MiB; each transport and version WRITEs and READs.
         let per_nfs = 2 * (16 << 20) + 2 * (64 << 20);
-        assert_eq!(c.progress_total(), 2 * per_nfs + RAW_RUNS * (1 << 30));
+        assert_eq!(c.progress_total(), 4 * per_nfs + RAW_RUNS * (1 << 30));
     }
 }

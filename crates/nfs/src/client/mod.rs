@@ -9,7 +9,8 @@
 //! Every call returns the procedure's result union ([`Res`]): the NFS status and its
 //! weak-cache-consistency data stay visible to the caller.
 //!
-//! One client per file: `nfs3`, `mount3`, `rpcbind` (port mapper), `nfsacl`; `selftest` runs
+//! One client per file: `nfs3`, `nfs4` (a minimal NFSv4.1/4.2 client with a session),
+//! `mount3`, `rpcbind` (port mapper), `nfsacl`; `selftest` runs
 //! them end to end. This module keeps the shared error type and call helper.
 
 use std::sync::Arc;
@@ -25,15 +26,19 @@ use crate::xdr_util::decode_exact;
 
 mod mount3;
 mod nfs3;
+mod nfs4;
 mod nfsacl;
 mod rpcbind;
 mod selftest;
+mod selftest4;
 
 pub use mount3::MountClient;
 pub use nfs3::{Nfs3Client, diropargs};
+pub use nfs4::{Nfs4Client, Nfs4Error, Open4};
 pub use nfsacl::NfsAclClient;
 pub use rpcbind::PortmapClient;
 pub use selftest::{SelftestError, selftest};
+pub use selftest4::selftest4;
 
 /// Why a client call failed (the NFS status of a completed call is in its result instead).
 #[derive(Debug, thiserror::Error)]

@@ -12,13 +12,16 @@
 //! - [`state`]: the sans-IO state core; [`server`]: the COMPOUND executor and the NFS program
 //!   serving versions 3 and 4 together.
 //!
+//! - [`callback`]: the back channel (RFC 8881 §20): CB_NULL probes and CB_NOTIFY_LOCK.
+//!
 //! What it does not do: NFSv4.0 (minor version 0 is answered NFS4ERR_MINOR_VERS_MISMATCH),
 //! RPCSEC_GSS-only features (SP4_MACH_CRED, SP4_SSV, SET_SSV), pNFS layouts, delegations and
-//! the callbacks that recall them (the back channel is negotiated but never used), named
+//! the callbacks that recall them (callbacks are CB_NULL and CB_NOTIFY_LOCK only), named
 //! attributes, ACLs, COPY/CLONE/READ_PLUS and the extended-attribute operations (NOTSUPP).
 
 pub mod args;
 pub mod attrs;
+pub mod callback;
 pub mod client_codec;
 pub mod compound;
 pub mod consts;

@@ -27,7 +27,7 @@ use super::reserve_for_read;
 use crate::client::{CallRequest, RpcError, RpcTransport};
 use crate::message::{AcceptStat, MessageHeader, ReplyHeader};
 use crate::record::{DEFAULT_MAX_RECORD, MAX_FRAGMENT_LEN, RecordDecoder, frame, write_all_parts};
-use crate::service::BoxFuture;
+use crate::service::{BoxFuture, CallContext, Dispatcher, TransportKind};
 
 /// Client behaviour.
 #[derive(Debug, Clone)]
@@ -49,7 +49,14 @@ pub struct ClientConfig {
     /// Bind connections to this local address first (a source address of the client's
     /// choosing, or a port below 1024 for servers that insist on one, as Linux's `resvport`).
     pub local_addr: Option<SocketAddr>,
+    /// Programs that answer the server's backward calls on this connection (NFSv4.1
+    /// callbacks over TCP, RFC 8881 §2.10.3.1); `None`: calls from the server are dropped.
+    /// At most [`MAX_BACK_CALLS`] run at once; more are dropped unanswered.
+    pub backchannel: Option<Arc<Dispatcher>>,
 }
+
+/// Backward calls a client runs at once at most.
+pub const MAX_BACK_CALLS: usize = 16;
 
 impl Default for ClientConfig {
     fn default() -> Self {
@@ -61,6 +68,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(5),
             max_record: DEFAULT_MAX_RECORD,
             local_addr: None,
+            backchannel: None,
         }
     }
 }
@@ -87,6 +95,12 @@ impl ClientConfig {
     /// Bind connections to `addr` first ([`ClientConfig::local_addr`]).
     pub fn with_local_addr(mut self, addr: SocketAddr) -> Self {
         self.local_addr = Some(addr);
+        self
+    }
+
+    /// Answer the server's backward calls with `programs` ([`ClientConfig::backchannel`]).
+    pub fn with_backchannel(mut self, programs: Arc<Dispatcher>) -> Self {
+        self.backchannel = Some(programs);
         self
     }
 
@@ -392,6 +406,15 @@ async fn run_connection(
     config: &ClientConfig,
 ) -> Exit {
     let (mut rd, mut wr) = stream.into_split();
+    // Replies to the server's backward calls, from their tasks to the writer.
+    let (back_tx, mut back_rx) = mpsc::channel::<Bytes>(MAX_BACK_CALLS);
+    let back_ctx = Arc::new(CallContext {
+        peer: rd.peer_addr().ok(),
+        local: rd.local_addr().ok(),
+        transport: TransportKind::Tcp,
+        back: None,
+    });
+    let back_slots = Arc::new(tokio::sync::Semaphore::new(MAX_BACK_CALLS));
 
     let writer = async {
         let mut parts = VecDeque::new();
@@ -400,8 +423,18 @@ async fn run_connection(
         queue_all(shared, generation, config, &mut parts);
         write_all_parts(&mut wr, &mut parts).await?;
         loop {
-            let Some(first) = rx.recv().await else {
-                return Ok(());
+            let first = tokio::select! {
+                x = rx.recv() => match x {
+                    Some(x) => x,
+                    None => return Ok(()),
+                },
+                Some(reply) = back_rx.recv() => {
+                    let mut msg = Encoded::default();
+                    msg.prepend(reply);
+                    parts.extend(frame(&msg, MAX_FRAGMENT_LEN));
+                    write_all_parts(&mut wr, &mut parts).await?;
+                    continue;
+                }
             };
             let mut batch = vec![first];
             while batch.len() < 64 {
@@ -437,7 +470,11 @@ async fn run_connection(
                 .decode(&mut buf)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?
             {
-                deliver(shared, record);
+                if record.get(4..8) == Some(&0u32.to_be_bytes()[..]) {
+                    back_call(config, &back_ctx, &back_slots, &back_tx, record);
+                } else {
+                    deliver(shared, record);
+                }
             }
             reserve_for_read(&mut buf, &decoder);
             if rd.read_buf(&mut buf).await? == 0 {
@@ -459,6 +496,32 @@ async fn run_connection(
     }
 }
 
+/// A call from the server (message type CALL, RFC 5531 §9): run it on the backward-direction
+/// programs, if any, and send its reply on the same connection.
+fn back_call(
+    config: &ClientConfig,
+    ctx: &Arc<CallContext>,
+    slots: &Arc<tokio::sync::Semaphore>,
+    out: &mpsc::Sender<Bytes>,
+    record: Bytes,
+) {
+    let Some(d) = config.backchannel.clone() else {
+        tracing::debug!("ignoring RPC CALL received by a client without backchannel programs");
+        return;
+    };
+    let Ok(permit) = slots.clone().try_acquire_owned() else {
+        tracing::debug!("backward call dropped: {MAX_BACK_CALLS} already running");
+        return;
+    };
+    let (ctx, out) = (ctx.clone(), out.clone());
+    tokio::spawn(async move {
+        let _permit = permit;
+        if let Some(r) = d.dispatch(record, ctx, xdr::DdpPolicy::Inline).await {
+            let _ = out.send(r.message.to_bytes()).await;
+        }
+    });
+}
+
 /// Match a reply record to its call and complete it.
 fn deliver(shared: &Shared, record: Bytes) {
     let Some(xid) = record
@@ -477,7 +540,7 @@ fn deliver(shared: &Shared, record: Bytes) {
             Err(RpcError::Rejected(reason))
         }
         Ok((MessageHeader::Call(_), _)) => {
-            // Backchannel calls (RFC 8167) are not supported over TCP here.
+            // Calls are told apart before this: only a malformed one gets here.
             tracing::debug!(xid, "ignoring RPC CALL received by a client");
             return;
         }

@@ -3,11 +3,13 @@
 //! Both are thin tokio drivers around the sans-IO [`crate::record::RecordDecoder`] and the
 //! transport-neutral [`crate::Dispatcher`] / [`crate::RpcTransport`].
 
+mod back;
 mod client;
 mod conn_memory;
 mod server;
 
-pub use client::{ClientConfig, TcpClient};
+pub use back::MAX_BACK_OUTSTANDING;
+pub use client::{ClientConfig, MAX_BACK_CALLS, TcpClient};
 pub use server::{
     DEFAULT_MAX_QUEUED_REPLY_BYTES, DEFAULT_REPLY_ESTIMATE, ReplyBound, ServerConfig, TcpServer,
     TcpServerStats, serve_connection, serve_tcp,

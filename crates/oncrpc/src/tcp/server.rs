@@ -16,8 +16,10 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use xdr::DdpPolicy;
 
+use super::back::{TcpBack, TcpBackChannel};
 use super::conn_memory::{ConnMemory, peer_gone};
 use super::{READ_CHUNK, reserve_for_read};
+use crate::backchannel::BackHandle;
 use crate::budget::{MemoryBudget, Reservation};
 use crate::record::{DEFAULT_MAX_RECORD, MAX_FRAGMENT_LEN, RecordDecoder, frame, write_all_parts};
 use crate::service::{CallContext, Dispatcher, ReplyMessage, TransportKind};
@@ -470,10 +472,14 @@ async fn serve_conn(
     stats: Arc<TcpServerStats>,
 ) -> io::Result<()> {
     let _ = stream.set_nodelay(true);
+    // Backward calls (NFSv4.1 callbacks) go out through the same writer as the replies.
+    let (calls_tx, calls_rx) = mpsc::unbounded_channel();
+    let back = TcpBack::new(calls_tx);
     let context = Arc::new(CallContext {
         peer: stream.peer_addr().ok(),
         local: stream.local_addr().ok(),
         transport: TransportKind::Tcp,
+        back: Some(BackHandle(Arc::new(TcpBackChannel(back.clone())))),
     });
     // The receive buffer is the first thing a connection costs: refuse the connection when it
     // does not fit (backpressure on new connections; those already served go on).
@@ -486,6 +492,7 @@ async fn serve_conn(
                 Err(e) => {
                     tracing::warn!(peer = ?context.peer, error = %e,
                         "RPC/TCP connection refused: memory budget");
+                    back.close();
                     return Ok(());
                 }
             }
@@ -497,6 +504,7 @@ async fn serve_conn(
     let writer = tokio::spawn(writer_task(
         wr,
         rx,
+        calls_rx,
         config.send_timeout,
         writer_gone.clone(),
     ));
@@ -550,6 +558,11 @@ async fn serve_conn(
                     break 'conn Stop::Drain;
                 }
             };
+            // A reply from the client answers one of our backward calls: it is no call.
+            if TcpBack::is_reply(&record) {
+                back.on_reply(record);
+                continue;
+            }
             let permit = match unless_stopped!(in_flight.clone().acquire_owned()) {
                 Ok(Ok(p)) => p,
                 Ok(Err(_)) => break 'conn Stop::Drain,
@@ -612,6 +625,8 @@ async fn serve_conn(
             Err(stop) => break stop,
         }
     };
+    // No backward call goes out from now on; those waiting end.
+    back.close();
     if let Stop::Cut = stop {
         // Cut: the writer goes with its half of the socket, unwritten replies with it.
         writer.abort();
@@ -718,10 +733,11 @@ async fn write_parts(
 async fn writer_task(
     wr: OwnedWriteHalf,
     rx: mpsc::UnboundedReceiver<ReplyItem>,
+    calls: mpsc::UnboundedReceiver<Bytes>,
     idle: Option<Duration>,
     gone: Arc<Notify>,
 ) -> io::Result<()> {
-    let r = write_replies(wr, rx, idle).await;
+    let r = write_replies(wr, rx, calls, idle).await;
     if let Err(e) = &r
         && e.kind() == io::ErrorKind::TimedOut
     {
@@ -735,12 +751,33 @@ async fn writer_task(
 async fn write_replies(
     mut wr: OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<ReplyItem>,
+    mut calls: mpsc::UnboundedReceiver<Bytes>,
     idle: Option<Duration>,
 ) -> io::Result<()> {
     const BATCH: usize = 64;
     let mut parts = VecDeque::new();
     let mut held = Vec::with_capacity(BATCH);
-    while let Some((reply, permit, queued, reserved)) = rx.recv().await {
+    let mut calls_open = true;
+    loop {
+        let (reply, permit, queued, reserved) = tokio::select! {
+            r = rx.recv() => match r {
+                Some(item) => item,
+                None => break,
+            },
+            c = calls.recv(), if calls_open => {
+                match c {
+                    // A backward call: written as it comes (they are few and small).
+                    Some(call) => {
+                        let mut msg = xdr::Encoded::default();
+                        msg.prepend(call);
+                        let mut p: VecDeque<Bytes> = frame(&msg, MAX_FRAGMENT_LEN).into();
+                        write_parts(&mut wr, &mut p, idle).await?;
+                    }
+                    None => calls_open = false,
+                }
+                continue;
+            }
+        };
         parts.extend(frame(&reply.message, MAX_FRAGMENT_LEN));
         held.push((permit, queued, reserved));
         // Coalesce replies that are already waiting into one vectored write.

@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use super::nfs_bench::BenchArgs;
 use clap::{Args, Subcommand};
 use nfs::serve::{ServeConfig, Served};
 use tools::nfs_bench::{self, NFS_PORT};
@@ -40,16 +39,17 @@ pub enum NfsCommand {
     /// Show a running `nfs serve`: its exports, connected clients per transport, RPC-over-RDMA
     /// credits in use, calls per procedure and bytes moved (read from its control socket).
     Status(StatusArgs),
-    /// Call an NFSv3 server: MOUNT over TCP, then NFS over --rdma or --tcp.
+    /// Call an NFS server over --rdma or --tcp: NFSv3 (MOUNT over TCP first), or NFSv4.1/4.2
+    /// with --nfs-version.
     Client(ClientArgs),
-    /// Benchmark NFSv3 over RPC-over-RDMA and over TCP against an in-process server on a
+    /// Benchmark NFSv3 and NFSv4.1 over RPC-over-RDMA and over TCP against an in-process server on a
     /// temporary directory: sequential READ and WRITE MB/s at 4 KiB, 64 KiB and 1 MiB, GETATTR
     /// ops/s, p50/p99 latency, and the raw TCP ceiling (best of three loopback streams of at
     /// least 1 GiB) measured in the same run.
     ///
-    /// Rows are `TRANSPORT OP IO MB/s OPS/s P50_US P99_US`; the ratio lines compare READ at
-    /// 1 MiB over RDMA with the raw TCP stream and with NFS over TCP.
-    Bench(BenchArgs),
+    /// Rows are `TRANSPORT NFS OP IO MB/s OPS/s P50_US P99_US`; the ratio lines compare READ
+    /// at 1 MiB over RDMA with the raw TCP stream and with NFS over TCP (the first version).
+    Bench(super::nfs_bench::BenchArgs),
     /// Fault-injection campaign: mixed NFS operations against an in-process server over
     /// RPC-over-RDMA and over TCP, with connection drops from either side, every outcome
     /// checked against a model of the file tree (exit status 1 on any problem). With --soak,
@@ -557,6 +557,10 @@ pub struct ClientArgs {
     #[arg(long, value_name = "MODE", default_value = "write-chunk",
           value_parser = |s: &str| s.parse::<rpcrdma::rrc::ReplyMode>())]
     reply_mode: rpcrdma::rrc::ReplyMode,
+    /// The NFS version: 3 (MOUNT, then NFSv3), or 4.1 / 4.2 (no MOUNT: a session, then
+    /// COMPOUNDs from PUTROOTFH).
+    #[arg(long = "nfs-version", value_name = "V", default_value_t = super::nfs_bench::NfsVersion::V3)]
+    nfs_version: super::nfs_bench::NfsVersion,
     #[command(subcommand)]
     cmd: ClientCommand,
 }
@@ -566,6 +570,8 @@ pub enum ClientCommand {
     /// Round trips in a fresh directory: files of 0 B..--max-mb MiB written, committed, read
     /// back and compared; READDIRPLUS, GETATTR, MKDIR, RENAME, SYMLINK/READLINK, REMOVE,
     /// RMDIR. Prints `OK step` per step, then PASS (exit 0) or `FAIL step: error` (exit 1).
+    /// With --nfs-version 4.1 or 4.2: files of 0 B..--max-mb MiB through OPEN, WRITE, COMMIT,
+    /// GETATTR, READ, CLOSE and REMOVE in the root, then DESTROY_SESSION/DESTROY_CLIENTID.
     Selftest {
         /// Largest file written, in MiB.
         #[arg(long, default_value_t = 64)]
@@ -581,6 +587,24 @@ pub enum ClientCommand {
 }
 
 async fn client(a: ClientArgs) -> CmdResult {
+    if let Some(minor) = a.nfs_version.bench().minor() {
+        let (c, desc) =
+            tools::nfs4_bench::connect_client4(a.rdma, a.tcp, minor, a.uid, a.gid).await?;
+        println!("CONNECTED {desc}");
+        let ClientCommand::Selftest { max_mb } = a.cmd else {
+            return Err("readdir: only with --nfs-version 3".into());
+        };
+        return match nfs::client::selftest4(c, max_mb, |l| println!("{l}")).await {
+            Ok(()) => {
+                println!("PASS");
+                Ok(())
+            }
+            Err(e) => {
+                println!("FAIL {}: {}", e.step, e.error);
+                Err(e.into())
+            }
+        };
+    }
     let (c, root, desc) = nfs_bench::connect_client_with(
         a.rdma,
         a.tcp,

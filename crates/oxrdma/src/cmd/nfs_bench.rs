@@ -1,5 +1,5 @@
-//! `oxrdma nfs bench`: its arguments, the progress bar, and the printed report (the bench
-//! itself is `tools::nfs_bench`).
+//! `oxrdma nfs bench`: parses the arguments, draws the progress bar and prints the report of
+//! `tools::nfs_bench` (NFSv3 and NFSv4.1/4.2 over RPC-over-RDMA and TCP, in-process server).
 
 use std::path::PathBuf;
 
@@ -7,10 +7,6 @@ use clap::Args;
 use tools::nfs_bench::{self, BenchConfig};
 
 use super::CmdResult;
-
-// ------------------------------------------------------------------------------------------
-// bench
-// ------------------------------------------------------------------------------------------
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -33,10 +29,10 @@ pub struct BenchArgs {
     /// The NFS transports to measure, in this order (the raw TCP stream is always measured).
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_values_t = Transport::ALL)]
     transports: Vec<Transport>,
-    /// The server's RPC-over-RDMA receive buffer size in bytes (its inline threshold,
-    /// announced as RFC 8797 private data and, to version 2 clients, as RBSIZ) [default: 4096].
-    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1024..=1048576))]
-    inline: Option<u32>,
+    /// The NFS versions to measure over each transport, in this order (3, 4.1, 4.2): NFSv4
+    /// through one session whose COMPOUNDs are SEQUENCE, PUTFH and the operation.
+    #[arg(long = "nfs-version", value_name = "LIST", value_delimiter = ',', default_values_t = NfsVersion::DEFAULT)]
+    nfs_version: Vec<NfsVersion>,
     /// How the RPC-over-RDMA client asks for large replies, comma separated: the rdma
     /// transport is measured once per mode, in this order (rows rdma, rdma-rc, rdma-so):
     /// write-chunk (RFC 8166), read-chunk (responder-provided Read chunks, version 2; the
@@ -45,6 +41,10 @@ pub struct BenchArgs {
     #[arg(long, value_name = "MODES", value_delimiter = ',', default_value = "write-chunk",
           value_parser = |s: &str| s.parse::<rpcrdma::rrc::ReplyMode>())]
     reply_mode: Vec<rpcrdma::rrc::ReplyMode>,
+    /// The server's RPC-over-RDMA receive buffer size in bytes (its inline threshold,
+    /// announced as RFC 8797 private data and, to version 2 clients, as RBSIZ) [default: 4096].
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1024..=1048576))]
+    inline: Option<u32>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -67,6 +67,36 @@ impl std::fmt::Display for Transport {
             Transport::Rdma => "rdma",
             Transport::Tcp => "tcp",
         })
+    }
+}
+
+/// An NFS version, as `--nfs-version` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NfsVersion {
+    #[value(name = "3")]
+    V3,
+    #[value(name = "4.1")]
+    V41,
+    #[value(name = "4.2")]
+    V42,
+}
+
+impl NfsVersion {
+    const DEFAULT: [NfsVersion; 2] = [NfsVersion::V3, NfsVersion::V41];
+
+    /// The bench's name for it.
+    pub fn bench(self) -> nfs_bench::NfsVersion {
+        match self {
+            NfsVersion::V3 => nfs_bench::NfsVersion::V3,
+            NfsVersion::V41 => nfs_bench::NfsVersion::V41,
+            NfsVersion::V42 => nfs_bench::NfsVersion::V42,
+        }
+    }
+}
+
+impl std::fmt::Display for NfsVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.bench().name())
     }
 }
 
@@ -150,8 +180,9 @@ pub async fn bench(a: BenchArgs) -> CmdResult {
                 Transport::Tcp => nfs_bench::Transport::Tcp,
             })
             .collect(),
-        inline: a.inline,
+        versions: a.nfs_version.iter().map(|v| v.bench()).collect(),
         reply_modes: a.reply_mode.clone(),
+        inline: a.inline,
     };
     let pb = Bar::new(cfg.progress_total());
     let report = nfs_bench::run(&cfg, &pb).await;
@@ -163,18 +194,19 @@ pub async fn bench(a: BenchArgs) -> CmdResult {
         return Ok(());
     }
     println!(
-        "NFSv3 sequential I/O, {} MiB per READ/WRITE run (4 KiB: at most 16 MiB), {} READ/WRITE call(s) in flight, {} GETATTRs one at a time",
+        "NFS sequential I/O, {} MiB per READ/WRITE run (4 KiB: at most 16 MiB), {} READ/WRITE call(s) in flight, {} GETATTRs one at a time",
         a.size_mb, a.depth, a.getattrs
     );
     println!(
-        "{:<9} {:<8} {:>8} {:>10} {:>10} {:>10} {:>10}",
-        "transport", "op", "io", "MB/s", "ops/s", "p50[us]", "p99[us]"
+        "{:<9} {:<4} {:<8} {:>8} {:>10} {:>10} {:>10} {:>10}",
+        "transport", "nfs", "op", "io", "MB/s", "ops/s", "p50[us]", "p99[us]"
     );
     let opt = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |v| format!("{v:.p$}"));
     for r in rows {
         println!(
-            "{:<9} {:<8} {:>8} {:>10} {:>10.0} {:>10} {:>10}",
+            "{:<9} {:<4} {:<8} {:>8} {:>10} {:>10.0} {:>10} {:>10}",
             r.transport,
+            r.nfs.map_or("-", |v| v.name()),
             r.op,
             r.io.map_or_else(|| "-".to_string(), |v| v.to_string()),
             opt(r.mbs, 1),
@@ -184,8 +216,9 @@ pub async fn bench(a: BenchArgs) -> CmdResult {
         );
     }
     println!(
-        "ratio READ-1MiB rdma/raw-tcp {}  (target >= 0.80)",
-        opt(ratio_raw, 2)
+        "ratio READ-1MiB rdma/raw-tcp {}  (target >= 0.80; NFS version {})",
+        opt(ratio_raw, 2),
+        cfg.versions.first().map_or("-", |v| v.name())
     );
     println!(
         "ratio READ-1MiB rdma/nfs-tcp {}  (target >= 1.00)",

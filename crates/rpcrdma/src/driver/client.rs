@@ -470,6 +470,7 @@ fn perform(inner: &Arc<ClientInner>, posts: Vec<Post>) {
                         peer: Some(inner2.addr),
                         local: Some(inner2.link().conn.local_addr()),
                         transport: oncrpc::TransportKind::Rdma,
+                        back: None,
                     });
                     // RFC 8167 §5: nothing is reduced in the backward direction.
                     if let Some(r) = d.dispatch(message, ctx, DdpPolicy::Inline).await {

@@ -14,6 +14,7 @@
 //! Each connection has a registered receive-buffer pool (the credit grant plus the backward
 //! credits, RFC 8167 §4.3) and a registered send-buffer pool; one task reads the receive
 //! completion queue, one routes send-queue completions to whoever waits for them.
+mod back;
 mod budget;
 mod client;
 mod link;

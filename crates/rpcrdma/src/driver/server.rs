@@ -8,12 +8,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use oncrpc::{CallContext, CallHeader, Dispatcher, RpcError};
+use oncrpc::{CallContext, Dispatcher, RpcError};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
 use verbs::{Device, RecvWr, WcStatus};
-use xdr::Encoder;
 
+use super::back::RdmaBack;
+pub use super::back::ServerConnection;
 use super::budget::{BudgetedRegistrar, hold_in_budget};
 use super::link::{Link, REPLY_WR, Router, SinkPool, recv_pool};
 use super::{DriverError, TransportConfig};
@@ -48,16 +49,16 @@ struct ServerShared {
 }
 
 /// Per-connection state shared by the receive handler, the call tasks and [`ServerConnection`].
-struct ServerConn {
-    link: Arc<Link>,
-    resp: Arc<Mutex<Responder>>,
-    peer: SocketAddr,
+pub(super) struct ServerConn {
+    pub(super) link: Arc<Link>,
+    pub(super) resp: Arc<Mutex<Responder>>,
+    pub(super) peer: SocketAddr,
     /// This connection's share of the server's memory budget; `_recv` holds its receive
     /// buffers' part for as long as the connection lives.
     budget: Arc<oncrpc::ConnBudget>,
     _recv: oncrpc::Reservation,
-    back_waiters: Mutex<HashMap<u32, oneshot::Sender<Result<Bytes, RpcError>>>>,
-    next_xid: AtomicU32,
+    pub(super) back_waiters: Mutex<HashMap<u32, oneshot::Sender<Result<Bytes, RpcError>>>>,
+    pub(super) next_xid: AtomicU32,
     /// The Responder owns the connection's deadlines (RDMA Reads, backward calls);
     /// [`server_timer`] sleeps until `armed` and is woken through `timer` for an earlier one.
     armed: Mutex<Option<Instant>>,
@@ -79,7 +80,7 @@ impl ServerConn {
 
     /// Wake the timer if the Responder's next deadline is earlier than what it sleeps until.
     /// Called with the Responder locked (as the timer sets `armed`), so no deadline is missed.
-    fn arm(&self, resp: &Responder) {
+    pub(super) fn arm(&self, resp: &Responder) {
         let Some(next) = resp.next_deadline() else {
             return;
         };
@@ -113,116 +114,6 @@ async fn server_timer(sc: Arc<ServerConn>, idle: Duration) {
             }
         }
         perform(due.actions, &sc.link, &sc.resp, None).await;
-    }
-}
-
-/// A handle on one accepted connection, for backward-direction calls (RFC 8167).
-#[derive(Clone)]
-pub struct ServerConnection {
-    conn: Arc<ServerConn>,
-}
-
-impl std::fmt::Debug for ServerConnection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerConnection")
-            .field("peer", &self.conn.peer)
-            .finish_non_exhaustive()
-    }
-}
-
-impl ServerConnection {
-    /// The client's address.
-    pub fn peer(&self) -> SocketAddr {
-        self.conn.peer
-    }
-
-    /// The connection's Responder counters.
-    pub fn stats(&self) -> responder::ResponderStats {
-        self.conn.resp.lock().stats().clone()
-    }
-
-    /// Responder-provided Read chunks waiting for their notification, and their bytes.
-    pub fn rrc_waiting(&self) -> (usize, usize) {
-        self.conn.resp.lock().rrc_waiting()
-    }
-
-    /// Close this connection (the client reconnects and retransmits).
-    pub async fn disconnect(&self) {
-        self.conn.link.conn.disconnect().await;
-    }
-
-    /// The Upper Layer learnt that the client handles backward calls (for NFSv4.1, a
-    /// CREATE_SESSION or BIND_CONN_TO_SESSION asking for the back channel): RFC 8167 §6.
-    pub fn enable_backchannel(&self) {
-        self.conn.resp.lock().enable_backchannel();
-    }
-
-    /// Make a backward-direction call and wait for its results. Fails with
-    /// [`RpcError::Transport`] before [`ServerConnection::enable_backchannel`].
-    pub async fn back_call(
-        &self,
-        prog: u32,
-        vers: u32,
-        proc_: u32,
-        args: impl FnOnce(&mut Encoder),
-        timeout: Duration,
-    ) -> Result<Bytes, RpcError> {
-        let c = &self.conn;
-        let xid = c.next_xid.fetch_add(1, Ordering::Relaxed);
-        let mut e = Encoder::new();
-        CallHeader {
-            xid,
-            prog,
-            vers,
-            proc_,
-            cred: oncrpc::OpaqueAuth::none(),
-            verf: oncrpc::OpaqueAuth::none(),
-        }
-        .encode(&mut e);
-        args(&mut e);
-        let (tx, rx) = oneshot::channel();
-        c.back_waiters.lock().insert(xid, tx);
-        // The Responder owns the deadline: `server_timer` ends the call when it is due.
-        let sent = {
-            let mut r = c.resp.lock();
-            let sent = r.back_call_until(xid, e.into_bytes(), Some(Instant::now() + timeout));
-            c.arm(&r);
-            sent
-        };
-        let actions = match sent {
-            Ok(a) => a,
-            Err(responder::BackError::Closed) => {
-                c.back_waiters.lock().remove(&xid);
-                return Err(RpcError::Closed);
-            }
-            Err(err) => {
-                c.back_waiters.lock().remove(&xid);
-                return Err(RpcError::Transport(err.to_string()));
-            }
-        };
-        // A client that reads nothing may never complete the Send: the Sends go from a task
-        // of their own, and this call waits only for its reply or the Responder's deadline.
-        let conn = c.clone();
-        tokio::spawn(async move { perform(actions, &conn.link, &conn.resp, None).await });
-        let msg = match rx.await {
-            Ok(r) => r?,
-            Err(_) => return Err(RpcError::Closed),
-        };
-        let (h, results) = oncrpc::MessageHeader::decode_message(&msg)
-            .map_err(|e| RpcError::BadReply(e.to_string()))?;
-        match h {
-            oncrpc::MessageHeader::Reply(oncrpc::ReplyHeader::Accepted {
-                stat: oncrpc::AcceptStat::Success,
-                ..
-            }) => Ok(results),
-            oncrpc::MessageHeader::Reply(oncrpc::ReplyHeader::Accepted { stat, .. }) => {
-                Err(RpcError::Accepted(stat))
-            }
-            oncrpc::MessageHeader::Reply(oncrpc::ReplyHeader::Denied { reason, .. }) => {
-                Err(RpcError::Rejected(reason))
-            }
-            oncrpc::MessageHeader::Call(_) => Err(RpcError::BadReply("CALL as reply".into())),
-        }
     }
 }
 
@@ -312,7 +203,7 @@ impl RdmaServer {
             .conns
             .lock()
             .values()
-            .map(|c| ServerConnection { conn: c.clone() })
+            .map(|c| ServerConnection::new(c.clone()))
             .collect()
     }
 }
@@ -413,6 +304,7 @@ async fn serve_connection(
         peer: Some(peer),
         local: Some(link.conn.local_addr()),
         transport: oncrpc::TransportKind::Rdma,
+        back: Some(oncrpc::BackHandle(Arc::new(RdmaBack(Arc::downgrade(&sc))))),
     });
     // Receives are handled in the provider's context (see `pump_receives`); this task waits
     // for the first failed one.
@@ -728,7 +620,7 @@ async fn handle_incoming(
 /// the Responder ([`Responder::send_failed`]), whose answer (a `Close`) replaces what was left
 /// of the reply. `xid` is the call a reply answers (its Send is posted unsignaled and reported
 /// through the router if it fails later); `None` for messages that are not replies.
-async fn perform(
+pub(super) async fn perform(
     actions: Vec<responder::Action>,
     link: &Link,
     resp: &Mutex<Responder>,

@@ -47,6 +47,11 @@ impl Responder {
         if !self.back_ready {
             return Err(BackError::NotReady);
         }
+        // Backward calls are Short messages only: no Long Call (NFSv4.1 callbacks, which
+        // are what this carries, have no DDP-eligible items).
+        //= specs/rfc8267.txt#section-6.5.2
+        //# Otherwise, an NFS
+        //# version 4 server MUST use only Short messages to convey backchannel
         if Header::new(xid, 0, Body::Msg(Chunks::default())).encoded_len() + message.len()
             > self.params.inline_send
         {

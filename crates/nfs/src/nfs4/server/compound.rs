@@ -32,6 +32,8 @@ const RPC_REPLY_OVERHEAD: usize = 32;
 /// Everything one COMPOUND carries from operation to operation.
 pub(super) struct Ctx<'r> {
     pub(super) req: &'r Request<'r>,
+    /// The COMPOUND's minor version.
+    pub(super) minor: u32,
     pub(super) now: Instant,
     /// The exports at the start of the call (a reload does not change a running call).
     pub(super) exports: Arc<Vec<Arc<Exported>>>,
@@ -104,6 +106,7 @@ impl Nfs4Server {
         }
         let mut ctx = Ctx {
             req,
+            minor,
             now: Instant::now(),
             exports: self.table.snapshot(),
             clientid: None,

@@ -7,7 +7,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use super::super::args::{CreateHow, Locker, OpArgs, OpenArgs, OpenClaim};
 use super::super::attrs::{self, SetAttrs};
-use super::super::consts::{attr, content, deleg, op, open_result, share, stable};
+use super::super::consts::{attr, content, deleg, lock_type, op, open_result, share, stable};
 use super::super::res::{OpRes, OpenOk};
 use super::super::state::LockError;
 use super::super::status::{Nfsstat4, Res4};
@@ -185,7 +185,8 @@ impl Nfs4Server {
                         lock_seqid,
                     },
                 };
-                let r = self.state().lock(
+                let mut st = self.state();
+                let r = st.lock(
                     c,
                     locktype,
                     reclaim,
@@ -200,7 +201,26 @@ impl Nfs4Server {
                         ctx.cur_sid = Some(sid);
                         Ok(OpRes::Lock(sid))
                     }
-                    Err(LockError::Denied(d)) => Ok(OpRes::Denied(op::LOCK, d)),
+                    Err(LockError::Denied(d)) => {
+                        // A blocking lock (READW_LT, WRITEW_LT) the client may wait for: it
+                        // hears by CB_NOTIFY_LOCK when it could be granted (RFC 8881
+                        // §20.11.4; OPEN said OPEN4_RESULT_MAY_NOTIFY_LOCK).
+                        if matches!(locktype, lock_type::READW_LT | lock_type::WRITEW_LT)
+                            && let Some(cur) = ctx.cur.as_ref()
+                        {
+                            st.lock_waits(
+                                c,
+                                &locker,
+                                o.key(),
+                                Self::fh4(cur),
+                                locktype,
+                                offset,
+                                length,
+                                ctx.now,
+                            );
+                        }
+                        Ok(OpRes::Denied(op::LOCK, d))
+                    }
                     Err(LockError::Status(s)) => Err(s),
                 }
             }
@@ -231,9 +251,11 @@ impl Nfs4Server {
                 let c = ctx.client()?;
                 let o = self.cur_file(ctx)?;
                 let sid = ctx.stateid(&stateid)?;
-                let r = self
-                    .state()
-                    .locku(c, locktype, &sid, offset, length, o.key())?;
+                let mut st = self.state();
+                let r = st.locku(c, locktype, &sid, offset, length, o.key())?;
+                // Owners that waited for this range may lock it now (CB_NOTIFY_LOCK).
+                st.locks_released(o.key());
+                drop(st);
                 ctx.cur_sid = Some(r);
                 Ok(OpRes::Locku(r))
             }
@@ -416,7 +438,8 @@ impl Nfs4Server {
         Ok(OpRes::Open(Box::new(OpenOk {
             stateid: r.stateid,
             cinfo: ci,
-            rflags: open_result::LOCKTYPE_POSIX,
+            // RFC 8881 §18.16.3: MAY_NOTIFY_LOCK: blocked lock waiters get CB_NOTIFY_LOCK.
+            rflags: open_result::LOCKTYPE_POSIX | open_result::MAY_NOTIFY_LOCK,
             attrset,
             no_deleg_why,
         })))

@@ -12,10 +12,12 @@
 //! - `io`: OPEN, CLOSE, OPEN_DOWNGRADE, READ, WRITE, COMMIT, LOCK/LOCKT/LOCKU, SEEK,
 //!   ALLOCATE, DEALLOCATE.
 //! - [`program`]: the NFS program answering versions 3 and 4 together.
+//! - `callbacks`: the connections' back channels and the sending of due callbacks.
 //!
 //! The state tables ([`super::state`]) sit behind one mutex, taken only around state calls,
 //! never across file-system work.
 
+mod callbacks;
 mod compound;
 mod fh;
 mod files;
@@ -88,6 +90,8 @@ pub struct Nfs4Server {
     cookie_verf: Verifier4,
     identity: ServerIdentity,
     read_bufs: Arc<oncrpc::BufPool>,
+    /// The connections' backward directions, for callbacks.
+    routes: callbacks::Routes,
 }
 
 /// Idle pooled READ buffers kept.
@@ -126,6 +130,7 @@ impl Nfs4Server {
             cookie_verf,
             identity,
             read_bufs: oncrpc::BufPool::new(POOLED_READ_KEEP),
+            routes: callbacks::Routes::default(),
         })
     }
 

@@ -78,6 +78,11 @@ impl Program for NfsV3V4 {
                         return Outcome::AuthError(AuthStat::TooWeak);
                     }
                     let conn = conn_id(&call);
+                    self.v4.note_connection(
+                        conn,
+                        call.context.back.as_ref(),
+                        call.context.transport,
+                    );
                     let mut enc = call.reply_encoder();
                     let r = tokio::task::spawn_blocking(move || {
                         let req = Request {
@@ -89,6 +94,9 @@ impl Program for NfsV3V4 {
                         server.compound(&req)
                     })
                     .await;
+                    // Callbacks this COMPOUND made due (a back channel probe, a lock waiter
+                    // to notify) go now.
+                    self.v4.run_callbacks();
                     match r {
                         Ok(Ok(reply)) => {
                             reply.encode(&mut enc);

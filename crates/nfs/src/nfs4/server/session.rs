@@ -45,11 +45,15 @@ impl Nfs4Server {
                 Ok(OpRes::ExchangeId(Box::new(ok)))
             }
             OpArgs::CreateSession(cs) => {
-                // The back channel rides the same connection (RFC 8881 §2.10.3.1), which any
-                // stream or RDMA transport allows.
-                let ok = self
-                    .state()
-                    .create_session(&cs, who, ctx.req.conn, true, now)?;
+                // The back channel rides the same connection (RFC 8881 §2.10.3.1): granted
+                // when the connection's transport can carry backward calls (TCP, and
+                // RPC-over-RDMA by RFC 8167; not in-process calls).
+                let back = self.back_possible(ctx.req.conn);
+                let mut st = self.state();
+                let ok = st.create_session(&cs, who, ctx.req.conn, back, now)?;
+                // Probe the back channel (or find it missing), as Linux nfsd does after
+                // CREATE_SESSION; the outcome shows in SEQUENCE's sr_status_flags.
+                st.cb_probe(&ok.session, Some(ctx.minor));
                 Ok(OpRes::CreateSession(Box::new(ok)))
             }
             OpArgs::DestroySession(id) => {
@@ -61,7 +65,13 @@ impl Nfs4Server {
                 dir,
                 rdma_mode: _,
             } => {
-                let dir = self.state().bind_conn(&session, dir, ctx.req.conn, now)?;
+                let mut st = self.state();
+                let dir = st.bind_conn(&session, dir, ctx.req.conn, now)?;
+                if dir != crate::nfs4::consts::cdfc::FORE {
+                    // A new back channel connection: probe it.
+                    st.cb_probe(&session, Some(ctx.minor));
+                }
+                drop(st);
                 // RDMA mode is never granted: the connection keeps its framing.
                 Ok(OpRes::BindConnToSession {
                     session,
@@ -80,7 +90,12 @@ impl Nfs4Server {
             }
             OpArgs::BackchannelCtl { cb_program, sec } => {
                 let c = ctx.client()?;
-                self.state().backchannel_ctl(c, cb_program, &sec)?;
+                let mut st = self.state();
+                st.backchannel_ctl(c, cb_program, &sec)?;
+                for s in st.sessions_of(c) {
+                    st.cb_probe(&s, None);
+                }
+                drop(st);
                 Ok(OpRes::Status(op::BACKCHANNEL_CTL, Nfsstat4::OK))
             }
             OpArgs::TestStateid(sids) => {

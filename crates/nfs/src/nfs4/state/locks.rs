@@ -93,6 +93,15 @@ impl LockTable {
             .count()
     }
 
+    /// The files on which `clientid` holds locks.
+    pub(super) fn files_of(&self, clientid: u64) -> Vec<FileKey> {
+        self.files
+            .iter()
+            .filter(|(_, v)| v.iter().any(|r| r.clientid == clientid))
+            .map(|(f, _)| *f)
+            .collect()
+    }
+
     pub(super) fn remove_client(&mut self, clientid: u64) {
         for v in self.files.values_mut() {
             v.retain(|r| r.clientid != clientid);
@@ -100,7 +109,7 @@ impl LockTable {
         self.files.retain(|_, v| !v.is_empty());
     }
 
-    fn conflict(
+    pub(super) fn conflict(
         &self,
         file: FileKey,
         clientid: u64,
@@ -211,7 +220,7 @@ impl From<Nfsstat4> for LockError {
 
 /// `offset`/`length` to an inclusive range (RFC 8881 §18.10.4: length 0 is NFS4ERR_INVAL, and
 /// so is a range past 2^64 unless length is all ones).
-fn range(offset: u64, length: u64) -> Res4<(u64, u64)> {
+pub(super) fn range(offset: u64, length: u64) -> Res4<(u64, u64)> {
     if length == 0 {
         return Err(Nfsstat4::INVAL);
     }

@@ -7,6 +7,7 @@
 //! leases. Every table is bounded by [`StateConfig`]: a client that would grow one past its bound
 //! gets NFS4ERR_RESOURCE (or, for new clients, NFS4ERR_DELAY), never unbounded memory.
 
+mod callbacks;
 mod clients;
 mod locks;
 mod opens;
@@ -15,6 +16,7 @@ mod slots;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+pub use callbacks::{CallbackConfig, CallbackCounts, CbOutcome, CbPath, CbSend, CbWhat};
 pub use clients::Principal;
 pub use clients::ServerIdentity;
 pub use locks::{LockError, LockRange, LockType};
@@ -58,6 +60,8 @@ pub struct StateConfig {
     pub max_stateids_per_client: usize,
     /// Most byte-range locks per client.
     pub max_locks_per_client: usize,
+    /// Bounds and times of the callbacks ([`CallbackConfig`]).
+    pub callbacks: CallbackConfig,
 }
 
 impl Default for StateConfig {
@@ -74,6 +78,7 @@ impl Default for StateConfig {
             max_response_cached: 8 * 1024,
             max_stateids_per_client: 16 * 1024,
             max_locks_per_client: 16 * 1024,
+            callbacks: CallbackConfig::default(),
         }
     }
 }
@@ -115,6 +120,7 @@ pub struct State {
     sessions: HashMap<SessionId4, slots::Session>,
     states: HashMap<[u8; 12], StateEntry>,
     locks: locks::LockTable,
+    cb: callbacks::Callbacks,
 }
 
 impl State {
@@ -131,6 +137,7 @@ impl State {
             sessions: HashMap::new(),
             states: HashMap::new(),
             locks: locks::LockTable::default(),
+            cb: callbacks::Callbacks::default(),
         }
     }
 
@@ -249,7 +256,13 @@ impl State {
         }
         self.sessions.retain(|_, s| s.clientid != clientid);
         self.states.retain(|_, e| e.clientid != clientid);
+        let files = self.locks.files_of(clientid);
         self.locks.remove_client(clientid);
+        self.cb_forget_client(clientid);
+        // Its locks are gone: owners of other clients that waited for them may lock now.
+        for f in files {
+            self.locks_released(f);
+        }
     }
 
     /// Counts for status output and tests.

@@ -116,21 +116,15 @@ impl State {
         s.conns.insert(conn);
         let clientid = s.clientid;
         let fore = s.fore.clone();
-        let ok = SequenceOk {
+        let mut ok = SequenceOk {
             session: a.session,
             sequenceid: a.sequenceid,
             slotid: a.slotid,
             highest_slotid: nslots - 1,
             target_highest_slotid: nslots - 1,
-            status_flags: if s.back_conn.is_none()
-                && s.back.maxrequests > 0
-                && self.wants_callbacks(clientid)
-            {
-                super::super::consts::seq4_status::CB_PATH_DOWN_SESSION
-            } else {
-                0
-            },
+            status_flags: 0,
         };
+        ok.status_flags = self.cb_status_flags(clientid, &a.session);
         if let Some(c) = self.clients.get_mut(&clientid) {
             c.renewed = now;
         }
@@ -147,7 +141,7 @@ impl State {
     }
 
     /// Whether a client gave a callback program (and so expects a back channel).
-    fn wants_callbacks(&self, clientid: u64) -> bool {
+    pub(super) fn wants_callbacks(&self, clientid: u64) -> bool {
         self.clients
             .get(&clientid)
             .is_some_and(|c| c.cb_program != 0)
