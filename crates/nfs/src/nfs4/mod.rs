@@ -1,5 +1,5 @@
-//! NFSv4.1 and NFSv4.2 (RFC 8881, RFC 7862): the protocol types, checked decoders and exact
-//! encoders the server's COMPOUND executor is built on.
+//! NFSv4.0, NFSv4.1 and NFSv4.2 (RFC 7530, RFC 8881, RFC 7862): the protocol types, checked
+//! decoders and exact encoders the server's COMPOUND executor is built on.
 //!
 //! - [`consts`]: operation, attribute and flag numbers; [`status`]: `nfsstat4`.
 //! - [`types`]: the shared types (stateids, bitmaps, `fattr4`, channel attributes, owners),
@@ -12,8 +12,10 @@
 //! - [`state`]: the sans-IO state core; [`server`]: the COMPOUND executor and the NFS program
 //!   serving versions 3 and 4 together.
 //!
-//! What it does not do: NFSv4.0 (minor version 0 is answered NFS4ERR_MINOR_VERS_MISMATCH),
-//! RPCSEC_GSS-only features (SP4_MACH_CRED, SP4_SSV, SET_SSV), pNFS layouts, delegations and
+//! - [`v40`]: the operations only NFSv4.0 (RFC 7530) has; minor version 0 is served by the
+//!   same executor (clientids by SETCLIENTID, seqid-ordered owners, no sessions).
+//!
+//! What it does not do: RPCSEC_GSS-only features (SP4_MACH_CRED, SP4_SSV, SET_SSV), pNFS layouts, delegations and
 //! the callbacks that recall them (the back channel is negotiated but never used), named
 //! attributes, ACLs, COPY/CLONE/READ_PLUS and the extended-attribute operations (NOTSUPP).
 
@@ -27,5 +29,6 @@ pub mod server;
 pub mod state;
 pub mod status;
 pub mod types;
+pub mod v40;
 
 pub use status::{Nfsstat4, Res4};

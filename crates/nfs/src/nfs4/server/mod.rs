@@ -11,6 +11,8 @@
 //!   CREATE, REMOVE, RENAME, LINK, READLINK, READDIR).
 //! - `io`: OPEN, CLOSE, OPEN_DOWNGRADE, READ, WRITE, COMMIT, LOCK/LOCKT/LOCKU, SEEK,
 //!   ALLOCATE, DEALLOCATE.
+//! - `v40`: minor version 0 (RFC 7530): its COMPOUND loop, SETCLIENTID and the other
+//!   4.0-only operations, the seqid ordering of owners.
 //! - [`program`]: the NFS program answering versions 3 and 4 together.
 //!
 //! The state tables ([`super::state`]) sit behind one mutex, taken only around state calls,
@@ -22,6 +24,7 @@ mod files;
 mod io;
 pub mod program;
 mod session;
+mod v40;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -88,6 +91,8 @@ pub struct Nfs4Server {
     cookie_verf: Verifier4,
     identity: ServerIdentity,
     read_bufs: Arc<oncrpc::BufPool>,
+    /// NFSv4.0 open- and lock-owners: last seqid and reply (RFC 7530 §9.1.7).
+    owners40: Mutex<v40::Owners40>,
 }
 
 /// Idle pooled READ buffers kept.
@@ -126,6 +131,7 @@ impl Nfs4Server {
             cookie_verf,
             identity,
             read_bufs: oncrpc::BufPool::new(POOLED_READ_KEEP),
+            owners40: Mutex::default(),
         })
     }
 

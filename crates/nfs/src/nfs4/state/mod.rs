@@ -11,6 +11,7 @@ mod clients;
 mod locks;
 mod opens;
 mod slots;
+mod v40;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -1,0 +1,395 @@
+//! NFSv4.0 (RFC 7530) over TCP on loopback: SETCLIENTID and its confirmation, OPEN with
+//! OPEN_CONFIRM, the seqid ordering and reply cache of open- and lock-owners, RENEW,
+//! RELEASE_LOCKOWNER, and the operations of one minor version refused in the other.
+
+mod nfs4_util;
+
+use bytes::Bytes;
+use nfs::nfs4::Nfsstat4;
+use nfs::nfs4::args::{Locker, OpArgs};
+use nfs::nfs4::compound::CompoundReply;
+use nfs::nfs4::consts::{lock_type, op, open_result, share};
+use nfs::nfs4::res::OpRes;
+use nfs::nfs4::types::{StateOwner4, Stateid4};
+use nfs::nfs4::v40::{Args40, CbClient4, NfsClientId4, Res40};
+use nfs4_util::*;
+use oncrpc::RpcClient;
+
+/// A 4.0 client: its RPC client, clientid and the next seqid of its one open-owner.
+struct C40 {
+    rpc: RpcClient,
+    clientid: u64,
+}
+
+async fn call(rpc: &RpcClient, ops: &[OpArgs]) -> CompoundReply {
+    compound_reply(rpc, 0, ops).await
+}
+
+fn setclientid(id: &str, verifier: [u8; 8]) -> OpArgs {
+    OpArgs::V40(Args40::SetClientId {
+        client: NfsClientId4 {
+            verifier,
+            id: owner(id.as_bytes()),
+        },
+        callback: CbClient4 {
+            program: 0x4000_0000,
+            netid: Bytes::from_static(b"tcp"),
+            addr: Bytes::from_static(b"127.0.0.1.3.200"),
+        },
+        callback_ident: 1,
+    })
+}
+
+impl C40 {
+    async fn new(addr: std::net::SocketAddr, id: &str) -> C40 {
+        let rpc = rpc(addr, 4).await;
+        let r = call(&rpc, &[setclientid(id, [3; 8])]).await;
+        let OpRes::V40(Res40::SetClientId { clientid, confirm }) = r.results[0] else {
+            panic!("SETCLIENTID: {r:?}");
+        };
+        let r = call(
+            &rpc,
+            &[OpArgs::V40(Args40::SetClientIdConfirm {
+                clientid,
+                verifier: confirm,
+            })],
+        )
+        .await;
+        assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+        C40 { rpc, clientid }
+    }
+
+    fn open(&self, owner_name: &[u8], seqid: u32, file: &str, create: bool) -> OpArgs {
+        let OpArgs::Open(mut o) = open_args(owner_name, file, share::ACCESS_BOTH, 0, create) else {
+            unreachable!()
+        };
+        o.seqid = seqid;
+        o.owner.clientid = self.clientid;
+        OpArgs::Open(o)
+    }
+
+    async fn call(&self, ops: &[OpArgs]) -> CompoundReply {
+        call(&self.rpc, ops).await
+    }
+}
+
+fn open_ok(r: &CompoundReply) -> (Stateid4, u32) {
+    for x in &r.results {
+        if let OpRes::Open(o) = x {
+            return (o.stateid, o.rflags);
+        }
+    }
+    panic!("no OPEN result: {r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_confirm_write_read_close_and_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let addr = s.nfs_addr.unwrap();
+    let c = C40::new(addr, "client-a").await;
+
+    // A new open-owner's first OPEN asks for OPEN_CONFIRM (RFC 7530 §16.18.4).
+    let open = c.open(b"oo", 7, "f", true);
+    let r = c
+        .call(&[OpArgs::Putrootfh, open.clone(), OpArgs::Getfh])
+        .await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let (sid, rflags) = open_ok(&r);
+    assert_ne!(rflags & open_result::CONFIRM, 0);
+    // OPEN_DELEGATE_NONE, never the 4.1 _NONE_EXT form.
+    let OpRes::Open(o) = &r.results[1] else {
+        unreachable!()
+    };
+    assert_eq!(o.no_deleg_why, None);
+    let fh = fh_of(&r.results[2]);
+
+    // The same seqid again is a retransmission: the cached reply, same stateid, and the
+    // filehandle it made current.
+    let r2 = c
+        .call(&[OpArgs::Putrootfh, open.clone(), OpArgs::Getfh])
+        .await;
+    assert_eq!(open_ok(&r2).0, sid);
+    assert_eq!(fh_of(&r2.results[2]), fh);
+
+    // A seqid out of order is NFS4ERR_BAD_SEQID.
+    let r = c
+        .call(&[
+            OpArgs::Putfh(fh.clone()),
+            OpArgs::V40(Args40::OpenConfirm {
+                stateid: sid,
+                seqid: 10,
+            }),
+        ])
+        .await;
+    assert_eq!(r.status, Nfsstat4::BAD_SEQID, "{r:?}");
+
+    let r = c
+        .call(&[
+            OpArgs::Putfh(fh.clone()),
+            OpArgs::V40(Args40::OpenConfirm {
+                stateid: sid,
+                seqid: 8,
+            }),
+        ])
+        .await;
+    let OpRes::V40(Res40::OpenConfirm(sid2)) = r.results[1] else {
+        panic!("OPEN_CONFIRM: {r:?}");
+    };
+    assert_eq!(sid2.other, sid.other);
+    assert_eq!(sid2.seqid, sid.seqid + 1);
+
+    let data = pattern(5000, 1);
+    let r = c
+        .call(&[
+            OpArgs::Putfh(fh.clone()),
+            write(sid2, 0, data.clone()),
+            OpArgs::Read {
+                stateid: sid2,
+                offset: 0,
+                count: 10_000,
+            },
+        ])
+        .await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let OpRes::Read { data: got, eof } = &r.results[2] else {
+        panic!("{r:?}");
+    };
+    assert!(*eof);
+    assert_eq!(got, &data);
+    assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+
+    // CLOSE with the next seqid (9), then the same CLOSE again is answered from the cache.
+    let close = OpArgs::Close {
+        seqid: 9,
+        stateid: sid2,
+    };
+    let r = c.call(&[OpArgs::Putfh(fh.clone()), close.clone()]).await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let r = c.call(&[OpArgs::Putfh(fh.clone()), close]).await;
+    assert_eq!(r.status, Nfsstat4::OK, "replayed CLOSE: {r:?}");
+    // The stateid is gone.
+    let r = c
+        .call(&[
+            OpArgs::Putfh(fh),
+            OpArgs::Read {
+                stateid: sid2,
+                offset: 0,
+                count: 1,
+            },
+        ])
+        .await;
+    assert_eq!(r.status, Nfsstat4::BAD_STATEID, "{r:?}");
+    // A confirmed owner's next OPEN needs no confirmation.
+    let r = c
+        .call(&[OpArgs::Putrootfh, c.open(b"oo", 10, "f", false)])
+        .await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    assert_eq!(open_ok(&r).1 & open_result::CONFIRM, 0);
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_seqids_and_release_lockowner() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let c = C40::new(s.nfs_addr.unwrap(), "client-l").await;
+    let r = c
+        .call(&[
+            OpArgs::Putrootfh,
+            c.open(b"oo", 1, "f", true),
+            OpArgs::Getfh,
+        ])
+        .await;
+    let (sid, _) = open_ok(&r);
+    let fh = fh_of(&r.results[2]);
+    let r = c
+        .call(&[
+            OpArgs::Putfh(fh.clone()),
+            OpArgs::V40(Args40::OpenConfirm {
+                stateid: sid,
+                seqid: 2,
+            }),
+        ])
+        .await;
+    let OpRes::V40(Res40::OpenConfirm(sid)) = r.results[1] else {
+        panic!("{r:?}");
+    };
+    let lock_owner = StateOwner4 {
+        clientid: c.clientid,
+        owner: owner(b"lo"),
+    };
+    let lock = |locker| OpArgs::Lock {
+        locktype: lock_type::WRITE_LT,
+        reclaim: false,
+        offset: 0,
+        length: 100,
+        locker,
+    };
+    let r = c
+        .call(&[
+            OpArgs::Putfh(fh.clone()),
+            lock(Locker::New {
+                open_seqid: 3,
+                open_stateid: sid,
+                lock_seqid: 0,
+                owner: lock_owner.clone(),
+            }),
+        ])
+        .await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let lsid = stateid_of(&r.results[1]);
+    // The lock-owner holds a lock: RELEASE_LOCKOWNER refuses.
+    let release = OpArgs::V40(Args40::ReleaseLockowner(lock_owner.clone()));
+    let r = c.call(std::slice::from_ref(&release)).await;
+    assert_eq!(r.status, Nfsstat4::LOCKS_HELD, "{r:?}");
+    // LOCKU with a lock-owner seqid out of order, then in order (1), then replayed.
+    let locku = |seqid| OpArgs::Locku {
+        locktype: lock_type::WRITE_LT,
+        seqid,
+        stateid: lsid,
+        offset: 0,
+        length: 100,
+    };
+    let r = c.call(&[OpArgs::Putfh(fh.clone()), locku(5)]).await;
+    assert_eq!(r.status, Nfsstat4::BAD_SEQID, "{r:?}");
+    let r = c.call(&[OpArgs::Putfh(fh.clone()), locku(1)]).await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let first = stateid_of(&r.results[1]);
+    let r = c.call(&[OpArgs::Putfh(fh.clone()), locku(1)]).await;
+    assert_eq!(stateid_of(&r.results[1]), first, "replayed LOCKU: {r:?}");
+    // No lock held now: the lock-owner can be released, and its stateid is gone.
+    let r = c.call(&[release]).await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let r = c.call(&[OpArgs::Putfh(fh), locku(2)]).await;
+    assert_eq!(r.status, Nfsstat4::BAD_STATEID, "{r:?}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clientid_rules_renew_and_minor_version_ops() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let addr = s.nfs_addr.unwrap();
+    let r4 = rpc(addr, 4).await;
+    // An unconfirmed clientid is stale for RENEW and OPEN.
+    let r = call(&r4, &[setclientid("client-r", [1; 8])]).await;
+    let OpRes::V40(Res40::SetClientId { clientid, confirm }) = r.results[0] else {
+        panic!("{r:?}");
+    };
+    let r = call(&r4, &[OpArgs::V40(Args40::Renew(clientid))]).await;
+    assert_eq!(r.status, Nfsstat4::STALE_CLIENTID, "{r:?}");
+    // A wrong confirm verifier is stale too; the right one confirms.
+    let mut wrong = confirm;
+    wrong[7] ^= 1;
+    let r = call(
+        &r4,
+        &[OpArgs::V40(Args40::SetClientIdConfirm {
+            clientid,
+            verifier: wrong,
+        })],
+    )
+    .await;
+    assert_eq!(r.status, Nfsstat4::STALE_CLIENTID, "{r:?}");
+    let r = call(
+        &r4,
+        &[OpArgs::V40(Args40::SetClientIdConfirm {
+            clientid,
+            verifier: confirm,
+        })],
+    )
+    .await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let r = call(&r4, &[OpArgs::V40(Args40::Renew(clientid))]).await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let r = call(&r4, &[OpArgs::V40(Args40::Renew(clientid ^ 0xffff))]).await;
+    assert_eq!(r.status, Nfsstat4::STALE_CLIENTID, "{r:?}");
+
+    // 4.0 negotiates no operation limit: past the server's bound (64, a 4.1 session's
+    // ca_maxoperations) the COMPOUND is NFS4ERR_RESOURCE with no results; at it, it runs.
+    let r = call(&r4, &vec![OpArgs::Putrootfh; 65]).await;
+    assert_eq!(r.status, Nfsstat4::RESOURCE, "{r:?}");
+    assert!(r.results.is_empty());
+    let r = call(&r4, &vec![OpArgs::Putrootfh; 64]).await;
+    assert_eq!((r.status, r.results.len()), (Nfsstat4::OK, 64));
+
+    // 4.1's operations do not exist in 4.0: NFS4ERR_OP_ILLEGAL (RFC 7530 §16.38),
+    // and SEQUENCE is one of them.
+    for opnum in [op::SEQUENCE, op::EXCHANGE_ID, op::RECLAIM_COMPLETE] {
+        let r = call(&r4, &[OpArgs::Illegal(opnum)]).await;
+        assert_eq!(r.status, Nfsstat4::OP_ILLEGAL, "op {opnum}: {r:?}");
+        assert_eq!(r.results[0].opnum(), op::ILLEGAL);
+    }
+    // And 4.0's are NFS4ERR_NOTSUPP in 4.1 (RFC 8881 §15.2), without a session (they are
+    // decoded before SEQUENCE is looked for) or after one.
+    let mut c41 = Client::new(addr, "client-41", 8).await;
+    for a in [
+        setclientid("x", [1; 8]),
+        OpArgs::V40(Args40::Renew(1)),
+        OpArgs::V40(Args40::SetClientIdConfirm {
+            clientid: 1,
+            verifier: [0; 8],
+        }),
+        OpArgs::V40(Args40::ReleaseLockowner(StateOwner4 {
+            clientid: 1,
+            owner: owner(b"o"),
+        })),
+        OpArgs::V40(Args40::OpenConfirm {
+            stateid: Stateid4::ANONYMOUS,
+            seqid: 1,
+        }),
+    ] {
+        let n = a.opnum();
+        let r = c41.call(vec![a]).await;
+        assert_eq!(r.status, Nfsstat4::NOTSUPP, "op {n}: {r:?}");
+        assert_eq!(r.results[1].opnum(), n);
+    }
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reboot_replaces_the_clientid_and_drops_its_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let addr = s.nfs_addr.unwrap();
+    let c = C40::new(addr, "client-b").await;
+    let r = c
+        .call(&[
+            OpArgs::Putrootfh,
+            c.open(b"oo", 1, "f", true),
+            OpArgs::Getfh,
+        ])
+        .await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let (sid, _) = open_ok(&r);
+    let fh = fh_of(&r.results[2]);
+    let read = [
+        OpArgs::Putfh(fh),
+        OpArgs::Read {
+            stateid: sid,
+            offset: 0,
+            count: 1,
+        },
+    ];
+    // The same client string with a new verifier: a rebooted client. Its old record and open
+    // stay until the new record is confirmed.
+    let r = c.call(&[setclientid("client-b", [9; 8])]).await;
+    let OpRes::V40(Res40::SetClientId { clientid, confirm }) = r.results[0] else {
+        panic!("{r:?}");
+    };
+    assert_ne!(clientid, c.clientid);
+    let r = c.call(&read).await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let r = c
+        .call(&[OpArgs::V40(Args40::SetClientIdConfirm {
+            clientid,
+            verifier: confirm,
+        })])
+        .await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let r = c.call(&read).await;
+    assert_eq!(r.status, Nfsstat4::BAD_STATEID, "{r:?}");
+    let r = c.call(&[OpArgs::V40(Args40::Renew(c.clientid))]).await;
+    assert_eq!(r.status, Nfsstat4::STALE_CLIENTID, "{r:?}");
+    s.shutdown().await;
+}
