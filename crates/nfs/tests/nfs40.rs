@@ -8,9 +8,9 @@ use bytes::Bytes;
 use nfs::nfs4::Nfsstat4;
 use nfs::nfs4::args::{Locker, OpArgs};
 use nfs::nfs4::compound::CompoundReply;
-use nfs::nfs4::consts::{lock_type, op, open_result, share};
+use nfs::nfs4::consts::{attr, lock_type, op, open_result, share};
 use nfs::nfs4::res::OpRes;
-use nfs::nfs4::types::{StateOwner4, Stateid4};
+use nfs::nfs4::types::{Bitmap4, StateOwner4, Stateid4};
 use nfs::nfs4::v40::{Args40, CbClient4, NfsClientId4, Res40};
 use nfs4_util::*;
 use oncrpc::RpcClient;
@@ -104,12 +104,19 @@ async fn open_confirm_write_read_close_and_replays() {
     assert_eq!(o.no_deleg_why, None);
     let fh = fh_of(&r.results[2]);
 
-    // The same seqid again is a retransmission: the cached reply, same stateid, and the
-    // filehandle it made current.
+    // The same OPEN again before any OPEN_CONFIRM: the unconfirmed owner starts over (as
+    // Linux nfsd does; libnfs resends seqid 0 after a failed first OPEN): the same open, its
+    // stateid advanced, still to be confirmed.
     let r2 = c
         .call(&[OpArgs::Putrootfh, open.clone(), OpArgs::Getfh])
         .await;
-    assert_eq!(open_ok(&r2).0, sid);
+    let (sid, rflags) = {
+        let (s2, f2) = open_ok(&r2);
+        assert_eq!(s2.other, sid.other);
+        assert_eq!(s2.seqid, sid.seqid + 1);
+        (s2, f2)
+    };
+    assert_ne!(rflags & open_result::CONFIRM, 0);
     assert_eq!(fh_of(&r2.results[2]), fh);
 
     // A seqid out of order is NFS4ERR_BAD_SEQID.
@@ -159,10 +166,24 @@ async fn open_confirm_write_read_close_and_replays() {
     assert_eq!(got, &data);
     assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
 
-    // CLOSE with the next seqid (9), then the same CLOSE again is answered from the cache.
+    // A confirmed owner's next OPEN (seqid 9) needs no confirmation, and the same seqid again
+    // is a retransmission: the cached reply, same stateid, and the filehandle it made current.
+    let reopen = c.open(b"oo", 9, "f", false);
+    let r = c
+        .call(&[OpArgs::Putrootfh, reopen.clone(), OpArgs::Getfh])
+        .await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let (sid3, rflags) = open_ok(&r);
+    assert_eq!(rflags & open_result::CONFIRM, 0);
+    assert_eq!(sid3.other, sid2.other);
+    let r = c.call(&[OpArgs::Putrootfh, reopen, OpArgs::Getfh]).await;
+    assert_eq!(open_ok(&r).0, sid3, "replayed OPEN: {r:?}");
+    assert_eq!(fh_of(&r.results[2]), fh);
+
+    // CLOSE with the next seqid (10), then the same CLOSE again is answered from the cache.
     let close = OpArgs::Close {
-        seqid: 9,
-        stateid: sid2,
+        seqid: 10,
+        stateid: sid3,
     };
     let r = c.call(&[OpArgs::Putfh(fh.clone()), close.clone()]).await;
     assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
@@ -173,22 +194,15 @@ async fn open_confirm_write_read_close_and_replays() {
         .call(&[
             OpArgs::Putfh(fh),
             OpArgs::Read {
-                stateid: sid2,
+                stateid: sid3,
                 offset: 0,
                 count: 1,
             },
         ])
         .await;
     assert_eq!(r.status, Nfsstat4::BAD_STATEID, "{r:?}");
-    // A confirmed owner's next OPEN needs no confirmation.
-    let r = c
-        .call(&[OpArgs::Putrootfh, c.open(b"oo", 10, "f", false)])
-        .await;
-    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
-    assert_eq!(open_ok(&r).1 & open_result::CONFIRM, 0);
     s.shutdown().await;
 }
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_seqids_and_release_lockowner() {
     let dir = tempfile::tempdir().unwrap();
@@ -387,9 +401,142 @@ async fn reboot_replaces_the_clientid_and_drops_its_opens() {
         })])
         .await;
     assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    // The old client's opens went with it: NFS4ERR_EXPIRED (pynfs CID1); its clientid was
+    // replaced, so RENEW of it is stale.
     let r = c.call(&read).await;
-    assert_eq!(r.status, Nfsstat4::BAD_STATEID, "{r:?}");
+    assert_eq!(r.status, Nfsstat4::EXPIRED, "{r:?}");
     let r = c.call(&[OpArgs::V40(Args40::Renew(c.clientid))]).await;
     assert_eq!(r.status, Nfsstat4::STALE_CLIENTID, "{r:?}");
+    s.shutdown().await;
+}
+
+/// A server with a one-second lease.
+async fn serve_short_lease(dir: &std::path::Path) -> nfs::serve::Served {
+    let mut cfg = nfs::serve::ServeConfig::new(dir);
+    cfg.tcp = Some(local());
+    cfg.portmap = None;
+    let mut n4 = nfs::nfs4::server::Nfs4Config::default().with_grace(std::time::Duration::ZERO);
+    n4.state.lease = std::time::Duration::from_secs(1);
+    cfg.nfs4 = Some(n4);
+    nfs::serve::start(cfg).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_is_expired_not_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve_short_lease(dir.path()).await;
+    let c = C40::new(s.nfs_addr.unwrap(), "client-e").await;
+    let r = c
+        .call(&[
+            OpArgs::Putrootfh,
+            c.open(b"oo", 1, "f", true),
+            OpArgs::Getfh,
+        ])
+        .await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let (sid, _) = open_ok(&r);
+    let fh = fh_of(&r.results[2]);
+    // Let the lease lapse (the server's expiry task runs at the lease deadline).
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let r = c.call(&[OpArgs::V40(Args40::Renew(c.clientid))]).await;
+    assert_eq!(r.status, Nfsstat4::EXPIRED, "{r:?}");
+    let r = c
+        .call(&[
+            OpArgs::Putfh(fh),
+            OpArgs::Close {
+                seqid: 2,
+                stateid: sid,
+            },
+        ])
+        .await;
+    assert_eq!(r.status, Nfsstat4::EXPIRED, "{r:?}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v40_attributes_non_regular_opens_and_a_second_confirm() {
+    let dir = tempfile::tempdir().unwrap();
+    let _sock = std::os::unix::net::UnixListener::bind(dir.path().join("sock")).unwrap();
+    let s = serve(dir.path()).await;
+    let addr = s.nfs_addr.unwrap();
+    let c = C40::new(addr, "client-x").await;
+    // supported_attrs in 4.0 stops at 4.0's attributes (no suppattr_exclcreat, 75), and an
+    // attribute nobody defines (1000) is ignored, not an error.
+    let r = c
+        .call(&[
+            OpArgs::Putrootfh,
+            OpArgs::Getattr(mask(&[
+                attr::SUPPORTED_ATTRS,
+                attr::SUPPATTR_EXCLCREAT,
+                1000,
+            ])),
+        ])
+        .await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let OpRes::Getattr(f) = &r.results[1] else {
+        panic!("{r:?}");
+    };
+    assert_eq!(f.mask, mask(&[attr::SUPPORTED_ATTRS]));
+    let sup: Bitmap4 = xdr::Decoder::from_bytes(&f.vals).get().unwrap();
+    assert!(sup.get(attr::MOUNTED_ON_FILEID) && !sup.get(attr::SUPPATTR_EXCLCREAT));
+    // ... while 4.1 lists it.
+    let mut c41 = Client::new(addr, "client-x41", 8).await;
+    let r = c41
+        .ok(vec![
+            OpArgs::Putrootfh,
+            OpArgs::Getattr(mask(&[attr::SUPPORTED_ATTRS])),
+        ])
+        .await;
+    let OpRes::Getattr(f) = &r[1] else {
+        panic!("{r:?}");
+    };
+    let sup: Bitmap4 = xdr::Decoder::from_bytes(&f.vals).get().unwrap();
+    assert!(sup.get(attr::SUPPATTR_EXCLCREAT));
+
+    // OPEN of a socket: NFS4ERR_SYMLINK in 4.0 (RFC 7530 §16.16.4).
+    let r = c
+        .call(&[OpArgs::Putrootfh, c.open(b"o1", 1, "sock", false)])
+        .await;
+    assert_eq!(r.status, Nfsstat4::SYMLINK, "{r:?}");
+
+    // A second OPEN_CONFIRM of a confirmed owner: NFS4ERR_BAD_STATEID.
+    let r = c
+        .call(&[
+            OpArgs::Putrootfh,
+            c.open(b"o2", 1, "f", true),
+            OpArgs::Getfh,
+        ])
+        .await;
+    let (sid, _) = open_ok(&r);
+    let fh = fh_of(&r.results[2]);
+    let confirm = |stateid, seqid| {
+        [
+            OpArgs::Putfh(fh.clone()),
+            OpArgs::V40(Args40::OpenConfirm { stateid, seqid }),
+        ]
+    };
+    let r = c.call(&confirm(sid, 2)).await;
+    let OpRes::V40(Res40::OpenConfirm(sid2)) = r.results[1] else {
+        panic!("{r:?}");
+    };
+    let r = c.call(&confirm(sid2, 3)).await;
+    assert_eq!(r.status, Nfsstat4::BAD_STATEID, "{r:?}");
+
+    // An empty owner string is NFS4ERR_INVAL.
+    let mut e = xdr::Encoder::new();
+    e.put_opaque(b"");
+    let r = c
+        .call(&[
+            OpArgs::Putfh(fh),
+            OpArgs::Setattr {
+                stateid: Stateid4::ANONYMOUS,
+                attrs: nfs::nfs4::types::Fattr4 {
+                    mask: mask(&[attr::OWNER]),
+                    vals: e.into_bytes(),
+                },
+            },
+        ])
+        .await;
+    assert_eq!(r.status, Nfsstat4::INVAL, "{r:?}");
     s.shutdown().await;
 }

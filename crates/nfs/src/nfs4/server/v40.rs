@@ -21,11 +21,11 @@ use xdr::Decoder;
 
 use super::super::args::{CreateHow, Locker, OpArgs, OpenClaim};
 use super::super::compound::CompoundReply;
-use super::super::consts::{op, open_result};
+use super::super::consts::{attr, op, open_result, share};
 use super::super::res::OpRes;
 use super::super::state::StateKind;
 use super::super::status::{Nfsstat4, Res4};
-use super::super::types::Stateid4;
+use super::super::types::{Bitmap4, Fattr4, Stateid4};
 use super::super::v40::{Args40, Res40};
 use super::compound::Ctx;
 use super::fh::CurFh;
@@ -172,6 +172,16 @@ impl Nfs4Server {
         match args {
             OpArgs::V40(Args40::OpenConfirm { stateid, seqid }) => {
                 let (cid, key) = self.stateid_owner_key(ctx, &stateid, false)?;
+                // RFC 7530 §16.18.4: an owner already confirmed has no open to confirm (a
+                // retransmission, same seqid, still gets its cached reply).
+                if self
+                    .owners40()
+                    .map
+                    .get(&key)
+                    .is_some_and(|r| r.confirmed && r.seqid != seqid)
+                {
+                    return Err(Nfsstat4::BAD_STATEID);
+                }
                 self.with_seqid(ctx, key, seqid, false, |s, ctx| {
                     let r = s
                         .current_key(ctx, Nfsstat4::BAD_STATEID)
@@ -203,12 +213,23 @@ impl Nfs4Server {
                     owner: o.owner.owner.as_bytes().to_vec(),
                 };
                 let seqid = o.seqid;
+                // The share arguments are checked first (NFS4ERR_INVAL); with them valid and no
+                // attributes to set, NFS4ERR_INVAL can only mean "not a regular file".
+                let plain = o.create.is_none()
+                    && o.share_access & share::ACCESS_BOTH != 0
+                    && o.share_deny & !share::DENY_BOTH == 0;
                 self.with_seqid(ctx, key, seqid, true, |s, ctx| {
                     match s.execute(ctx, OpArgs::Open(o)) {
                         OpRes::Open(mut ok) => {
                             // 4.0 has no OPEN_DELEGATE_NONE_EXT.
                             ok.no_deleg_why = None;
                             OpRes::Open(ok)
+                        }
+                        // RFC 7530 §16.16.4: an OPEN of anything but a regular file or a
+                        // directory is NFS4ERR_SYMLINK in 4.0 (4.1 made it NFS4ERR_WRONG_TYPE
+                        // for the other types).
+                        OpRes::Status(n, Nfsstat4::INVAL) if plain => {
+                            OpRes::Status(n, Nfsstat4::SYMLINK)
                         }
                         r => r,
                     }
@@ -292,6 +313,39 @@ impl Nfs4Server {
                     self.renew(ctx, cid)?;
                 }
                 Ok(self.execute(ctx, args))
+            }
+            OpArgs::Getattr(mut mask) => {
+                only_v40_attrs(&mut mask);
+                let mut r = self.execute(ctx, OpArgs::Getattr(mask));
+                if let OpRes::Getattr(f) = &mut r {
+                    v40_supported_attrs(f);
+                }
+                Ok(r)
+            }
+            OpArgs::Readdir {
+                cookie,
+                verf,
+                dircount,
+                maxcount,
+                mut attrs,
+            } => {
+                only_v40_attrs(&mut attrs);
+                let mut r = self.execute(
+                    ctx,
+                    OpArgs::Readdir {
+                        cookie,
+                        verf,
+                        dircount,
+                        maxcount,
+                        attrs,
+                    },
+                );
+                if let OpRes::Readdir { entries, .. } = &mut r {
+                    for e in entries {
+                        v40_supported_attrs(&mut e.attrs);
+                    }
+                }
+                Ok(r)
             }
             a => Ok(self.execute(ctx, a)),
         }
@@ -428,11 +482,14 @@ impl Nfs4Server {
             let rec = t.map.get(&key);
             let was = rec.is_none_or(|r| r.confirmed);
             let c = match rec {
+                // An OPEN of an open-owner that never confirmed starts it over, without a
+                // replay check (as Linux nfsd does): clients such as libnfs send the same
+                // seqid again after a failed first OPEN.
+                Some(r) if new_ok && !r.confirmed => SeqCheck::Next { new_owner: true },
                 Some(r) if r.seqid == seqid => match &r.last {
                     Some((res, fh)) => SeqCheck::Replay(res.clone(), fh.clone()),
                     None => return Err(Nfsstat4::BAD_SEQID),
                 },
-                Some(r) if new_ok && !r.confirmed => SeqCheck::Next { new_owner: true },
                 Some(r) if seqid == r.seqid.wrapping_add(1) => SeqCheck::Next { new_owner: false },
                 Some(_) => return Err(Nfsstat4::BAD_SEQID),
                 None => SeqCheck::Next { new_owner: new_ok },
@@ -500,4 +557,30 @@ impl Nfs4Server {
             },
         );
     }
+}
+
+/// Attributes minor version 0 does not define (RFC 7530 §5 ends at `mounted_on_fileid`, 55):
+/// a 4.0 client asking for one has asked for an unknown attribute, which is not returned.
+fn only_v40_attrs(mask: &mut Bitmap4) {
+    mask.clear(attr::SUPPATTR_EXCLCREAT);
+    mask.trim();
+}
+
+/// The `supported_attrs` value of a 4.0 reply without the 4.1 attributes. It is attribute 0,
+/// so when present its bitmap opens the values.
+fn v40_supported_attrs(f: &mut Fattr4) {
+    if !f.mask.get(attr::SUPPORTED_ATTRS) {
+        return;
+    }
+    let mut d = xdr::Decoder::from_bytes(&f.vals);
+    let Ok(mut sup) = <Bitmap4 as xdr::XdrDecode>::decode(&mut d) else {
+        return;
+    };
+    let rest = f.vals.slice(f.vals.len() - d.remaining()..);
+    only_v40_attrs(&mut sup);
+    let mut e = xdr::Encoder::new();
+    xdr::XdrEncode::encode(&sup, &mut e);
+    let mut vals = e.into_bytes().to_vec();
+    vals.extend_from_slice(&rest);
+    f.vals = Bytes::from(vals);
 }

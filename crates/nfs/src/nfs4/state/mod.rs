@@ -116,6 +116,9 @@ pub struct State {
     sessions: HashMap<SessionId4, slots::Session>,
     states: HashMap<[u8; 12], StateEntry>,
     locks: locks::LockTable,
+    /// Clients and stateids whose lease expired (or whose 4.0 client rebooted), remembered
+    /// for a while so they are NFS4ERR_EXPIRED rather than unknown.
+    expired: v40::Expired,
 }
 
 impl State {
@@ -132,6 +135,7 @@ impl State {
             sessions: HashMap::new(),
             states: HashMap::new(),
             locks: locks::LockTable::default(),
+            expired: v40::Expired::default(),
         }
     }
 
@@ -179,7 +183,10 @@ impl State {
                 Nfsstat4::STALE_STATEID
             });
         }
-        let e = self.states.get(&sid.other).ok_or(Nfsstat4::BAD_STATEID)?;
+        let e = self
+            .states
+            .get(&sid.other)
+            .ok_or_else(|| self.unknown_stateid(sid))?;
         if e.clientid != clientid {
             return Err(Nfsstat4::BAD_STATEID);
         }
@@ -227,7 +234,7 @@ impl State {
             .map(|c| c.clientid)
             .collect();
         for &id in &dead {
-            self.purge_client(id);
+            self.expire_client(id, true);
         }
         dead
     }

@@ -8,6 +8,7 @@
 //! The seqid ordering of open- and lock-owners and their reply cache live with the executor
 //! (they cache encoded replies), see `server::v40`.
 
+use std::collections::{HashSet, VecDeque};
 use std::time::Instant;
 
 use super::super::status::{Nfsstat4, Res4};
@@ -15,7 +16,66 @@ use super::super::types::{ClientOwner4, Opaque1024, Stateid4, Verifier4};
 use super::clients::Principal;
 use super::{FileKey, State, StateKind};
 
+/// Clients and stateids that went with an expired lease (RFC 7530 §13.1: such a
+/// stateid or clientid is NFS4ERR_EXPIRED, not unknown), the most recent ones, bounded.
+#[derive(Debug, Default)]
+pub(super) struct Expired {
+    clients: VecDeque<u64>,
+    states: VecDeque<[u8; 12]>,
+    state_set: HashSet<[u8; 12]>,
+}
+
+impl Expired {
+    fn remember(
+        &mut self,
+        clientid: Option<u64>,
+        others: Vec<[u8; 12]>,
+        max_clients: usize,
+        max_states: usize,
+    ) {
+        self.clients.extend(clientid);
+        while self.clients.len() > max_clients {
+            self.clients.pop_front();
+        }
+        for o in others {
+            if self.state_set.insert(o) {
+                self.states.push_back(o);
+            }
+        }
+        while self.states.len() > max_states {
+            if let Some(o) = self.states.pop_front() {
+                self.state_set.remove(&o);
+            }
+        }
+    }
+}
+
 impl State {
+    /// Purge a client whose lease expired, remembering its stateids (and, when `lease` is
+    /// set, the clientid: it expired rather than being replaced) as expired.
+    pub(super) fn expire_client(&mut self, clientid: u64, lease: bool) {
+        let others: Vec<[u8; 12]> = self
+            .states
+            .iter()
+            .filter(|(_, e)| e.clientid == clientid)
+            .map(|(o, _)| *o)
+            .collect();
+        let (mc, ms) = (self.cfg.max_clients, self.cfg.max_stateids_per_client);
+        self.expired
+            .remember(lease.then_some(clientid), others, mc, ms);
+        self.purge_client(clientid);
+    }
+
+    /// The error for a stateid of this instance that no entry has: NFS4ERR_EXPIRED when it
+    /// went with an expired lease, else NFS4ERR_BAD_STATEID.
+    pub(super) fn unknown_stateid(&self, sid: &Stateid4) -> Nfsstat4 {
+        if self.expired.state_set.contains(&sid.other) {
+            Nfsstat4::EXPIRED
+        } else {
+            Nfsstat4::BAD_STATEID
+        }
+    }
+
     /// A fresh SETCLIENTID_CONFIRM verifier: the boot word and a counter, never repeated by
     /// this instance.
     fn fresh_confirm(&mut self) -> Verifier4 {
@@ -117,7 +177,8 @@ impl State {
         let key = c.ownerid.clone();
         let old = self.owners.get(&key).and_then(|r| r.confirmed);
         if let Some(old) = old.filter(|o| *o != clientid) {
-            self.purge_client(old);
+            // Its opens and locks are gone; using them is NFS4ERR_EXPIRED (RFC 7530 §16.34.4).
+            self.expire_client(old, false);
         }
         let rec = self.owners.entry(key).or_default();
         rec.confirmed = Some(clientid);
@@ -133,6 +194,9 @@ impl State {
     /// grace period is over the client counts as done reclaiming.
     pub fn renew40(&mut self, clientid: u64, now: Instant) -> Res4<()> {
         let grace = self.in_grace(now);
+        if !self.clients.contains_key(&clientid) && self.expired.clients.contains(&clientid) {
+            return Err(Nfsstat4::EXPIRED);
+        }
         let c = self
             .clients
             .get_mut(&clientid)
@@ -157,7 +221,7 @@ impl State {
         self.states
             .get(&sid.other)
             .map(|e| e.clientid)
-            .ok_or(Nfsstat4::BAD_STATEID)
+            .ok_or_else(|| self.unknown_stateid(sid))
     }
 
     /// The client, owner and kind of a stateid (for the seqid checks of its owner).
