@@ -493,6 +493,21 @@ async fn v40_attributes_non_regular_opens_and_a_second_confirm() {
     let sup: Bitmap4 = xdr::Decoder::from_bytes(&f.vals).get().unwrap();
     assert!(sup.get(attr::SUPPATTR_EXCLCREAT));
 
+    // READDIR with a maxcount below an empty reply's 16 bytes: NFS4ERR_TOOSMALL.
+    let r = c
+        .call(&[
+            OpArgs::Putrootfh,
+            OpArgs::Readdir {
+                cookie: 0,
+                verf: [0; 8],
+                dircount: 0,
+                maxcount: 15,
+                attrs: Bitmap4::default(),
+            },
+        ])
+        .await;
+    assert_eq!(r.status, Nfsstat4::TOOSMALL, "{r:?}");
+
     // OPEN of a socket: NFS4ERR_SYMLINK in 4.0 (RFC 7530 §16.16.4).
     let r = c
         .call(&[OpArgs::Putrootfh, c.open(b"o1", 1, "sock", false)])

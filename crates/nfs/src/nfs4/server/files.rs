@@ -354,6 +354,11 @@ impl Nfs4Server {
             return Err(Nfsstat4::BAD_COOKIE);
         }
         let limit = (maxcount as usize).min(ctx.room.saturating_sub(8));
+        // A maxcount that cannot hold even an empty reply is NFS4ERR_TOOSMALL (RFC 8881
+        // §18.23.3, RFC 7530 §16.24.4), whether or not the directory has entries.
+        if limit < READDIR_FIXED {
+            return Err(Nfsstat4::TOOSMALL);
+        }
         let vfs = match &dir {
             Cur::Real(o) => Self::vfs_for(mask, Some(o)),
             Cur::Pseudo(_) => None,
