@@ -8,7 +8,7 @@ use bytes::Bytes;
 use nfs::nfs4::Nfsstat4;
 use nfs::nfs4::args::{Locker, OpArgs};
 use nfs::nfs4::compound::CompoundReply;
-use nfs::nfs4::consts::{attr, lock_type, op, open_result, share};
+use nfs::nfs4::consts::{access, attr, lock_type, op, open_result, share};
 use nfs::nfs4::res::OpRes;
 use nfs::nfs4::types::{Bitmap4, StateOwner4, Stateid4};
 use nfs::nfs4::v40::{Args40, CbClient4, NfsClientId4, Res40};
@@ -479,6 +479,24 @@ async fn v40_attributes_non_regular_opens_and_a_second_confirm() {
     assert_eq!(f.mask, mask(&[attr::SUPPORTED_ATTRS]));
     let sup: Bitmap4 = xdr::Decoder::from_bytes(&f.vals).get().unwrap();
     assert!(sup.get(attr::MOUNTED_ON_FILEID) && !sup.get(attr::SUPPATTR_EXCLCREAT));
+    // VERIFY of that 4.0 view is the same (pynfs VF1), NVERIFY of it NFS4ERR_SAME.
+    let r = c
+        .call(&[OpArgs::Putrootfh, OpArgs::Verify(f.clone())])
+        .await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
+    let r = c
+        .call(&[OpArgs::Putrootfh, OpArgs::Nverify(f.clone())])
+        .await;
+    assert_eq!(r.status, Nfsstat4::SAME, "{r:?}");
+    // ACCESS: LOOKUP is not "supported" for a non-directory, EXECUTE not for a directory.
+    let r = c
+        .call(&[OpArgs::Putrootfh, OpArgs::Access(access::ALL)])
+        .await;
+    let OpRes::Access { supported, .. } = r.results[1] else {
+        panic!("{r:?}");
+    };
+    assert_eq!(supported, access::ALL & !access::EXECUTE);
+
     // ... while 4.1 lists it.
     let mut c41 = Client::new(addr, "client-x41", 8).await;
     let r = c41

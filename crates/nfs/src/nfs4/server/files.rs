@@ -135,9 +135,21 @@ impl Nfs4Server {
             OpArgs::Verify(f) => self.verify(ctx, &f, true),
             OpArgs::Nverify(f) => self.verify(ctx, &f, false),
             OpArgs::Access(want) => {
+                // RFC 8881 §18.1.3, RFC 7530 §16.1.4: LOOKUP means nothing for a
+                // non-directory, EXECUTE nothing for a directory; neither is "supported" there.
                 let (supported, granted) = match self.current(ctx)? {
-                    Cur::Real(o) => (access::ALL, o.fs().access(&o.cred, &o.node.st)),
-                    Cur::Pseudo(_) => (access::ALL, access::READ | access::LOOKUP),
+                    Cur::Real(o) => {
+                        let sup = if is_dir(&o.node.st) {
+                            access::ALL & !access::EXECUTE
+                        } else {
+                            access::ALL & !access::LOOKUP
+                        };
+                        (sup, o.fs().access(&o.cred, &o.node.st))
+                    }
+                    Cur::Pseudo(_) => (
+                        access::ALL & !access::EXECUTE,
+                        access::READ | access::LOOKUP,
+                    ),
                 };
                 Ok(OpRes::Access {
                     supported: want & supported,

@@ -347,6 +347,14 @@ impl Nfs4Server {
                 }
                 Ok(r)
             }
+            OpArgs::Verify(mut f) => {
+                v41_supported_attrs(&mut f);
+                Ok(self.execute(ctx, OpArgs::Verify(f)))
+            }
+            OpArgs::Nverify(mut f) => {
+                v41_supported_attrs(&mut f);
+                Ok(self.execute(ctx, OpArgs::Nverify(f)))
+            }
             a => Ok(self.execute(ctx, a)),
         }
     }
@@ -569,6 +577,17 @@ fn only_v40_attrs(mask: &mut Bitmap4) {
 /// The `supported_attrs` value of a 4.0 reply without the 4.1 attributes. It is attribute 0,
 /// so when present its bitmap opens the values.
 fn v40_supported_attrs(f: &mut Fattr4) {
+    rewrite_supported(f, only_v40_attrs);
+}
+
+/// A 4.0 client's `supported_attrs` in VERIFY or NVERIFY, as the shared comparison sees the
+/// server's own: with the 4.1 attribute the 4.0 view leaves out.
+fn v41_supported_attrs(f: &mut Fattr4) {
+    rewrite_supported(f, |m| m.set(attr::SUPPATTR_EXCLCREAT));
+}
+
+/// Rewrite the `supported_attrs` bitmap at the start of `f`'s values with `change`.
+fn rewrite_supported(f: &mut Fattr4, change: impl FnOnce(&mut Bitmap4)) {
     if !f.mask.get(attr::SUPPORTED_ATTRS) {
         return;
     }
@@ -577,7 +596,7 @@ fn v40_supported_attrs(f: &mut Fattr4) {
         return;
     };
     let rest = f.vals.slice(f.vals.len() - d.remaining()..);
-    only_v40_attrs(&mut sup);
+    change(&mut sup);
     let mut e = xdr::Encoder::new();
     xdr::XdrEncode::encode(&sup, &mut e);
     let mut vals = e.into_bytes().to_vec();
