@@ -526,11 +526,16 @@ async fn v40_attributes_non_regular_opens_and_a_second_confirm() {
         .await;
     assert_eq!(r.status, Nfsstat4::TOOSMALL, "{r:?}");
 
-    // OPEN of a socket: NFS4ERR_SYMLINK in 4.0 (RFC 7530 §16.16.4).
+    // OPEN of a socket: NFS4ERR_SYMLINK in 4.0 (RFC 7530 §16.16.4). The owner's first OPEN
+    // failed, so the same seqid again is a new start, not a replay (libnfs does this).
     let r = c
         .call(&[OpArgs::Putrootfh, c.open(b"o1", 1, "sock", false)])
         .await;
     assert_eq!(r.status, Nfsstat4::SYMLINK, "{r:?}");
+    let r = c
+        .call(&[OpArgs::Putrootfh, c.open(b"o1", 1, "f", true)])
+        .await;
+    assert_eq!(r.status, Nfsstat4::OK, "{r:?}");
 
     // A second OPEN_CONFIRM of a confirmed owner: NFS4ERR_BAD_STATEID.
     let r = c

@@ -526,6 +526,9 @@ impl Nfs4Server {
                         !new_owner
                     }
                     OpRes::V40(Res40::OpenConfirm(_)) => true,
+                    // A new owner whose first OPEN failed is still unconfirmed: its next OPEN
+                    // starts it over.
+                    _ if new_owner => false,
                     _ => was_confirmed,
                 };
                 if !keeps_seqid(r.status()) {
