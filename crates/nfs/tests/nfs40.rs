@@ -547,6 +547,13 @@ async fn v40_attributes_non_regular_opens_and_a_second_confirm() {
         .await;
     let (sid, _) = open_ok(&r);
     let fh = fh_of(&r.results[2]);
+    let r = c
+        .call(&[OpArgs::Putfh(fh.clone()), OpArgs::Access(access::ALL)])
+        .await;
+    let OpRes::Access { supported, .. } = r.results[1] else {
+        panic!("{r:?}");
+    };
+    assert_eq!(supported, access::ALL & !(access::LOOKUP | access::DELETE));
     let confirm = |stateid, seqid| {
         [
             OpArgs::Putfh(fh.clone()),

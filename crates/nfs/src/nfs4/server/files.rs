@@ -135,14 +135,15 @@ impl Nfs4Server {
             OpArgs::Verify(f) => self.verify(ctx, &f, true),
             OpArgs::Nverify(f) => self.verify(ctx, &f, false),
             OpArgs::Access(want) => {
-                // RFC 8881 §18.1.3, RFC 7530 §16.1.4: LOOKUP means nothing for a
-                // non-directory, EXECUTE nothing for a directory; neither is "supported" there.
+                // RFC 8881 §18.1.3, RFC 7530 §16.1.4: LOOKUP and DELETE (of a directory
+                // entry) mean nothing for a non-directory, EXECUTE nothing for a directory;
+                // none is "supported" there.
                 let (supported, granted) = match self.current(ctx)? {
                     Cur::Real(o) => {
                         let sup = if is_dir(&o.node.st) {
                             access::ALL & !access::EXECUTE
                         } else {
-                            access::ALL & !access::LOOKUP
+                            access::ALL & !(access::LOOKUP | access::DELETE)
                         };
                         (sup, o.fs().access(&o.cred, &o.node.st))
                     }
