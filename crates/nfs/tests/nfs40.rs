@@ -554,6 +554,15 @@ async fn v40_attributes_non_regular_opens_and_a_second_confirm() {
         panic!("{r:?}");
     };
     assert_eq!(supported, access::ALL & !(access::LOOKUP | access::DELETE));
+    // LINK with a regular file as the current filehandle: NFS4ERR_NOTDIR (pynfs LINK4r).
+    let r = c
+        .call(&[
+            OpArgs::Putfh(fh.clone()),
+            OpArgs::Savefh,
+            OpArgs::Link(name("l")),
+        ])
+        .await;
+    assert_eq!(r.status, Nfsstat4::NOTDIR, "{r:?}");
     let confirm = |stateid, seqid| {
         [
             OpArgs::Putfh(fh.clone()),

@@ -209,6 +209,11 @@ impl Nfs4Server {
             }
             OpArgs::Link(name) => {
                 let (file, dir) = self.saved_and_current(ctx)?;
+                // RFC 8881 §18.9.3, RFC 7530 §16.9.4: the current filehandle must be a
+                // directory (checked before any permission).
+                if !is_dir(&dir.node.st) {
+                    return Err(Nfsstat4::NOTDIR);
+                }
                 let n = check_component(&name)?;
                 dir.fs()
                     .link(&dir.cred, &file.node, &dir.node, n)
