@@ -1,6 +1,6 @@
 #!/bin/bash
-# nfs4-client.sh (guest) - the kernel NFSv4.1/4.2 client against SERVER (host oxrdma nfs serve):
-# the nfs-roundtrip.sh matrix for vers=4.1, vers=4.2 and no vers=, each over RDMA and TCP; then
+# nfs4-client.sh (guest) - the kernel NFSv4.x client against SERVER (host oxrdma nfs serve):
+# the nfs-roundtrip.sh matrix for vers=4.0, 4.1, 4.2 and no vers=, each over RDMA and TCP; then
 # fcntl locks held by two client instances (two NFSv4 client IDs) on the same file.
 # env: SERVER (10.0.2.2), RP (20049), TP (2049), MAXMB (64), WAIT (seconds a blocked lock may take
 #      after the holder releases it, 60)
@@ -21,6 +21,8 @@ rt() {
     elif [ "$v" != "$want" ]; then echo "CELL $c fail mounted vers=${v:-?}, wanted $want"
     else echo "CELL $c pass vers=$v: $(sed -n "s|^CELL $c pass ||p" $out)"; fi
 }
+rt rdma/v4.0 "vers=4.0,proto=rdma,port=$RP" 4.0
+rt tcp/v4.0 "vers=4.0,proto=tcp,port=$TP" 4.0
 rt rdma/v4.1 "vers=4.1,proto=rdma,port=$RP" 4.1
 rt tcp/v4.1 "vers=4.1,proto=tcp,port=$TP" 4.1
 rt rdma/v4.2 "vers=4.2,proto=rdma,port=$RP" 4.2

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Kernel NFSv4.1/4.2 client (guest) -> `oxrdma nfs serve` (host), over RDMA (siw <-> oxrdma
+# Kernel NFSv4.0/4.1/4.2 client (guest) -> `oxrdma nfs serve` (host), over RDMA (siw <-> oxrdma
 # iWARP) and TCP; fcntl locks between two client instances; and the NFSv4.1/RDMA cold read pair
 # (kernel nfsd vs oxrdma nfs serve, both in one guest).
 # limit: 1200
@@ -9,6 +9,8 @@
 # (a fresh server answers OPEN with NFS4ERR_GRACE for its grace period, 90 s by default; with
 # no earlier run there is nothing to reclaim, so the grace period is 0).
 # Cells (the guest mounts 10.0.2.2:/, guest/nfs4-client.sh):
+#   rdma/v4.0 tcp/v4.0         vers=4.0 (RFC 7530: SETCLIENTID, OPEN_CONFIRM, seqids; the
+#                              callback path is never opened, no delegations): as below
 #   rdma/v4.1 tcp/v4.1 rdma/v4.2 tcp/v4.2   vers=4.x,proto=rdma|tcp,port=RP|TP: the
 #                              nfs-roundtrip.sh matrix (0 B..IX_NFS_MB MiB bit-exact, ls, mkdir,
 #                              rename, symlink, rm) and the vers= the mount shows
@@ -30,9 +32,9 @@
 #   ratio/nfs4-read            oxrdma / kernel nfsd (target >= 1.0)
 # Not a CI scenario: the round trips alone take several minutes under TCG.
 . "$(dirname "$0")/../lib/common.sh"
-CELLS="rdma/v4.1 tcp/v4.1 rdma/v4.2 tcp/v4.2 rdma/no-vers tcp/no-vers lock/two-clients lock/setlk-conflict
-       lock/setlkw-waits lock/setlkw-gets-on-release lock/setlk-after-release callback/rdma callback/tcp
-       callback/notify-lock"
+CELLS="rdma/v4.0 tcp/v4.0 rdma/v4.1 tcp/v4.1 rdma/v4.2 tcp/v4.2 rdma/no-vers tcp/no-vers lock/two-clients
+       lock/setlk-conflict lock/setlkw-waits lock/setlkw-gets-on-release lock/setlk-after-release
+       callback/rdma callback/tcp callback/notify-lock"
 if ! ix_landed nfs serve; then
     for c in $CELLS ratio/nfs4-read; do cell "$c" not-landed "oxrdma nfs serve missing"; done; exit 0
 fi

@@ -47,8 +47,8 @@
 //!   the server at shutdown; [`status`] is the snapshot that [`control`] (the local socket
 //!   `oxrdma nfs status` reads) and [`metrics`] (a Prometheus endpoint) report.
 //!
-//! What it does not do: NFSv4.0 (minor version 0 gets NFS4ERR_MINOR_VERS_MISMATCH), NFSv4
-//! callbacks over the back channel (CB_NULL, CB_SEQUENCE: no delegations are granted, so
+//! What it does not do: the NFSv4.0 callback path (RFC 7530 §10.2: the server never connects
+//! to the address SETCLIENTID names), NFSv4.1 callbacks over the back channel (CB_NULL, CB_SEQUENCE: no delegations are granted, so
 //! none are recalled), delegations, pNFS, named attributes, ACLs, RPCSEC_GSS (and so
 //! SP4_MACH_CRED/SP4_SSV), stable storage of NFSv4 client records (every restart is followed by
 //! a grace period during which only reclaims are accepted), the RDMA-specific NFSv4 bounds of

@@ -8,21 +8,21 @@
 //! `svc_reg(3)` makes it: RPCBPROC_UNSET of the (program, version, netid), then RPCBPROC_SET
 //! (rpcbind version 4); [`SystemRpcbind::unregister_all`] takes them back at shutdown.
 //!
-//! The exchange is one call at a time on one stream, with record marking (RFC 5531 §11), a
-//! bounded reply size and a timeout per call.
+//! The calls go through the crate's port mapper client ([`crate::client::PortmapClient`]) on
+//! the ONC RPC client of `oncrpc` (record marking, XIDs, a bounded reply size), over rpcbind's
+//! AF_LOCAL socket or TCP, with a timeout per call.
 
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use oncrpc::{AcceptStat, CallHeader, MessageHeader, OpaqueAuth, RecordDecoder, ReplyHeader};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::Mutex;
-use xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
+use bytes::Bytes;
+use oncrpc::{ClientConfig, RpcError, TcpClient};
 
-use crate::portmap::{self, Registration, Rpcb, RpcbString, rpcb_proc};
+use crate::client::{ClientError, PortmapClient};
+use crate::portmap::{self, Registration, Rpcb, RpcbString};
 
 /// Where Linux's rpcbind listens for local callers.
 pub const LOCAL_SOCKETS: [&str; 2] = ["/run/rpcbind.sock", "/var/run/rpcbind.sock"];
@@ -74,13 +74,10 @@ impl std::fmt::Display for RpcbindAt {
     }
 }
 
-trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
-
 /// A connection to a running rpcbind and what was registered through it.
 pub struct SystemRpcbind {
     at: RpcbindAt,
-    conn: Mutex<(Box<dyn Stream>, u32)>,
+    client: PortmapClient,
     registered: std::sync::Mutex<Vec<Registration>>,
 }
 
@@ -117,26 +114,27 @@ impl SystemRpcbind {
             at: at.to_string(),
             source,
         };
-        let stream: Box<dyn Stream> = match &at {
-            RpcbindAt::Local(p) => Box::new(
-                tokio::time::timeout(CALL_TIMEOUT, tokio::net::UnixStream::connect(p))
+        let config = ClientConfig::default()
+            .with_timeout(CALL_TIMEOUT)
+            .with_max_record(MAX_REPLY)
+            .with_reconnect_attempts(1);
+        let transport = match &at {
+            RpcbindAt::Local(p) => {
+                let s = tokio::time::timeout(CALL_TIMEOUT, tokio::net::UnixStream::connect(p))
                     .await
                     .map_err(|_| RegisterError::Timeout { at: at.to_string() })?
-                    .map_err(io)?,
-            ),
-            RpcbindAt::Tcp(a) => Box::new(
-                tokio::time::timeout(CALL_TIMEOUT, tokio::net::TcpStream::connect(a))
-                    .await
-                    .map_err(|_| RegisterError::Timeout { at: at.to_string() })?
-                    .map_err(io)?,
-            ),
+                    .map_err(io)?;
+                TcpClient::over_stream(s, format!("unix:{}", p.display()), config)
+            }
+            RpcbindAt::Tcp(a) => TcpClient::connect_with(*a, config).await.map_err(io)?,
         };
+        let client = PortmapClient::new(Arc::new(transport)).with_timeout(CALL_TIMEOUT);
         let r = SystemRpcbind {
             at,
-            conn: Mutex::new((stream, rand::random())),
+            client,
             registered: std::sync::Mutex::new(Vec::new()),
         };
-        r.call(rpcb_proc::NULL, Bytes::new()).await?;
+        r.client.null(4).await.map_err(|e| r.error(e))?;
         Ok(r)
     }
 
@@ -149,8 +147,8 @@ impl SystemRpcbind {
     /// version and netid). Stops at the first refusal.
     pub async fn register(&self, regs: &[Registration]) -> Result<(), RegisterError> {
         for reg in regs {
-            let _ = self.set(rpcb_proc::UNSET, reg).await?;
-            if !self.set(rpcb_proc::SET, reg).await? {
+            let _ = self.set(false, reg).await?;
+            if !self.set(true, reg).await? {
                 return Err(RegisterError::Refused {
                     at: self.at.to_string(),
                     prog: reg.prog,
@@ -172,15 +170,16 @@ impl SystemRpcbind {
         let regs = std::mem::take(&mut *self.registered.lock().unwrap_or_else(|e| e.into_inner()));
         let mut removed = 0;
         for reg in &regs {
-            if self.set(rpcb_proc::UNSET, reg).await? {
+            if self.set(false, reg).await? {
                 removed += 1;
             }
         }
         Ok(removed)
     }
 
-    /// RPCBPROC_SET or RPCBPROC_UNSET of `reg`: rpcbind's boolean answer.
-    async fn set(&self, proc_: u32, reg: &Registration) -> Result<bool, RegisterError> {
+    /// RPCBPROC_SET (`set`) or RPCBPROC_UNSET of `reg` (rpcbind version 4): rpcbind's
+    /// boolean answer.
+    async fn set(&self, set: bool, reg: &Registration) -> Result<bool, RegisterError> {
         let s = |v: &str| RpcbString(Bytes::copy_from_slice(v.as_bytes()));
         let args = Rpcb {
             prog: reg.prog,
@@ -189,74 +188,28 @@ impl SystemRpcbind {
             addr: s(&portmap::uaddr(reg.addr)),
             owner: s(&reg.owner),
         };
-        let mut enc = Encoder::new();
-        args.encode(&mut enc);
-        let res = self.call(proc_, enc.into_bytes()).await?;
-        bool::decode(&mut Decoder::from_bytes(&res)).map_err(|e| RegisterError::Rejected {
-            at: self.at.to_string(),
-            why: format!("undecodable result: {e}"),
-        })
+        let r = if set {
+            self.client.set(4, &args).await
+        } else {
+            self.client.unset(4, &args).await
+        };
+        r.map_err(|e| self.error(e))
     }
 
-    /// One call of rpcbind version 4; the results.
-    async fn call(&self, proc_: u32, args: Bytes) -> Result<Bytes, RegisterError> {
+    /// A client error as what went wrong with this rpcbind.
+    fn error(&self, e: ClientError) -> RegisterError {
         let at = self.at.to_string();
-        let mut g = self.conn.lock().await;
-        let (stream, next_xid) = &mut *g;
-        let xid = *next_xid;
-        *next_xid = next_xid.wrapping_add(1);
-        let header = CallHeader {
-            xid,
-            prog: portmap::PROGRAM,
-            vers: 4,
-            proc_,
-            cred: OpaqueAuth::none(),
-            verf: OpaqueAuth::none(),
-        };
-        let mut enc = Encoder::new();
-        header.encode(&mut enc);
-        let mut msg = enc.into_bytes().to_vec();
-        msg.extend_from_slice(&args);
-        let mut record = oncrpc::record::fragment_header(msg.len(), true).to_vec();
-        record.extend_from_slice(&msg);
-        let exchange = async {
-            stream.write_all(&record).await?;
-            let mut decoder = RecordDecoder::new(MAX_REPLY);
-            let mut buf = BytesMut::with_capacity(256);
-            loop {
-                match decoder.decode(&mut buf) {
-                    Ok(Some(r)) => return Ok(r),
-                    Ok(None) => {}
-                    Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
-                }
-                if stream.read_buf(&mut buf).await? == 0 {
-                    return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
-                }
-            }
-        };
-        let reply = tokio::time::timeout(CALL_TIMEOUT, exchange)
-            .await
-            .map_err(|_| RegisterError::Timeout { at: at.clone() })?
-            .map_err(|source| RegisterError::Io {
-                at: at.clone(),
-                source,
-            })?;
-        let rejected = |why: String| RegisterError::Rejected {
-            at: at.clone(),
-            why,
-        };
-        match MessageHeader::decode_message(&reply) {
-            Ok((
-                MessageHeader::Reply(ReplyHeader::Accepted {
-                    xid: x,
-                    stat: AcceptStat::Success,
-                    ..
-                }),
-                res,
-            )) if x == xid => Ok(res),
-            Ok((MessageHeader::Reply(r), _)) if r.xid() == xid => Err(rejected(format!("{r:?}"))),
-            Ok(_) => Err(rejected("an unexpected message".into())),
-            Err(e) => Err(rejected(e.to_string())),
+        match e {
+            ClientError::Rpc(RpcError::Timeout) => RegisterError::Timeout { at },
+            ClientError::Rpc(RpcError::Io(source)) => RegisterError::Io { at, source },
+            ClientError::Rpc(RpcError::Transport(why)) => RegisterError::Io {
+                at,
+                source: io::Error::new(io::ErrorKind::ConnectionAborted, why),
+            },
+            other => RegisterError::Rejected {
+                at,
+                why: other.to_string(),
+            },
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The server entry point: NFSv3 and NFSv4.1/4.2 + MOUNT v3 + port mapper over TCP, for the
+//! The server entry point: NFSv3 and NFSv4.0/4.1/4.2 + MOUNT v3 + port mapper over TCP, for the
 //! CLI.
 //!
 //! [`start`] binds the listeners, registers every service with its own port mapper, and
@@ -74,7 +74,7 @@ pub struct ServeConfig {
     /// ([`crate::drc`]); `None` runs without one (a retransmitted non-idempotent call then
     /// executes again).
     pub drc: Option<DrcConfig>,
-    /// NFSv4.1/4.2 on the same ports and exports as NFSv3 ([`crate::nfs4::server`]); `None`
+    /// NFSv4.0/4.1/4.2 on the same ports and exports as NFSv3 ([`crate::nfs4::server`]); `None`
     /// serves NFSv3 only.
     pub nfs4: Option<Nfs4Config>,
     /// Register NFS and MOUNT with the rpcbind found here ([`crate::register`]), and take the

@@ -428,7 +428,7 @@ async fn call_times_out_and_is_forgotten() {
 }
 
 /// Read one call record from `s`; returns its header.
-async fn read_call(s: &mut TcpStream) -> Option<CallHeader> {
+async fn read_call<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Option<CallHeader> {
     let mut dec = RecordDecoder::default();
     let mut buf = BytesMut::new();
     loop {
@@ -518,4 +518,74 @@ async fn shutdown_finishes_calls_in_progress() {
     call.await.unwrap().unwrap();
     shutdown.await.unwrap();
     assert!(TcpStream::connect(addr).await.is_err(), "listener closed");
+}
+
+#[tokio::test]
+async fn client_over_a_callers_stream_pipelines_and_fails_once_closed() {
+    // Over a TCP stream the caller connected: the same server, pipelined calls.
+    let (server, _) = start(ServerConfig::default()).await;
+    let s = TcpStream::connect(server.local_addr()).await.unwrap();
+    let c = Arc::new(TcpClient::over_stream(
+        s,
+        "test-stream",
+        ClientConfig::default(),
+    ));
+    assert_eq!(c.describe(), "test-stream");
+    assert_eq!(c.peer_addr(), None);
+    let calls = (0..32u32).map(|v| {
+        let r = rpc(&c, PROG, 1);
+        async move {
+            let b = r
+                .call(ECHO, move |e| e.put_u32(v), ReplyExpectation::default())
+                .await
+                .unwrap();
+            assert_eq!(Decoder::from_bytes(&b).u32().unwrap(), v);
+        }
+    });
+    futures::future::join_all(calls).await;
+    server.shutdown().await;
+    // No reconnection over a caller's stream: the calls after the close fail.
+    for _ in 0..2 {
+        let e = rpc(&c, NULL_PROG, 1).null().await.unwrap_err();
+        assert!(
+            matches!(e, RpcError::Transport(_) | RpcError::Closed),
+            "{e:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn client_over_a_unix_socket() {
+    let (mine, mut theirs) = tokio::net::UnixStream::pair().unwrap();
+    let server = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while let Some(h) = read_call(&mut theirs).await {
+            write_record(&mut theirs, &success(h.xid)).await.unwrap();
+            seen.push(h);
+            if seen.len() == 3 {
+                break;
+            }
+        }
+        seen
+    });
+    let c = Arc::new(TcpClient::over_stream(
+        mine,
+        "unix:test",
+        ClientConfig::default(),
+    ));
+    for _ in 0..3 {
+        rpc(&c, PROG, 4).null().await.unwrap();
+    }
+    let seen = server.await.unwrap();
+    assert_eq!(seen.len(), 3);
+    assert!(
+        seen.iter()
+            .all(|h| h.prog == PROG && h.vers == 4 && h.proc_ == 0)
+    );
+    // The other end is gone: the next call fails instead of hanging.
+    let e = rpc(&c, PROG, 4).null().await.unwrap_err();
+    assert!(
+        matches!(e, RpcError::Transport(_) | RpcError::Closed),
+        "{e:?}"
+    );
 }

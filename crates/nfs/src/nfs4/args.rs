@@ -208,6 +208,8 @@ pub enum OpArgs {
         offset: u64,
         what: u32,
     },
+    /// An operation only NFSv4.0 has (decoded for minor version 0 alone).
+    V40(super::v40::Args40),
     /// Defined by the minor version, not implemented here: NFS4ERR_NOTSUPP.
     Unsupported(u32),
     /// Not an operation of the minor version: NFS4ERR_OP_ILLEGAL.
@@ -298,6 +300,7 @@ impl OpArgs {
             OpArgs::Allocate { .. } => op::ALLOCATE,
             OpArgs::Deallocate { .. } => op::DEALLOCATE,
             OpArgs::Seek { .. } => op::SEEK,
+            OpArgs::V40(a) => a.opnum(),
             OpArgs::Unsupported(n) => *n,
             OpArgs::Illegal(_) => op::ILLEGAL,
         }
@@ -307,6 +310,13 @@ impl OpArgs {
     pub fn decode(opnum: u32, minor: u32, d: &mut Decoder<'_>) -> xdr::Result<OpArgs> {
         if !(op::ACCESS..=op::last_for_minor(minor)).contains(&opnum) {
             return Ok(OpArgs::Illegal(opnum));
+        }
+        // The operations 4.1 removed exist in 4.0 only; in 4.1 and 4.2 they fall through to
+        // Unsupported (RFC 8881 §17: MNI; §15.2: NFS4ERR_NOTSUPP).
+        if minor == 0
+            && let Some(a) = super::v40::Args40::decode(opnum, d)?
+        {
+            return Ok(OpArgs::V40(a));
         }
         Ok(match opnum {
             op::ACCESS => OpArgs::Access(d.u32()?),

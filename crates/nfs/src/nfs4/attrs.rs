@@ -307,8 +307,13 @@ impl SetAttrs {
     }
 }
 
-/// A numeric owner string, as AUTH_SYS servers exchange them ("1000").
+/// A numeric owner string, as AUTH_SYS servers exchange them ("1000"); an empty one is no name
+/// at all, NFS4ERR_INVAL (pynfs's SATT16/SATT17 expect it), any other that does not parse
+/// NFS4ERR_BADOWNER.
 fn numeric_id(s: &[u8]) -> Res4<u32> {
+    if s.is_empty() {
+        return Err(Nfsstat4::INVAL);
+    }
     std::str::from_utf8(s)
         .ok()
         .and_then(|s| s.parse::<u32>().ok())

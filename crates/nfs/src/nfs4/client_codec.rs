@@ -313,6 +313,7 @@ impl OpArgs {
                 e.put_u64(*offset);
                 e.put_u32(*what);
             }
+            OpArgs::V40(a) => a.encode(e),
         }
     }
 }
@@ -370,6 +371,9 @@ impl OpRes {
         }
         if opnum == op::SETATTR {
             return Ok(OpRes::Setattr(status, Bitmap4::decode(d)?));
+        }
+        if let Some(r) = super::v40::Res40::decode(opnum, status, d)? {
+            return Ok(OpRes::V40(r));
         }
         if !status.is_ok() {
             return Ok(OpRes::Status(opnum, status));

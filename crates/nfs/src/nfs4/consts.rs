@@ -86,13 +86,16 @@ pub mod op {
     pub const REMOVEXATTR: u32 = 75;
     pub const ILLEGAL: u32 = 10044;
 
-    /// The highest operation number a minor version defines: 4.1 ends at RECLAIM_COMPLETE,
-    /// 4.2 at CLONE plus the RFC 8276 extended-attribute operations.
+    /// The highest operation number a minor version defines: 4.0 ends at RELEASE_LOCKOWNER
+    /// (RFC 7530 §16), 4.1 at RECLAIM_COMPLETE, 4.2 at CLONE plus the RFC 8276
+    /// extended-attribute operations.
     pub const fn last_for_minor(minor: u32) -> u32 {
         if minor >= 2 {
             REMOVEXATTR
-        } else {
+        } else if minor == 1 {
             RECLAIM_COMPLETE
+        } else {
+            RELEASE_LOCKOWNER
         }
     }
 

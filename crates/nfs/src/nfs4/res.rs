@@ -147,6 +147,8 @@ pub enum OpRes {
         eof: bool,
         offset: u64,
     },
+    /// A result of an operation only NFSv4.0 has, with a body.
+    V40(super::v40::Res40),
 }
 
 impl OpRes {
@@ -178,6 +180,7 @@ impl OpRes {
             OpRes::Sequence(_) => op::SEQUENCE,
             OpRes::TestStateid(_) => op::TEST_STATEID,
             OpRes::Seek { .. } => op::SEEK,
+            OpRes::V40(r) => r.opnum(),
         }
     }
 
@@ -186,6 +189,7 @@ impl OpRes {
         match self {
             OpRes::Status(_, s) | OpRes::Setattr(s, _) => *s,
             OpRes::Denied(..) => Nfsstat4::DENIED,
+            OpRes::V40(r) => r.status(),
             _ => Nfsstat4::OK,
         }
     }
@@ -326,6 +330,7 @@ impl OpRes {
                 e.put_bool(*eof);
                 e.put_u64(*offset);
             }
+            OpRes::V40(r) => r.encode(e),
         }
     }
 
@@ -381,6 +386,7 @@ impl OpRes {
             OpRes::Sequence(_) => 16 + 20,
             OpRes::TestStateid(c) => 4 + 4 * c.len(),
             OpRes::Seek { .. } => 12,
+            OpRes::V40(r) => r.encoded_len(),
         };
         8 + body
     }

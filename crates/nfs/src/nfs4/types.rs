@@ -15,8 +15,10 @@ use crate::xdr_util::{xdr_opaque, xdr_struct};
 pub const MAX_COMPONENT_WIRE: u32 = 4096;
 /// Longest symbolic-link text (`linktext4`) accepted: PATH_MAX.
 pub const MAX_LINKTEXT: u32 = 4096;
-/// Most words in an attribute bitmap. Every attribute RFC 8881 and RFC 7862 define fits in 3.
-pub const MAX_BITMAP_WORDS: u32 = 8;
+/// Most words in an attribute bitmap. Every attribute RFC 8881 and RFC 7862 define fits in 3;
+/// a client may ask for attributes it does not know the server lacks (pynfs asks for 1000),
+/// which are ignored (RFC 7530 §5, RFC 8881 §5), so a request up to attribute 2047 decodes.
+pub const MAX_BITMAP_WORDS: u32 = 64;
 /// Longest `attrlist4` accepted: no attribute we accept comes close.
 pub const MAX_ATTRLIST: u32 = 64 * 1024;
 /// Longest COMPOUND tag accepted.

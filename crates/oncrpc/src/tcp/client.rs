@@ -1,5 +1,7 @@
 //! The TCP client: pipelined calls on one connection, replies matched by XID, reconnection with
-//! retransmission of outstanding calls under their original XIDs.
+//! retransmission of outstanding calls under their original XIDs. The same client runs over any
+//! byte stream a caller connected itself ([`TcpClient::over_stream`]: an AF_LOCAL socket such
+//! as rpcbind's, a TLS stream), with record marking (RFC 5531 §11) and without reconnection.
 //!
 //! One driver task owns the connection. A call encodes its message once, registers it in the
 //! pending table under a fresh XID and hands the XID to the driver, which writes it. The driver's
@@ -17,7 +19,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -160,7 +162,10 @@ pub struct TcpClient {
     shared: Arc<Shared>,
     to_driver: mpsc::UnboundedSender<u32>,
     next_xid: AtomicU32,
-    peer: SocketAddr,
+    /// The TCP peer; `None` over a stream handed in by the caller.
+    peer: Option<SocketAddr>,
+    /// What [`RpcTransport::describe`] says.
+    label: String,
     config: ClientConfig,
     driver: JoinHandle<()>,
 }
@@ -168,7 +173,7 @@ pub struct TcpClient {
 impl std::fmt::Debug for TcpClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TcpClient")
-            .field("peer", &self.peer)
+            .field("peer", &self.label)
             .field("in_flight", &self.in_flight())
             .finish_non_exhaustive()
     }
@@ -199,14 +204,44 @@ impl TcpClient {
             // RFC 5531 §9: the XID only has to be unique among the client's outstanding calls;
             // a random start makes reuse across client restarts unlikely.
             next_xid: AtomicU32::new(rand::random()),
-            peer,
+            peer: Some(peer),
+            label: format!("tcp://{peer}"),
             config,
             driver,
         })
     }
 
-    /// The server's address.
-    pub fn peer_addr(&self) -> SocketAddr {
+    /// A client over `stream`, a connection the caller made (`label` names it in errors and
+    /// [`RpcTransport::describe`]). Calls are pipelined and matched by XID as over TCP; when
+    /// the stream ends or breaks, the outstanding calls and every later one fail with
+    /// [`RpcError::Transport`] (there is no address to reconnect to).
+    pub fn over_stream<S>(stream: S, label: impl Into<String>, config: ClientConfig) -> Self
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let label = label.into();
+        let shared = Arc::new(Shared::default());
+        let (to_driver, rx) = mpsc::unbounded_channel();
+        let driver = tokio::spawn(drive_once(
+            label.clone(),
+            shared.clone(),
+            rx,
+            stream,
+            config.clone(),
+        ));
+        TcpClient {
+            shared,
+            to_driver,
+            next_xid: AtomicU32::new(rand::random()),
+            peer: None,
+            label,
+            config,
+            driver,
+        }
+    }
+
+    /// The server's TCP address (`None` for a client over a caller's stream).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.peer
     }
 
@@ -270,7 +305,7 @@ impl RpcTransport for TcpClient {
     }
 
     fn describe(&self) -> String {
-        format!("tcp://{}", self.peer)
+        self.label.clone()
     }
 }
 
@@ -351,12 +386,36 @@ async fn drive(
             }
         };
         generation += 1;
-        match run_connection(s, generation, &shared, &mut rx, &config).await {
+        let addrs = (s.peer_addr().ok(), s.local_addr().ok());
+        match run_connection(s, addrs, generation, &shared, &mut rx, &config).await {
             Exit::Closed => return,
             Exit::Lost(e) => {
                 tracing::debug!(%peer, error = %e, "RPC/TCP connection lost; reconnecting");
             }
         }
+    }
+}
+
+/// The driver of a client over a caller's stream: one connection; once it is gone every call
+/// fails.
+async fn drive_once<S>(
+    label: String,
+    shared: Arc<Shared>,
+    mut rx: mpsc::UnboundedReceiver<u32>,
+    stream: S,
+    config: ClientConfig,
+) where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    // A caller's stream (a Unix socket, say) has no IP addresses to show a backward call.
+    let why = match run_connection(stream, (None, None), 1, &shared, &mut rx, &config).await {
+        Exit::Closed => return,
+        Exit::Lost(e) => format!("connection to {label} lost: {e}"),
+    };
+    tracing::debug!(%label, %why, "RPC stream client stopped");
+    shared.fail_all(&why);
+    while rx.recv().await.is_some() {
+        shared.fail_all(&why);
     }
 }
 
@@ -398,19 +457,23 @@ fn queue_all(shared: &Shared, generation: u64, config: &ClientConfig, parts: &mu
     }
 }
 
-async fn run_connection(
-    stream: TcpStream,
+async fn run_connection<S>(
+    stream: S,
+    addrs: (Option<SocketAddr>, Option<SocketAddr>),
     generation: u64,
     shared: &Shared,
     rx: &mut mpsc::UnboundedReceiver<u32>,
     config: &ClientConfig,
-) -> Exit {
-    let (mut rd, mut wr) = stream.into_split();
+) -> Exit
+where
+    S: AsyncRead + AsyncWrite + Send,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
     // Replies to the server's backward calls, from their tasks to the writer.
     let (back_tx, mut back_rx) = mpsc::channel::<Bytes>(MAX_BACK_CALLS);
     let back_ctx = Arc::new(CallContext {
-        peer: rd.peer_addr().ok(),
-        local: rd.local_addr().ok(),
+        peer: addrs.0,
+        local: addrs.1,
         transport: TransportKind::Tcp,
         back: None,
     });

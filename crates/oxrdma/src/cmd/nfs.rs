@@ -23,7 +23,7 @@ use super::CmdResult;
 
 #[derive(Debug, Subcommand)]
 pub enum NfsCommand {
-    /// Export DIR over NFSv3 (with MOUNT v3 and a port mapper) and NFSv4.1/4.2 until Ctrl-C
+    /// Export DIR over NFSv3 (with MOUNT v3 and a port mapper) and NFSv4.0/4.1/4.2 until Ctrl-C
     /// or SIGTERM.
     ///
     /// By default NFS and MOUNT listen on TCP 127.0.0.1:2049, NFS over RPC-over-RDMA
@@ -97,7 +97,7 @@ pub struct ServeArgs {
     /// Refuse every modification with NFS3ERR_ROFS (NFS4ERR_ROFS).
     #[arg(long)]
     read_only: bool,
-    /// Serve NFSv3 only (NFSv4.1/4.2 is served on the same ports by default).
+    /// Serve NFSv3 only (NFSv4.0/4.1/4.2 is served on the same ports by default).
     #[arg(long)]
     no_nfs4: bool,
     /// The NFSv4 grace period after the start, in seconds, during which only reclaims of
@@ -105,6 +105,11 @@ pub struct ServeArgs {
     /// 0 when no client can hold state from an earlier run.
     #[arg(long, value_name = "SECS", conflicts_with = "no_nfs4")]
     nfs4_grace: Option<u64>,
+    /// The NFSv4 lease time in seconds (the `lease_time` attribute, RFC 8881 §8.3, RFC 7530
+    /// §9.5): a client that renews nothing for this long loses its opens and locks
+    /// [default: 90].
+    #[arg(long, value_name = "SECS", conflicts_with = "no_nfs4", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    nfs4_lease: Option<u64>,
     /// The path clients mount [default: /].
     #[arg(long, value_name = "PATH", default_value = "/")]
     export: String,
@@ -225,6 +230,11 @@ async fn serve(a: ServeArgs) -> CmdResult {
     {
         // (Only with --nfs4-grace: taking the config out unconditionally served NFSv3 only.)
         cfg.nfs4 = Some(c.with_grace(std::time::Duration::from_secs(secs)));
+    }
+    if let Some(secs) = a.nfs4_lease
+        && let Some(c) = cfg.nfs4.as_mut()
+    {
+        c.state.lease = std::time::Duration::from_secs(secs);
     }
     cfg.tcp = Some(tcp);
     cfg.rdma = if a.no_rdma {

@@ -99,6 +99,9 @@ impl Nfs4Server {
             tag: tag.clone(),
             results,
         };
+        if minor == 0 {
+            return Ok(self.compound40(&mut d, tag, nops, req));
+        }
         // RFC 8881 §16.2.3: an unsupported minor version gets NFS4ERR_MINOR_VERS_MISMATCH and
         // no results; the tag is still echoed.
         if !(1..=2).contains(&minor) {
@@ -232,7 +235,7 @@ impl Nfs4Server {
     }
 
     /// Execute one operation other than a first SEQUENCE.
-    fn execute(&self, ctx: &mut Ctx<'_>, args: OpArgs) -> OpRes {
+    pub(super) fn execute(&self, ctx: &mut Ctx<'_>, args: OpArgs) -> OpRes {
         let opnum = args.opnum();
         let r = match args {
             OpArgs::Illegal(_) => Err(Nfsstat4::OP_ILLEGAL),

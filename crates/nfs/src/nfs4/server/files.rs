@@ -135,9 +135,22 @@ impl Nfs4Server {
             OpArgs::Verify(f) => self.verify(ctx, &f, true),
             OpArgs::Nverify(f) => self.verify(ctx, &f, false),
             OpArgs::Access(want) => {
+                // RFC 8881 §18.1.3, RFC 7530 §16.1.4: LOOKUP and DELETE (of a directory
+                // entry) mean nothing for a non-directory, EXECUTE nothing for a directory;
+                // none is "supported" there.
                 let (supported, granted) = match self.current(ctx)? {
-                    Cur::Real(o) => (access::ALL, o.fs().access(&o.cred, &o.node.st)),
-                    Cur::Pseudo(_) => (access::ALL, access::READ | access::LOOKUP),
+                    Cur::Real(o) => {
+                        let sup = if is_dir(&o.node.st) {
+                            access::ALL & !access::EXECUTE
+                        } else {
+                            access::ALL & !(access::LOOKUP | access::DELETE)
+                        };
+                        (sup, o.fs().access(&o.cred, &o.node.st))
+                    }
+                    Cur::Pseudo(_) => (
+                        access::ALL & !access::EXECUTE,
+                        access::READ | access::LOOKUP,
+                    ),
                 };
                 Ok(OpRes::Access {
                     supported: want & supported,
@@ -196,6 +209,11 @@ impl Nfs4Server {
             }
             OpArgs::Link(name) => {
                 let (file, dir) = self.saved_and_current(ctx)?;
+                // RFC 8881 §18.9.3, RFC 7530 §16.9.4: the current filehandle must be a
+                // directory (checked before any permission).
+                if !is_dir(&dir.node.st) {
+                    return Err(Nfsstat4::NOTDIR);
+                }
                 let n = check_component(&name)?;
                 dir.fs()
                     .link(&dir.cred, &file.node, &dir.node, n)
@@ -354,6 +372,11 @@ impl Nfs4Server {
             return Err(Nfsstat4::BAD_COOKIE);
         }
         let limit = (maxcount as usize).min(ctx.room.saturating_sub(8));
+        // A maxcount that cannot hold even an empty reply is NFS4ERR_TOOSMALL (RFC 8881
+        // §18.23.3, RFC 7530 §16.24.4), whether or not the directory has entries.
+        if limit < READDIR_FIXED {
+            return Err(Nfsstat4::TOOSMALL);
+        }
         let vfs = match &dir {
             Cur::Real(o) => Self::vfs_for(mask, Some(o)),
             Cur::Pseudo(_) => None,

@@ -439,7 +439,12 @@ impl Nfs4Server {
             stateid: r.stateid,
             cinfo: ci,
             // RFC 8881 §18.16.3: MAY_NOTIFY_LOCK: blocked lock waiters get CB_NOTIFY_LOCK.
-            rflags: open_result::LOCKTYPE_POSIX | open_result::MAY_NOTIFY_LOCK,
+            // NFSv4.0 has neither the flag (RFC 7530 §16.16.5) nor a callback to keep it.
+            rflags: if ctx.minor == 0 {
+                open_result::LOCKTYPE_POSIX
+            } else {
+                open_result::LOCKTYPE_POSIX | open_result::MAY_NOTIFY_LOCK
+            },
             attrset,
             no_deleg_why,
         })))

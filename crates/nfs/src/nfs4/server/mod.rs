@@ -11,6 +11,8 @@
 //!   CREATE, REMOVE, RENAME, LINK, READLINK, READDIR).
 //! - `io`: OPEN, CLOSE, OPEN_DOWNGRADE, READ, WRITE, COMMIT, LOCK/LOCKT/LOCKU, SEEK,
 //!   ALLOCATE, DEALLOCATE.
+//! - `v40`: minor version 0 (RFC 7530): its COMPOUND loop, SETCLIENTID and the other
+//!   4.0-only operations, the seqid ordering of owners.
 //! - [`program`]: the NFS program answering versions 3 and 4 together.
 //! - `callbacks`: the connections' back channels and the sending of due callbacks.
 //!
@@ -24,6 +26,7 @@ mod files;
 mod io;
 pub mod program;
 mod session;
+mod v40;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -92,6 +95,8 @@ pub struct Nfs4Server {
     read_bufs: Arc<oncrpc::BufPool>,
     /// The connections' backward directions, for callbacks.
     routes: callbacks::Routes,
+    /// NFSv4.0 open- and lock-owners: last seqid and reply (RFC 7530 §9.1.7).
+    owners40: Mutex<v40::Owners40>,
 }
 
 /// Idle pooled READ buffers kept.
@@ -131,6 +136,7 @@ impl Nfs4Server {
             identity,
             read_bufs: oncrpc::BufPool::new(POOLED_READ_KEEP),
             routes: callbacks::Routes::default(),
+            owners40: Mutex::default(),
         })
     }
 

@@ -40,6 +40,10 @@ pub(super) struct Client {
     /// Callback program and credential (CREATE_SESSION, BACKCHANNEL_CTL).
     pub(super) cb_program: u32,
     pub(super) cb_sec: Option<CallbackSecParms4>,
+    /// NFSv4.0 records (RFC 7530 §16.33): the SETCLIENTID_CONFIRM verifier this record was
+    /// (or is to be) confirmed with, and a callback update pending on a confirmed record.
+    pub(super) confirm40: Option<Verifier4>,
+    pub(super) update40: Option<Verifier4>,
 }
 
 /// The confirmed and unconfirmed records of one client owner.
@@ -59,12 +63,12 @@ pub struct ServerIdentity {
 }
 
 impl State {
-    fn has_state(&self, clientid: u64) -> bool {
+    pub(super) fn has_state(&self, clientid: u64) -> bool {
         self.sessions.values().any(|s| s.clientid == clientid)
             || self.states.values().any(|e| e.clientid == clientid)
     }
 
-    fn new_client(
+    pub(super) fn new_client(
         &mut self,
         owner: &ClientOwner4,
         principal: Principal,
@@ -92,6 +96,8 @@ impl State {
                 reclaim_complete: false,
                 cb_program: 0,
                 cb_sec: None,
+                confirm40: None,
+                update40: None,
             },
         );
         Ok(clientid)

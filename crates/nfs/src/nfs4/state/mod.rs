@@ -12,6 +12,7 @@ mod clients;
 mod locks;
 mod opens;
 mod slots;
+mod v40;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -121,6 +122,9 @@ pub struct State {
     states: HashMap<[u8; 12], StateEntry>,
     locks: locks::LockTable,
     cb: callbacks::Callbacks,
+    /// Clients and stateids whose lease expired (or whose 4.0 client rebooted), remembered
+    /// for a while so they are NFS4ERR_EXPIRED rather than unknown.
+    expired: v40::Expired,
 }
 
 impl State {
@@ -138,6 +142,7 @@ impl State {
             states: HashMap::new(),
             locks: locks::LockTable::default(),
             cb: callbacks::Callbacks::default(),
+            expired: v40::Expired::default(),
         }
     }
 
@@ -185,7 +190,10 @@ impl State {
                 Nfsstat4::STALE_STATEID
             });
         }
-        let e = self.states.get(&sid.other).ok_or(Nfsstat4::BAD_STATEID)?;
+        let e = self
+            .states
+            .get(&sid.other)
+            .ok_or_else(|| self.unknown_stateid(sid))?;
         if e.clientid != clientid {
             return Err(Nfsstat4::BAD_STATEID);
         }
@@ -233,7 +241,7 @@ impl State {
             .map(|c| c.clientid)
             .collect();
         for &id in &dead {
-            self.purge_client(id);
+            self.expire_client(id, true);
         }
         dead
     }
