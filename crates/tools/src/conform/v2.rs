@@ -114,9 +114,9 @@ fn check_v2_reply(r: &Bytes, xid: u32) -> Result<(), String> {
     }
     match &h.body {
         Body2::Msg(c) => {
-            //= specs/draft-cel-nfsv4-rpcrdma-version-two-05.txt#section-7.2.2
-            //# the value of the rdma_direction field MUST be the same as the value of the
-            //# associated RPC message's msg_type field.
+            // cel-05 §7.2.2 (the draft is not among duvet's specs/):
+            // the value of the rdma_direction field MUST be the same as the value of the
+            // associated RPC message's msg_type field.
             if c.direction != Direction::Reply {
                 return Err(format!("rdma_direction {:?} on a reply", c.direction));
             }
@@ -146,9 +146,9 @@ async fn probe(ctx: &mut Ctx) -> Verdict {
     };
     let xid = ctx.xid();
     let m = null_v2(ctx, xid);
-    //= specs/draft-cel-nfsv4-rpcrdma-version-two-05.txt#section-8
-    //# Because the server might support only RPC-over-RDMA version 1, this initial message
-    //# can be no larger than the version 1 default inline threshold of 1024 bytes.
+    // cel-05 §8 (the draft is not among duvet's specs/):
+    // Because the server might support only RPC-over-RDMA version 1, this initial message
+    // can be no larger than the version 1 default inline threshold of 1024 bytes.
     debug_assert!(m.len() <= 1024);
     let mut props = 0;
     let v = match l.send(m, ctx.cfg.wait).await {
@@ -169,10 +169,10 @@ async fn probe(ctx: &mut Ctx) -> Verdict {
                     }
                 }
                 Some(f) => match msg::error_body(&r) {
-                    //= specs/draft-cel-nfsv4-rpcrdma-version-two-05.txt#section-8.2
-                    //# If the server does not support RPC-over-RDMA version 2, it MUST send an
-                    //# RPC-over-RDMA message to the client with the same XID, with RDMA2_ERROR
-                    //# in the rdma_proc field, and with the error code RDMA2_ERR_VERS.
+                    // cel-05 §8.2 (the draft is not among duvet's specs/):
+                    // If the server does not support RPC-over-RDMA version 2, it MUST send an
+                    // RPC-over-RDMA message to the client with the same XID, with RDMA2_ERROR
+                    // in the rdma_proc field, and with the error code RDMA2_ERR_VERS.
                     Some((err::VERS, Some((lo, hi)))) if f.xid == xid => {
                         ctx.facts.v2_range = Some((lo, hi));
                         if (lo..=hi).contains(&2) {
@@ -203,10 +203,10 @@ async fn reply_version(ctx: &mut Ctx) -> Verdict {
         Ok(x) => x,
         Err(e) => return fail(e),
     };
-    //= specs/draft-cel-nfsv4-rpcrdma-version-two-05.txt#section-8.3
-    //# If the server supports the RPC-over-RDMA protocol version used in Call messages from a
-    //# client, it MUST send Replies with the same RPC-over-RDMA protocol version that the
-    //# client uses to send its Calls.
+    // cel-05 §8.3 (the draft is not among duvet's specs/):
+    // If the server supports the RPC-over-RDMA protocol version used in Call messages from a
+    // client, it MUST send Replies with the same RPC-over-RDMA protocol version that the
+    // client uses to send its Calls.
     let mut v = pass("");
     for _ in 0..3 {
         let xid = ctx.xid();
@@ -314,9 +314,9 @@ async fn connprop(ctx: &mut Ctx) -> Verdict {
         l.close().await;
         return fail(format!("send: {e}"));
     }
-    //= specs/draft-cel-nfsv4-rpcrdma-version-two-05.txt#section-6.3
-    //# RPC-over-RDMA version 2 implementations that receive an operation that is not supported
-    //# MUST respond with RDMA_ERROR message with an error code of RDMA_ERR_INVAL_OPTION.
+    // cel-05 §6.3 (the draft is not among duvet's specs/):
+    // RPC-over-RDMA version 2 implementations that receive an operation that is not supported
+    // MUST respond with RDMA_ERROR message with an error code of RDMA_ERR_INVAL_OPTION.
     let mut refused = false;
     loop {
         match l.recv(Duration::from_millis(300).min(ctx.cfg.wait)).await {
