@@ -44,6 +44,7 @@ pub mod iwpeer;
 mod json;
 pub mod nfs4_bench;
 pub mod nfs_bench;
+pub mod nfs_connect;
 pub mod perf;
 pub mod proxy;
 pub mod rds;
