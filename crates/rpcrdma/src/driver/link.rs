@@ -366,6 +366,42 @@ impl Link {
         self.qp.post_send(wr)
     }
 
+    /// RDMA Read `segs` one after another into `mr` from offset `at`, at most `window` Reads
+    /// outstanding at once; fails on the first Read that does not complete successfully.
+    async fn read_segments(
+        &self,
+        mr: &MemoryRegion,
+        segs: &[Segment],
+        mut at: u64,
+        window: usize,
+    ) -> Result<(), verbs::VerbsError> {
+        for part in segs.chunks(window.max(1)) {
+            let mut waits = Vec::with_capacity(part.len());
+            for s in part {
+                let id = self.router.id();
+                let rx = self.router.wait(id);
+                self.qp.post_send(SendWr::new(
+                    id,
+                    SendOp::RdmaRead {
+                        remote_addr: s.offset,
+                        rkey: s.handle,
+                    },
+                    vec![mr.sge(at, s.length)],
+                ))?;
+                at += u64::from(s.length);
+                waits.push(rx);
+            }
+            for rx in waits {
+                let st = rx.await.unwrap_or(WcStatus::WrFlushError);
+                if st != WcStatus::Success {
+                    tracing::debug!(status = ?st, "RDMA Read completed in error");
+                    return Err(verbs::VerbsError::Disconnected);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// RDMA Read a responder-provided Read chunk (`segs`, `len` bytes in all) into a buffer of
     /// exactly its size, with at most `ord` Reads outstanding at once (the requester's ORD).
     pub(super) async fn pull_chunk(
@@ -382,33 +418,9 @@ impl Link {
             .qp
             .pd()
             .register(self.read_sinks.get(len.max(1)), Access::LOCAL_WRITE)?;
-        let mut at = 0u64;
-        for window in segs.chunks(ord.max(1)) {
-            let mut waits = Vec::with_capacity(window.len());
-            for s in window {
-                let id = self.router.id();
-                let rx = self.router.wait(id);
-                self.qp.post_send(SendWr::new(
-                    id,
-                    SendOp::RdmaRead {
-                        remote_addr: s.offset,
-                        rkey: s.handle,
-                    },
-                    vec![mr.sge(at, s.length)],
-                ))?;
-                at += u64::from(s.length);
-                waits.push(rx);
-            }
-            // Bounded: the client's call deadline ends the call; a connection that breaks
-            // flushes the Reads (and the router ends the waits when it closes).
-            for rx in waits {
-                let st = rx.await.unwrap_or(WcStatus::WrFlushError);
-                if st != WcStatus::Success {
-                    tracing::debug!(status = ?st, "RDMA Read of a reply's Read chunk failed");
-                    return Err(verbs::VerbsError::Disconnected);
-                }
-            }
-        }
+        // Bounded: the client's call deadline ends the call; a connection that breaks flushes
+        // the Reads (and the router ends the waits when it closes).
+        self.read_segments(&mr, segs, 0, ord).await?;
         let v = mr.take_vec()?;
         if v.len() < len {
             return Err(verbs::VerbsError::OutOfBounds);
@@ -448,32 +460,12 @@ impl Link {
             .qp
             .pd()
             .register(self.read_sinks.get(end.max(1)), Access::LOCAL_WRITE)?;
-        let mut waits = Vec::with_capacity(segs.len());
-        let mut at = pre.len() as u64;
-        for s in segs {
-            let id = self.router.id();
-            let rx = self.router.wait(id);
-            self.qp.post_send(SendWr::new(
-                id,
-                SendOp::RdmaRead {
-                    remote_addr: s.offset,
-                    rkey: s.handle,
-                },
-                vec![mr.sge(at, s.length)],
-            ))?;
-            at += u64::from(s.length);
-            waits.push(rx);
-        }
         // Every wait on the peer has a bound, which the Responder owns: a peer that never
         // answers its Read Requests loses the connection when the Reads are due
-        // (`Responder::handle_timeout`), which flushes them, and the sink goes with it.
-        for rx in waits {
-            let st = rx.await.unwrap_or(WcStatus::WrFlushError);
-            if st != WcStatus::Success {
-                tracing::debug!(status = ?st, "RDMA Read completed in error");
-                return Err(verbs::VerbsError::Disconnected);
-            }
-        }
+        // (`Responder::handle_timeout`), which flushes them, and the sink goes with it. All
+        // the Reads go at once: the Responder already counted them against the IRD.
+        self.read_segments(&mr, segs, pre.len() as u64, segs.len())
+            .await?;
         // Every Read completed, so every byte of the chunk is in place; fence the region and
         // put the rest of the call around the chunk.
         let mut v = mr.take_vec()?;
