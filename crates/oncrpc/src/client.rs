@@ -154,6 +154,11 @@ pub trait RpcTransport: Send + Sync + 'static {
     fn call(&self, req: CallRequest) -> BoxFuture<'_, Result<Bytes, RpcError>>;
     /// A short description ("tcp://127.0.0.1:2049").
     fn describe(&self) -> String;
+    /// Round-trip times per procedure, from each call's transmission to its reply's arrival
+    /// ([`crate::rtt`]), when this transport measures them.
+    fn rtt(&self) -> Option<Arc<crate::rtt::RttTable>> {
+        None
+    }
 }
 
 /// A client for one program and version over any [`RpcTransport`], with a fixed credential.

@@ -18,6 +18,8 @@
 //! - [`backchannel`]: calls from a server to its client on the client's connection (RFC 8167;
 //!   NFSv4.1 back channels over TCP).
 //! - [`null`]: a program that answers only NULL, for `rpcinfo`, benchmarks and tests.
+//! - [`rtt`]: round-trip times per procedure as a client transport measures them (transmission
+//!   to reply, as `mountstats` reports RTT apart from execute time).
 //! - [`budget`]: per-server and per-connection memory budgets that every transport's server
 //!   side draws from before it allocates what a peer asked for.
 //!
@@ -33,6 +35,7 @@ pub mod client;
 pub mod message;
 pub mod null;
 pub mod record;
+pub mod rtt;
 pub mod service;
 pub mod tcp;
 

@@ -149,6 +149,15 @@ async fn null_and_echo_succeed() {
         .unwrap();
     assert_eq!(Decoder::from_bytes(&r).u32().unwrap(), 77);
     assert!(c.describe().starts_with("tcp://127.0.0.1:"));
+    // Each answered call's round-trip time, under its own procedure.
+    let rtt = c
+        .rtt()
+        .expect("the TCP client measures round-trip times")
+        .snapshot();
+    assert_eq!(rtt.count(), 2);
+    assert_eq!(rtt.count_of((NULL_PROG, 1, 0)), 1);
+    assert_eq!(rtt.count_of((PROG, 2, ECHO)), 1);
+    assert!(rtt.quantile_us_of((PROG, 2, ECHO), 0.5).unwrap() >= 1.0);
     server.shutdown().await;
 }
 

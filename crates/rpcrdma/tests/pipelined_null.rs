@@ -63,4 +63,10 @@ async fn pipelined_null_calls_depth_16() {
     // offered a Reply chunk even though no bound was given.
     let s = cl.stats();
     assert_eq!((s.short, s.long_reply), (1601, 0), "{s:?}");
+    // Every answered call's round-trip time (transmission to reply), under NULL.
+    let rtt = oncrpc::RpcTransport::rtt(&*cl)
+        .expect("the RDMA client measures round-trip times")
+        .snapshot();
+    assert_eq!(rtt.count(), 1601);
+    assert_eq!(rtt.count_of((PROG, 1, 0)), 1601);
 }

@@ -12,7 +12,9 @@ use nfs::nfs4::consts::{attr, stable};
 use oncrpc::{AuthSys, OpaqueAuth, RpcTransport, TcpClient};
 use rpcrdma::{RdmaClient, TransportConfig};
 
-use crate::nfs_bench::{BenchConfig, BenchError, NfsVersion, Pass, Progress, Row, hist, row};
+use crate::nfs_bench::{
+    BenchConfig, BenchError, NfsVersion, Pass, Progress, Row, RttWindow, hist, row,
+};
 
 /// Start an NFSv4 session of minor version `minor` over RPC-over-RDMA to `rdma`, else over
 /// TCP to `tcp`, as AUTH_SYS `uid`/`gid`; returns the client and a description.
@@ -113,6 +115,7 @@ pub(crate) async fn bench_nfs4(
             total,
             depth: a.depth,
             pb,
+            transport_rpc: c.transport(),
         };
         rows.push(
             pass.run("WRITE", write, || async {
@@ -127,6 +130,7 @@ pub(crate) async fn bench_nfs4(
     pb.set_message(format!("{name} v{} GETATTR", version.name()));
     let mut h = hist();
     let t0 = std::time::Instant::now();
+    let rtt = RttWindow::open(c.transport());
     for _ in 0..a.getattrs {
         let t = std::time::Instant::now();
         c.getattr(&root, &[attr::TYPE, attr::CHANGE, attr::SIZE, attr::MODE])
@@ -134,15 +138,19 @@ pub(crate) async fn bench_nfs4(
             .map_err(err)?;
         let _ = h.record(t.elapsed().as_nanos() as u64);
     }
-    rows.push(row(
-        name,
-        version,
-        "GETATTR",
-        None,
-        None,
-        a.getattrs,
-        t0.elapsed(),
-        &h,
-    ));
+    let rtt = rtt.close();
+    rows.push(
+        row(
+            name,
+            version,
+            "GETATTR",
+            None,
+            None,
+            a.getattrs,
+            t0.elapsed(),
+            &h,
+        )
+        .with_rtt(rtt.as_ref()),
+    );
     Ok(rows)
 }

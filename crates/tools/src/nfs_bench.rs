@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use nfs::client::{ClientError, Nfs3Client};
 use nfs::serve::ServeConfig;
+use oncrpc::rtt::{RttSnapshot, RttTable};
 use rpcrdma::TransportConfig;
 use rpcrdma::rrc::ReplyMode;
 use serde::Serialize;
@@ -214,6 +215,46 @@ pub struct Row {
     /// 99th percentile call latency, microseconds.
     #[serde(serialize_with = "crate::json::opt3")]
     pub p99_us: Option<f64>,
+    /// Median round-trip time, microseconds: from each call's transmission to its reply's
+    /// arrival at the transport (`oncrpc::rtt`; what a capture on the wire sees, and what
+    /// `mountstats` calls RTT), where `p50_us` is the caller's whole wait (its execute time).
+    /// None when the transport does not measure it.
+    #[serde(serialize_with = "crate::json::opt3")]
+    pub rtt_p50_us: Option<f64>,
+    /// 99th percentile round-trip time, microseconds.
+    #[serde(serialize_with = "crate::json::opt3")]
+    pub rtt_p99_us: Option<f64>,
+}
+
+impl Row {
+    /// This row with the round-trip times of the calls in `rtt` (one pass's calls).
+    pub(crate) fn with_rtt(mut self, rtt: Option<&RttSnapshot>) -> Self {
+        if let Some(r) = rtt {
+            self.rtt_p50_us = r.quantile_us(0.5);
+            self.rtt_p99_us = r.quantile_us(0.99);
+        }
+        self
+    }
+}
+
+/// The round-trip times a transport recorded during one pass.
+pub(crate) struct RttWindow {
+    table: Option<Arc<RttTable>>,
+    before: Option<RttSnapshot>,
+}
+
+impl RttWindow {
+    /// Start counting `transport`'s calls from now.
+    pub(crate) fn open(transport: &Arc<dyn oncrpc::RpcTransport>) -> Self {
+        let table = transport.rtt();
+        let before = table.as_ref().map(|t| t.snapshot());
+        RttWindow { table, before }
+    }
+
+    /// The calls answered since [`RttWindow::open`].
+    pub(crate) fn close(&self) -> Option<RttSnapshot> {
+        Some(self.table.as_ref()?.snapshot().since(self.before.as_ref()?))
+    }
 }
 
 /// The whole run, as `oxrdma nfs bench --json` prints it.
@@ -281,6 +322,8 @@ pub(crate) fn row(
         ops: n as f64 / secs,
         p50_us: Some(h.value_at_quantile(0.5) as f64 / 1e3),
         p99_us: Some(h.value_at_quantile(0.99) as f64 / 1e3),
+        rtt_p50_us: None,
+        rtt_p99_us: None,
     }
 }
 
@@ -292,6 +335,8 @@ pub(crate) struct Pass<'a> {
     pub(crate) total: u64,
     pub(crate) depth: u64,
     pub(crate) pb: &'a dyn Progress,
+    /// The calls' transport, for their round-trip times.
+    pub(crate) transport_rpc: &'a Arc<dyn oncrpc::RpcTransport>,
 }
 
 impl Pass<'_> {
@@ -319,7 +364,10 @@ impl Pass<'_> {
             .set_message(format!("{name} v{v} {op} {}", human(io)));
         let mut h = hist();
         let t0 = std::time::Instant::now();
+        let rtt = RttWindow::open(self.transport_rpc);
         windowed(total, io, self.depth, &mut h, self.pb, call).await?;
+        // Before `then`: the round-trip times are the pass's calls only.
+        let rtt = rtt.close();
         then().await?;
         let el = t0.elapsed();
         Ok(row(
@@ -331,7 +379,8 @@ impl Pass<'_> {
             total / u64::from(io),
             el,
             &h,
-        ))
+        )
+        .with_rtt(rtt.as_ref()))
     }
 }
 
@@ -391,6 +440,7 @@ async fn bench_nfs(
             total,
             depth: a.depth,
             pb,
+            transport_rpc: c.transport(),
         };
         // The COMMIT is part of the WRITE pass's time.
         rows.push(
@@ -405,21 +455,26 @@ async fn bench_nfs(
     pb.set_message(format!("{name} GETATTR"));
     let mut h = hist();
     let t0 = std::time::Instant::now();
+    let rtt = RttWindow::open(c.transport());
     for _ in 0..a.getattrs {
         let t = std::time::Instant::now();
         c.getattr(root).await?.into_result()?;
         let _ = h.record(t.elapsed().as_nanos() as u64);
     }
-    rows.push(row(
-        name,
-        NfsVersion::V3,
-        "GETATTR",
-        None,
-        None,
-        a.getattrs,
-        t0.elapsed(),
-        &h,
-    ));
+    let rtt = rtt.close();
+    rows.push(
+        row(
+            name,
+            NfsVersion::V3,
+            "GETATTR",
+            None,
+            None,
+            a.getattrs,
+            t0.elapsed(),
+            &h,
+        )
+        .with_rtt(rtt.as_ref()),
+    );
     Ok(rows)
 }
 
@@ -509,6 +564,8 @@ async fn bench_raw_tcp(total: u64, pb: &dyn Progress) -> Result<Row, BoxErr> {
         ops: best / f64::from(1u32 << 20),
         p50_us: None,
         p99_us: None,
+        rtt_p50_us: None,
+        rtt_p99_us: None,
     })
 }
 
@@ -691,6 +748,8 @@ mod tests {
                     ops: 1177.3456,
                     p50_us: Some(800.0),
                     p99_us: Some(f64::NAN),
+                    rtt_p50_us: Some(790.04),
+                    rtt_p99_us: None,
                 },
                 Row {
                     transport: "tcp",
@@ -701,6 +760,8 @@ mod tests {
                     ops: 20000.0,
                     p50_us: Some(49.9996),
                     p99_us: Some(61.0),
+                    rtt_p50_us: None,
+                    rtt_p99_us: None,
                 },
             ],
             ratio_raw: Some(0.81234),
@@ -712,9 +773,11 @@ mod tests {
             concat!(
                 r#"{"size_mb":4,"depth":2,"getattrs":10,"rows":["#,
                 r#"{"transport":"rdma","nfs":"3","op":"READ","io":1048576,"mb_per_s":1234.568,"#,
-                r#""ops_per_s":1177.346,"p50_us":800.0,"p99_us":null},"#,
+                r#""ops_per_s":1177.346,"p50_us":800.0,"p99_us":null,"#,
+                r#""rtt_p50_us":790.04,"rtt_p99_us":null},"#,
                 r#"{"transport":"tcp","nfs":"4.1","op":"GETATTR","io":null,"mb_per_s":null,"#,
-                r#""ops_per_s":20000.0,"p50_us":50.0,"p99_us":61.0}],"#,
+                r#""ops_per_s":20000.0,"p50_us":50.0,"p99_us":61.0,"#,
+                r#""rtt_p50_us":null,"rtt_p99_us":null}],"#,
                 r#""ratio_read_1mib_rdma_over_raw_tcp":0.812,"#,
                 r#""ratio_read_1mib_rdma_over_nfs_tcp":null}"#
             )

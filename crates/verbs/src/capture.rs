@@ -114,9 +114,10 @@ impl Capture {
         } else {
             (Dir::In, Dir::Out)
         };
-        c.packet(first, SYN, &[])?;
-        c.packet(second, SYN | ACK, &[])?;
-        c.packet(first, ACK, &[])?;
+        let now = SystemTime::now();
+        c.packet(first, SYN, &[], now)?;
+        c.packet(second, SYN | ACK, &[], now)?;
+        c.packet(first, ACK, &[], now)?;
         Ok(c)
     }
 
@@ -125,19 +126,30 @@ impl Capture {
         &self.path
     }
 
-    /// Record data sent in one direction (split into ≤ 65495-byte segments).
+    /// Record data sent in one direction (split into ≤ 65495-byte segments), stamped now.
     pub fn record(&mut self, dir: Dir, data: &[u8]) -> io::Result<()> {
+        self.record_at(dir, data, SystemTime::now())
+    }
+
+    /// Record data that went in one direction at `at`.
+    fn record_at(&mut self, dir: Dir, data: &[u8], at: SystemTime) -> io::Result<()> {
         if self.closed {
             return Ok(());
         }
         for chunk in data.chunks(MAX_SEGMENT) {
-            self.packet(dir, ACK | PSH, chunk)?;
+            self.packet(dir, ACK | PSH, chunk, at)?;
         }
         Ok(())
     }
 
-    /// Record several pieces as consecutive segments, packing them up to the segment limit.
+    /// Record several pieces as consecutive segments, packing them up to the segment limit,
+    /// stamped now.
     pub fn record_parts(&mut self, dir: Dir, parts: &[&[u8]]) -> io::Result<()> {
+        self.record_parts_at(dir, parts, SystemTime::now())
+    }
+
+    /// [`Capture::record_parts`], stamped `at`.
+    fn record_parts_at(&mut self, dir: Dir, parts: &[&[u8]], at: SystemTime) -> io::Result<()> {
         let mut buf = Vec::with_capacity(MAX_SEGMENT);
         for p in parts {
             let mut p: &[u8] = p;
@@ -146,13 +158,13 @@ impl Capture {
                 buf.extend_from_slice(&p[..take]);
                 p = &p[take..];
                 if buf.len() == MAX_SEGMENT {
-                    self.record(dir, &buf)?;
+                    self.record_at(dir, &buf, at)?;
                     buf.clear();
                 }
             }
         }
         if !buf.is_empty() {
-            self.record(dir, &buf)?;
+            self.record_at(dir, &buf, at)?;
         }
         Ok(())
     }
@@ -162,14 +174,15 @@ impl Capture {
         if self.closed {
             return Ok(());
         }
-        self.packet(Dir::Out, FIN | ACK, &[])?;
-        self.packet(Dir::In, FIN | ACK, &[])?;
-        self.packet(Dir::Out, ACK, &[])?;
+        let now = SystemTime::now();
+        self.packet(Dir::Out, FIN | ACK, &[], now)?;
+        self.packet(Dir::In, FIN | ACK, &[], now)?;
+        self.packet(Dir::Out, ACK, &[], now)?;
         self.closed = true;
         self.out.flush()
     }
 
-    fn packet(&mut self, dir: Dir, flags: u8, payload: &[u8]) -> io::Result<()> {
+    fn packet(&mut self, dir: Dir, flags: u8, payload: &[u8], at: SystemTime) -> io::Result<()> {
         let (src, dst) = match dir {
             Dir::Out => (&self.local, &self.peer),
             Dir::In => (&self.peer, &self.local),
@@ -218,9 +231,7 @@ impl Capture {
             Dir::Out => self.local.seq = self.local.seq.wrapping_add(consumed),
             Dir::In => self.peer.seq = self.peer.seq.wrapping_add(consumed),
         }
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
+        let now = at.duration_since(UNIX_EPOCH).unwrap_or_default();
         self.out.write_all(&(now.as_secs() as u32).to_le_bytes())?;
         self.out.write_all(&now.subsec_micros().to_le_bytes())?;
         self.out.write_all(&(pkt.len() as u32).to_le_bytes())?;
@@ -263,8 +274,15 @@ impl Tee {
         }
     }
 
-    /// Record the first `n` bytes of `slices`, which went `dir`, into a capture already locked.
-    fn record_slices_locked(c: &mut Capture, dir: Dir, slices: &[IoSlice<'_>], mut n: usize) {
+    /// Record the first `n` bytes of `slices`, which went `dir` at `at`, into a capture
+    /// already locked.
+    fn record_slices_locked(
+        c: &mut Capture,
+        dir: Dir,
+        slices: &[IoSlice<'_>],
+        mut n: usize,
+        at: SystemTime,
+    ) {
         let mut parts: Vec<&[u8]> = Vec::with_capacity(slices.len());
         for s in slices {
             if n == 0 {
@@ -275,13 +293,16 @@ impl Tee {
             n -= take;
         }
         if !parts.is_empty() {
-            let _ = c.record_parts(dir, &parts);
+            let _ = c.record_parts_at(dir, &parts, at);
         }
     }
 
     /// Run a (non-blocking) write and record what it wrote, holding the capture for both, so
     /// that a reply the reading half receives to these bytes is recorded after them: the
-    /// capture's cross-direction order is then causal, as on the wire.
+    /// capture's cross-direction order is then causal, as on the wire. The bytes are stamped
+    /// with the time the write began, when they were handed to TCP: on loopback the write
+    /// returns only after the peer's stack has taken them in, and a packet capture (tcpdump)
+    /// stamps them inside the call, not after it.
     fn write_through(
         &self,
         slices: &[IoSlice<'_>],
@@ -289,9 +310,10 @@ impl Tee {
     ) -> Poll<io::Result<usize>> {
         let Some(c) = &self.0 else { return write() };
         let mut c = c.lock();
+        let at = SystemTime::now();
         let r = write();
         if let Poll::Ready(Ok(n)) = r {
-            Self::record_slices_locked(&mut c, Dir::Out, slices, n);
+            Self::record_slices_locked(&mut c, Dir::Out, slices, n, at);
         }
         r
     }

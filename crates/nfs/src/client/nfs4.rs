@@ -236,6 +236,11 @@ impl Nfs4Client {
         Ok(c)
     }
 
+    /// The RPC transport under the session.
+    pub fn transport(&self) -> &Arc<dyn RpcTransport> {
+        &self.rpc
+    }
+
     /// The minor version this client speaks.
     pub fn minor(&self) -> u32 {
         self.minor

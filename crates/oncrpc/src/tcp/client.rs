@@ -118,6 +118,10 @@ struct Pending {
     /// The connection generation this call was last written on (0: never written).
     sent_gen: u64,
     transmissions: u32,
+    /// (program, version, procedure), for the round-trip times.
+    key: crate::rtt::ProcKey,
+    /// When the last transmission was queued for writing.
+    sent_at: Option<std::time::Instant>,
     done: oneshot::Sender<Result<Bytes, RpcError>>,
 }
 
@@ -126,13 +130,19 @@ struct Shared {
     pending: Mutex<HashMap<u32, Pending>>,
     /// Wakes the connection to drop it ([`TcpClient::disconnect`]).
     cut: tokio::sync::Notify,
+    /// Round-trip times of answered calls ([`RpcTransport::rtt`]).
+    rtt: Arc<crate::rtt::RttTable>,
 }
 
 impl Shared {
     fn complete(&self, xid: u32, result: Result<Bytes, RpcError>) {
-        if let Some(p) = self.pending.lock().remove(&xid) {
-            let _ = p.done.send(result);
+        let Some(p) = self.pending.lock().remove(&xid) else {
+            return;
+        };
+        if let (Ok(_), Some(t)) = (&result, p.sent_at) {
+            self.rtt.record(p.key, t.elapsed());
         }
+        let _ = p.done.send(result);
     }
 
     fn fail_all(&self, why: &str) {
@@ -262,6 +272,8 @@ impl TcpClient {
             message: Encoded::default(),
             sent_gen: 0,
             transmissions: 0,
+            key: (req.prog, req.vers, req.proc_),
+            sent_at: None,
             done,
         };
         // XIDs come from a counter; one still in use (only possible after 2^32 calls) is
@@ -306,6 +318,10 @@ impl RpcTransport for TcpClient {
 
     fn describe(&self) -> String {
         self.label.clone()
+    }
+
+    fn rtt(&self) -> Option<Arc<crate::rtt::RttTable>> {
+        Some(self.shared.rtt.clone())
     }
 }
 
@@ -438,6 +454,8 @@ fn queue_call(
     }
     pending.sent_gen = generation;
     pending.transmissions += 1;
+    // Round-trip times run from the last transmission (as `mountstats` counts them).
+    pending.sent_at = Some(std::time::Instant::now());
     parts.extend(frame(&pending.message, MAX_FRAGMENT_LEN));
     None
 }

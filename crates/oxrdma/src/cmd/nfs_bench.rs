@@ -198,13 +198,13 @@ pub async fn bench(a: BenchArgs) -> CmdResult {
         a.size_mb, a.depth, a.getattrs
     );
     println!(
-        "{:<9} {:<4} {:<8} {:>8} {:>10} {:>10} {:>10} {:>10}",
-        "transport", "nfs", "op", "io", "MB/s", "ops/s", "p50[us]", "p99[us]"
+        "{:<9} {:<4} {:<8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "transport", "nfs", "op", "io", "MB/s", "ops/s", "p50[us]", "p99[us]", "rtt-p50", "rtt-p99"
     );
     let opt = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |v| format!("{v:.p$}"));
     for r in rows {
         println!(
-            "{:<9} {:<4} {:<8} {:>8} {:>10} {:>10.0} {:>10} {:>10}",
+            "{:<9} {:<4} {:<8} {:>8} {:>10} {:>10.0} {:>10} {:>10} {:>10} {:>10}",
             r.transport,
             r.nfs.map_or("-", |v| v.name()),
             r.op,
@@ -213,8 +213,13 @@ pub async fn bench(a: BenchArgs) -> CmdResult {
             r.ops,
             opt(r.p50_us, 1),
             opt(r.p99_us, 1),
+            opt(r.rtt_p50_us, 1),
+            opt(r.rtt_p99_us, 1),
         );
     }
+    println!(
+        "p50/p99: the caller's whole wait per call; rtt: from the call's transmission to its reply's arrival at the transport (what a capture sees)"
+    );
     println!(
         "ratio READ-1MiB rdma/raw-tcp {}  (target >= 0.80; NFS version {})",
         opt(ratio_raw, 2),

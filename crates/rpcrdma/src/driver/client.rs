@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use oncrpc::rtt::RttTable;
 use oncrpc::service::BoxFuture;
 use oncrpc::{CallContext, CallRequest, Dispatcher, RpcError, RpcTransport};
 use parking_lot::{Mutex, MutexGuard};
@@ -38,7 +39,9 @@ fn log_version(addr: SocketAddr, req: &Requester) {
 struct ClientState {
     req: Requester,
     reg: VerbsRegistrar,
-    waiters: crate::engine::XidMap<oneshot::Sender<Result<Bytes, RpcError>>>,
+    waiters: crate::engine::XidMap<Waiter>,
+    /// Round-trip times of answered calls ([`RpcTransport::rtt`]).
+    rtt: Arc<RttTable>,
     closed: bool,
     /// The instant the timer task sleeps until: it wakes then, or when told of an earlier
     /// deadline through `timer` (see [`client_timer`]).
@@ -177,6 +180,7 @@ impl RdmaClient {
             req,
             reg: VerbsRegistrar::new(pd),
             waiters: Default::default(),
+            rtt: Arc::new(RttTable::new()),
             closed: false,
             armed: None,
             timer: timer.clone(),
@@ -239,6 +243,14 @@ impl RdmaClient {
     }
 }
 
+/// A submitted call's caller, and what its round-trip time needs.
+struct Waiter {
+    done: oneshot::Sender<Result<Bytes, RpcError>>,
+    key: oncrpc::rtt::ProcKey,
+    /// When the requester last asked for its Send (it is posted right after, in `perform`).
+    sent_at: Option<Instant>,
+}
+
 /// A call waiting in [`ClientInner::inbox`] for whoever holds the state lock to submit it.
 struct Submission {
     call: OutCall,
@@ -271,10 +283,20 @@ enum Post {
 fn absorb(st: &mut ClientState, actions: Vec<requester::Action>, posts: &mut Vec<Post>) {
     for a in actions {
         match a {
-            requester::Action::Send { data, .. } => posts.push(Post::Send(data)),
+            requester::Action::Send { xid, data } => {
+                // Round-trip times run from the last transmission (as `mountstats` counts
+                // them): a call resent after a version 2 error restarts its clock.
+                if let Some(w) = st.waiters.get_mut(&xid) {
+                    w.sent_at = Some(Instant::now());
+                }
+                posts.push(Post::Send(data));
+            }
             requester::Action::Complete { xid, result } => {
-                if let Some(tx) = st.waiters.remove(&xid) {
-                    posts.push(Post::Done(tx, result));
+                if let Some(w) = st.waiters.remove(&xid) {
+                    if let (Ok(_), Some(t)) = (&result, w.sent_at) {
+                        st.rtt.record(w.key, t.elapsed());
+                    }
+                    posts.push(Post::Done(w.done, result));
                 }
             }
             requester::Action::BackCall { xid, message } => {
@@ -317,7 +339,15 @@ fn submit_locked(st: &mut ClientState, sub: Submission, posts: &mut Vec<Post>) {
     }
     let xid = sub.call.xid;
     let deadline = sub.call.deadline;
-    st.waiters.insert(xid, sub.done);
+    let key = (sub.call.prog, sub.call.vers, sub.call.proc_);
+    st.waiters.insert(
+        xid,
+        Waiter {
+            done: sub.done,
+            key,
+            sent_at: None,
+        },
+    );
     let ClientState { req, reg, .. } = st;
     let actions = req.submit(sub.call, reg);
     absorb(st, actions, posts);
@@ -503,8 +533,8 @@ fn fail_all(inner: &Arc<ClientInner>, why: &str) {
     // A `Close` among them (a registration that could not be invalidated) is performed too;
     // the waiters are already taken, so it fails nothing twice.
     apply_locked(inner, st, actions);
-    for (_, tx) in waiters {
-        let _ = tx.send(Err(RpcError::Transport(why.to_string())));
+    for (_, w) in waiters {
+        let _ = w.done.send(Err(RpcError::Transport(why.to_string())));
     }
 }
 
@@ -671,6 +701,10 @@ impl RpcTransport for RdmaClient {
 
     fn describe(&self) -> String {
         format!("rdma://{}", self.inner.addr)
+    }
+
+    fn rtt(&self) -> Option<Arc<RttTable>> {
+        Some(self.inner.state.lock().rtt.clone())
     }
 }
 
