@@ -30,6 +30,8 @@ use crate::responder::Unfinished;
 /// How often a drain looks at what is left (a shutdown path: no completion to wait on tells
 /// it when an unsignaled reply is done).
 const DRAIN_POLL: Duration = Duration::from_millis(1);
+/// The longest a drained connection waits for its peer to close its side.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// What draining one connection achieved ([`ServerConnection::drain`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,10 +151,13 @@ impl ServerConnection {
                 "RPC-over-RDMA connection closed before it was drained");
         }
         // Closing sends what the send queue handed to the transport before the FIN
-        // (soft-iWARP) and flushes the rest; the wait for the peer's side is bounded too.
+        // (soft-iWARP) and flushes the rest. The wait for the peer's side of the close is
+        // bounded as `verbs::Connection::disconnect` bounds it, and by the deadline.
         sc.link.conn.abort();
-        let _ = tokio::time::timeout_at(deadline.max(Instant::now()).into(), sc.link.conn.closed())
-            .await;
+        let until = deadline
+            .min(Instant::now() + CLOSE_WAIT)
+            .max(Instant::now());
+        let _ = tokio::time::timeout_at(until.into(), sc.link.conn.closed()).await;
         report
     }
 }
