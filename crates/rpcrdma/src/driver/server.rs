@@ -342,6 +342,9 @@ async fn serve_connection(
         // The server quiesces: this connection came too late to be drained with the others,
         // and has served nothing. Its client retries on the next instance.
         sh.refused.fetch_add(1, Ordering::Relaxed);
+        // The replies this peer lost before (taken for this connection) stay remembered.
+        let lost = resp.lock().take_lost();
+        sh.lost.lock().record(peer.ip(), lost);
         link.conn.disconnect().await;
         link.router_task.abort();
         link.router.close();
