@@ -117,14 +117,34 @@ impl ServeConfig {
     }
 }
 
+/// What a clean shutdown did over one transport ([`ShutdownReport::transports`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportShutdown {
+    /// "tcp" or "rdma".
+    pub transport: &'static str,
+    /// Calls under way when the shutdown began: executing (over RPC-over-RDMA also those
+    /// whose Read chunks were being pulled, or whose reply was being posted).
+    pub at_start: u64,
+    /// Of those, finished and answered before their connections closed (over
+    /// RPC-over-RDMA: every work request of the reply completed on the send queue first).
+    pub answered: u64,
+    /// Calls that arrived during the shutdown and were dropped unanswered.
+    pub dropped: u64,
+}
+
 /// What a clean shutdown achieved ([`Served::shutdown_within`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShutdownReport {
-    /// Every call executing when the shutdown began finished and was answered.
+    /// Every call under way when the shutdown began finished and was answered, over every
+    /// transport (over RPC-over-RDMA, its reply's work requests completed before the close).
     pub drained: bool,
     /// Calls that arrived during the shutdown and were dropped unanswered (their clients
-    /// resend them to the next instance).
+    /// resend them to the next instance), over every transport.
     pub dropped: u64,
+    /// The same per transport served (TCP, then RPC-over-RDMA).
+    pub transports: Vec<TransportShutdown>,
+    /// What draining each RPC-over-RDMA connection achieved.
+    pub rdma: Option<rpcrdma::QuiesceReport>,
     /// Every export was synced to stable storage.
     pub synced: bool,
     /// The verifier was recorded for the next start ([`crate::verifier`]): only when drained
@@ -264,32 +284,66 @@ impl Served {
     }
 
     /// A clean shutdown, as on SIGTERM: new calls are dropped unanswered (clients resend them
-    /// to the next instance), calls already executing finish and are answered (over TCP and
-    /// RPC-over-RDMA) for up to `grace`, the registrations with the system's rpcbind are
-    /// taken back, every listener and connection closes, every export is synced to stable
-    /// storage, and then — only if all of that succeeded — the write verifier is recorded so
-    /// that the next instance keeps it and clients need not resend their UNSTABLE writes
-    /// (RFC 1813 §3.3.7).
+    /// to the next instance), calls already under way finish and are answered for up to
+    /// `grace` (over TCP each reply is written before its connection closes; over
+    /// RPC-over-RDMA each reply's work requests complete on the send queue before its
+    /// connection closes, `rpcrdma::RdmaServer::quiesce`), the registrations with the system's
+    /// rpcbind are taken back, every listener and connection closes, every export is synced to
+    /// stable storage, and then — only if all of that succeeded — the write verifier is
+    /// recorded so that the next instance keeps it and clients need not resend their UNSTABLE
+    /// writes (RFC 1813 §3.3.7).
     pub async fn shutdown_within(mut self, grace: Duration) -> ShutdownReport {
         let mut report = ShutdownReport {
             drained: false,
             dropped: 0,
+            transports: Vec::new(),
+            rdma: None,
             synced: false,
             verifier_kept: false,
             unregistered: 0,
             problems: Vec::new(),
         };
-        self.stats.drain();
+        let tcp_at_start = self.stats.executing_on("tcp");
+        // RPC-over-RDMA drops new calls in its transport (and answers every call it accepted,
+        // its Read chunks pulled or not); the others here.
+        self.stats.drain_but_rdma();
         let deadline = tokio::time::Instant::now()
             .checked_add(grace)
             .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400 * 365));
-        report.drained = tokio::time::timeout_at(deadline, self.stats.wait_idle())
-            .await
-            .is_ok();
+        let rdma = self.rdma.take();
+        let quiesce = async {
+            match &rdma {
+                Some(r) => Some(r.quiesce(deadline.into_std()).await),
+                None => None,
+            }
+        };
+        let (idle, quiesced) = tokio::join!(
+            tokio::time::timeout_at(deadline, self.stats.wait_idle()),
+            quiesce
+        );
+        report.drained = idle.is_ok();
         if !report.drained {
             report.problems.push(format!(
                 "{} calls still executing after {grace:?}",
                 self.stats.executing()
+            ));
+        }
+        // The RPC-over-RDMA connections are closed (each once drained, or at the deadline);
+        // stop accepting for good.
+        drop(rdma);
+        if let Some(q) = &quiesced
+            && !q.drained()
+        {
+            report.drained = false;
+            let left: Vec<String> = q
+                .connections
+                .iter()
+                .filter(|c| !c.drained)
+                .map(|c| format!("{}: {:?}", c.peer, c))
+                .collect();
+            report.problems.push(format!(
+                "RPC-over-RDMA connections not drained after {grace:?}: {}",
+                left.join("; ")
             ));
         }
         if let Some(r) = self.rpcbind.take() {
@@ -303,19 +357,7 @@ impl Served {
         if let Some(t) = &self.lease_task {
             t.abort();
         }
-        if let Some(r) = self.rdma.take() {
-            // Every call has produced its reply (or the grace period is over): close the
-            // connections, then stop accepting. Limitation: the transport posts a reply after
-            // the program returns it, and closing flushes Sends not yet transmitted, so a
-            // reply being posted at this very instant can still be lost (its client resends
-            // the call to the next instance, where the duplicate request cache does not
-            // remember it). Closing that window needs rpcrdma to report when every reply's
-            // Send has completed. Over TCP, `TcpServer::shutdown` writes every reply first.
-            for c in r.connections() {
-                c.disconnect().await;
-            }
-            drop(r);
-        }
+        let tcp_served = !self.listeners.is_empty();
         let listeners = std::mem::take(&mut self.listeners);
         let closing = async {
             for l in listeners {
@@ -329,6 +371,34 @@ impl Served {
             report.drained = false;
         }
         report.dropped = self.stats.dropped_draining();
+        if tcp_served {
+            let still = self.stats.executing_on("tcp");
+            report.transports.push(TransportShutdown {
+                transport: "tcp",
+                at_start: tcp_at_start,
+                answered: if report.drained {
+                    tcp_at_start
+                } else {
+                    tcp_at_start.saturating_sub(still)
+                },
+                dropped: self.stats.dropped_draining_on("tcp"),
+            });
+        }
+        if let Some(q) = &quiesced {
+            let nfs_dropped = self.stats.dropped_draining_on("rdma");
+            report.dropped += q.dropped();
+            report.transports.push(TransportShutdown {
+                transport: "rdma",
+                at_start: q
+                    .connections
+                    .iter()
+                    .map(|c| u64::from(c.calls_at_start))
+                    .sum(),
+                answered: q.answered(),
+                dropped: q.dropped() + nfs_dropped,
+            });
+        }
+        report.rdma = quiesced;
         let exports = self.table.exports();
         let synced = tokio::task::spawn_blocking(move || {
             exports

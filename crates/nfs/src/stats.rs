@@ -101,8 +101,10 @@ impl Default for PerTransport {
 #[derive(Debug, Default)]
 pub struct ServerStats {
     per: [PerTransport; 3],
-    draining: AtomicBool,
-    dropped_draining: AtomicU64,
+    /// Per transport, as `per`.
+    draining: [AtomicBool; 3],
+    /// Per transport, as `per`.
+    dropped_draining: [AtomicU64; 3],
     idle: Notify,
 }
 
@@ -208,12 +210,46 @@ impl ServerStats {
 
     /// From now on drop new calls unanswered (a clean shutdown has begun).
     pub fn drain(&self) {
-        self.draining.store(true, Ordering::Release);
+        for d in &self.draining {
+            d.store(true, Ordering::Release);
+        }
+    }
+
+    /// [`ServerStats::drain`] for the calls of every transport but RPC-over-RDMA, whose
+    /// transport drops new calls itself while it answers those it accepted
+    /// (`rpcrdma::RdmaServer::quiesce`): a call it accepted before the shutdown began (one
+    /// whose Read chunks it is still pulling, say) is executed and answered.
+    pub fn drain_but_rdma(&self) {
+        for (i, d) in self.draining.iter().enumerate() {
+            if TRANSPORTS[i] != "rdma" {
+                d.store(true, Ordering::Release);
+            }
+        }
     }
 
     /// Calls dropped because they arrived after [`ServerStats::drain`].
     pub fn dropped_draining(&self) -> u64 {
-        self.dropped_draining.load(Ordering::Relaxed)
+        self.dropped_draining
+            .iter()
+            .map(|d| d.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// [`ServerStats::dropped_draining`] over one transport ("tcp", "rdma" or "local", as in
+    /// [`TRANSPORTS`]; 0 for any other name).
+    pub fn dropped_draining_on(&self, transport: &str) -> u64 {
+        TRANSPORTS
+            .iter()
+            .position(|t| *t == transport)
+            .map_or(0, |i| self.dropped_draining[i].load(Ordering::Relaxed))
+    }
+
+    /// Calls executing now over one transport (as [`ServerStats::dropped_draining_on`]).
+    pub fn executing_on(&self, transport: &str) -> u64 {
+        TRANSPORTS
+            .iter()
+            .position(|t| *t == transport)
+            .map_or(0, |i| self.per[i].executing.load(Ordering::Acquire))
     }
 
     /// Wait until no call is executing.
@@ -273,11 +309,11 @@ impl Program for Counted {
     }
     fn call(&self, call: Call) -> BoxFuture<'_, Outcome> {
         let st = &self.stats;
-        if st.draining.load(Ordering::Acquire) {
-            st.dropped_draining.fetch_add(1, Ordering::Relaxed);
+        let t = transport_index(call.context.transport);
+        if st.draining[t].load(Ordering::Acquire) {
+            st.dropped_draining[t].fetch_add(1, Ordering::Relaxed);
             return Box::pin(std::future::ready(Outcome::NoReply));
         }
-        let t = transport_index(call.context.transport);
         let per = &st.per[t];
         per.calls[slot(call.header.prog, call.header.vers, call.header.proc_)]
             .fetch_add(1, Ordering::Relaxed);

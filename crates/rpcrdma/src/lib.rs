@@ -85,4 +85,6 @@ pub mod rrc;
 pub mod ulb;
 pub mod version;
 
-pub use driver::{RdmaClient, RdmaServer, ServerConnection, TransportConfig, connect};
+pub use driver::{
+    DrainReport, QuiesceReport, RdmaClient, RdmaServer, ServerConnection, TransportConfig, connect,
+};

@@ -166,6 +166,19 @@ impl QueuePair {
         }
     }
 
+    /// Every send-queue WR posted so far has completed, whether it asked for its completion
+    /// or not: on soft-iWARP, each was handed to the connection's transmit queue and that queue
+    /// was written to the socket, whose close ([`crate::Connection::disconnect`]) sends it all
+    /// before its FIN; on rdma-core, the device completed it (every WR is posted signaled to
+    /// the device). A driver that posts replies unsignaled waits for this before it closes a
+    /// connection it wants no reply lost on. Also true on a QP in error: its WRs were flushed.
+    pub fn send_queue_idle(&self) -> bool {
+        match &self.shared.kind {
+            QpKind::Soft(s) => s.send_queue_idle(),
+            QpKind::Native(h) => h.as_ref().map_or(true, |h| h.send_queue_idle()),
+        }
+    }
+
     /// Post a receive WR (ibv_post_recv). Allowed before the connection is established.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
         match &self.shared.kind {

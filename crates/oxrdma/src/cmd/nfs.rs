@@ -356,6 +356,12 @@ async fn serve(a: ServeArgs) -> CmdResult {
             "not kept (no --state-dir)"
         },
     );
+    for t in &r.transports {
+        eprintln!(
+            "oxrdma: shutdown: {}: {} of {} calls in progress finished and answered, {} dropped for the next instance",
+            t.transport, t.answered, t.at_start, t.dropped
+        );
+    }
     for p in &r.problems {
         eprintln!("oxrdma: shutdown: {p}");
     }

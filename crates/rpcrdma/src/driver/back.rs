@@ -18,7 +18,7 @@ use crate::responder;
 /// A handle on one accepted connection, for backward-direction calls (RFC 8167).
 #[derive(Clone)]
 pub struct ServerConnection {
-    conn: Arc<ServerConn>,
+    pub(super) conn: Arc<ServerConn>,
 }
 
 impl std::fmt::Debug for ServerConnection {
@@ -44,12 +44,19 @@ impl ServerConnection {
         self.conn.resp.lock().stats().clone()
     }
 
+    /// Whether the connection is being drained ([`ServerConnection::drain`]): new calls are
+    /// dropped.
+    pub fn quiescing(&self) -> bool {
+        self.conn.resp.lock().is_quiescing()
+    }
+
     /// Responder-provided Read chunks waiting for their notification, and their bytes.
     pub fn rrc_waiting(&self) -> (usize, usize) {
         self.conn.resp.lock().rrc_waiting()
     }
 
-    /// Close this connection (the client reconnects and retransmits).
+    /// Close this connection at once (the client reconnects and retransmits; replies not yet
+    /// transmitted are lost: [`ServerConnection::drain`] closes without losing any).
     pub async fn disconnect(&self) {
         self.conn.link.conn.disconnect().await;
     }

@@ -10,6 +10,8 @@
 //!   router, memory registration through a protection domain, the reusable sink buffers.
 //! - `server.rs`: [`RdmaServer`], [`ServerConnection`], the receive handler and `perform`.
 //! - `client.rs`: [`RdmaClient`], its inbox, its timer and `perform`.
+//! - `drain.rs`: closing a server's connections without losing a reply
+//!   ([`ServerConnection::drain`], [`RdmaServer::quiesce`]).
 //!
 //! Each connection has a registered receive-buffer pool (the credit grant plus the backward
 //! credits, RFC 8167 §4.3) and a registered send-buffer pool; one task reads the receive
@@ -17,6 +19,7 @@
 mod back;
 mod budget;
 mod client;
+mod drain;
 mod link;
 mod server;
 
@@ -31,6 +34,7 @@ use crate::engine::Config;
 use crate::ulb::UpperLayerBinding;
 
 pub use client::RdmaClient;
+pub use drain::{DrainReport, QuiesceReport};
 pub use server::{RdmaServer, ServerConnection, ServerCounters};
 
 /// Errors of the drivers.

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -16,6 +16,7 @@ use verbs::{Device, RecvWr, WcStatus};
 use super::back::RdmaBack;
 pub use super::back::ServerConnection;
 use super::budget::{BudgetedRegistrar, hold_in_budget};
+use super::drain::{Posting, QuiesceReport, drain_all};
 use super::link::{Link, REPLY_WR, Router, SinkPool, recv_pool};
 use super::{DriverError, TransportConfig};
 use crate::engine::Params;
@@ -46,6 +47,10 @@ struct ServerShared {
     conns: Mutex<HashMap<u64, Arc<ServerConn>>>,
     next_conn: AtomicU64,
     budget: Arc<oncrpc::MemoryBudget>,
+    /// [`RdmaServer::quiesce`] began (set under the `conns` lock): a connection accepted from
+    /// now on is closed before it serves a call, and counted in `refused`.
+    quiescing: AtomicBool,
+    refused: AtomicU64,
 }
 
 /// Per-connection state shared by the receive handler, the call tasks and [`ServerConnection`].
@@ -63,6 +68,8 @@ pub(super) struct ServerConn {
     /// [`server_timer`] sleeps until `armed` and is woken through `timer` for an earlier one.
     armed: Mutex<Option<Instant>>,
     timer: Notify,
+    /// Calls past the Responder's hands whose reply is not yet posted ([`Posting`]).
+    pub(super) posting: AtomicU32,
 }
 
 impl ServerConn {
@@ -157,6 +164,8 @@ impl RdmaServer {
             counters: ServerCounters::default(),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(0),
+            quiescing: AtomicBool::new(false),
+            refused: AtomicU64::new(0),
             budget: config
                 .budget
                 .clone()
@@ -195,6 +204,28 @@ impl RdmaServer {
     /// The memory budget the connections draw from.
     pub fn budget(&self) -> &Arc<oncrpc::MemoryBudget> {
         &self.shared.budget
+    }
+
+    /// Stop serving without losing a reply (a clean shutdown): accept no more connections
+    /// (one accepted meanwhile is closed before it serves a call), then drain every
+    /// connection at once ([`ServerConnection::drain`]): new calls are dropped unanswered,
+    /// calls already accepted are answered and their replies' work requests complete, then
+    /// the connection closes. Bounded by `deadline`; the report says what was left.
+    pub async fn quiesce(&self, deadline: Instant) -> QuiesceReport {
+        self.task.abort();
+        let conns: Vec<ServerConnection> = {
+            let conns = self.shared.conns.lock();
+            self.shared.quiescing.store(true, Ordering::Release);
+            conns
+                .values()
+                .map(|c| ServerConnection::new(c.clone()))
+                .collect()
+        };
+        let connections = drain_all(conns, deadline).await;
+        QuiesceReport {
+            connections,
+            refused: self.shared.refused.load(Ordering::Relaxed),
+        }
     }
 
     /// The connections currently established.
@@ -297,9 +328,29 @@ async fn serve_connection(
         next_xid: AtomicU32::new(rand::random::<u32>()),
         armed: Mutex::new(None),
         timer: Notify::new(),
+        posting: AtomicU32::new(0),
     });
+    let refused = {
+        let mut conns = sh.conns.lock();
+        let q = sh.quiescing.load(Ordering::Acquire);
+        if !q {
+            conns.insert(conn_id, sc.clone());
+        }
+        q
+    };
+    if refused {
+        // The server quiesces: this connection came too late to be drained with the others,
+        // and has served nothing. Its client retries on the next instance.
+        sh.refused.fetch_add(1, Ordering::Relaxed);
+        // The replies this peer lost before (taken for this connection) stay remembered.
+        let lost = resp.lock().take_lost();
+        sh.lost.lock().record(peer.ip(), lost);
+        link.conn.disconnect().await;
+        link.router_task.abort();
+        link.router.close();
+        return Ok(());
+    }
     let timer_task = tokio::spawn(server_timer(sc.clone(), sh.cfg.rdma_timeout));
-    sh.conns.lock().insert(conn_id, sc.clone());
     let ctx = Arc::new(CallContext {
         peer: Some(peer),
         local: Some(link.conn.local_addr()),
@@ -581,12 +632,15 @@ async fn handle_incoming(
                     .dispatch(call.message, ctx.clone(), call.policy)
                     .await;
                 let xid = call.token.xid;
-                let actions = {
+                let (actions, _posting) = {
                     let mut r = resp.lock();
                     let a = r.reply(call.token, reply);
                     // A responder-provided Read chunk's pull deadline.
                     sc.arm(&r);
-                    a
+                    // From the Responder's hands to the end of `perform` the reply is the
+                    // driver's: counted under the Responder's lock, so a drain sees the call
+                    // in one count or the other, never in neither.
+                    (a, Posting::new(sc))
                 };
                 // The call's sinks are done with (what the reply still uses of them is counted
                 // with the reply): what the call reserved shrinks to the reply.

@@ -41,7 +41,8 @@ impl Responder {
     ) -> Result<Vec<Action>, BackError> {
         // A closed connection's calls would never be answered, and no deadline of it is
         // waited for any more.
-        if self.is_closed() {
+        // A quiescing one is about to close (see `quiesce`).
+        if self.is_closed() || self.quiescing {
             return Err(BackError::Closed);
         }
         if !self.back_ready {

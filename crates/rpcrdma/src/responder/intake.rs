@@ -244,6 +244,10 @@ impl Responder {
         let Some(chunks) = header.body.chunks() else {
             return Incoming::Nothing;
         };
+        // A quiescing connection takes no new call (see `quiesce`).
+        if self.drop_while_quiescing(xid) {
+            return Incoming::Nothing;
+        }
         let read_chunks = chunks.read_chunks();
         // Structural checks that need no Upper-Layer Binding (RFC 8166 §4.5.2: RDMA_ERR_CHUNK).
         let pz = read_chunks.iter().filter(|c| c.position == 0).count();
@@ -281,6 +285,7 @@ impl Responder {
         if pending.reads.is_empty() {
             self.complete_reads(pending, Vec::new())
         } else {
+            self.pulling.insert(pending.id);
             Incoming::NeedReads(pending)
         }
     }

@@ -18,15 +18,19 @@
 //! This module keeps the Responder's types and state; its jobs are split by file: `intake`
 //! (header decoding, property exchange, call checks), `reads` (pulled Read chunks, reassembly,
 //! the checks before dispatch), `reply` (reply building), `errors` (RDMA_ERROR and GARBAGE_ARGS),
-//! `backchannel` (RFC 8167 reverse calls), `timers` (deadlines).
+//! `backchannel` (RFC 8167 reverse calls), `timers` (deadlines), `rrc` (responder-provided Read
+//! chunks), `quiesce` (a clean close: no new calls, every accepted one answered).
 
 mod backchannel;
 mod errors;
 mod intake;
+mod quiesce;
 mod reads;
 mod reply;
 mod rrc;
 mod timers;
+
+pub use quiesce::Unfinished;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -187,6 +191,8 @@ pub struct ResponderStats {
     pub rrc_parked: u64,
     /// Replies refused REPLY_RESOURCE because one per credit was already waiting for room.
     pub rrc_refused: u64,
+    /// Calls dropped unanswered because they arrived after [`Responder::quiesce`].
+    pub quiesce_dropped: u64,
 }
 
 /// Why a backward call was not sent.
@@ -212,6 +218,10 @@ pub struct Responder {
     /// XIDs whose reply was lost to an RDMA operational error on an earlier connection.
     lost: HashSet<u32>,
     in_progress: HashSet<u32>,
+    /// Calls accepted whose Read chunks are being pulled, by [`PendingCall`] id.
+    pulling: HashSet<u64>,
+    /// [`Responder::quiesce`] was called: new calls are dropped.
+    quiescing: bool,
     stats: ResponderStats,
     // Backward direction (we are its Requester).
     back_ready: bool,
@@ -285,6 +295,8 @@ impl Responder {
             ulbs,
             lost,
             in_progress: HashSet::new(),
+            pulling: HashSet::new(),
+            quiescing: false,
             stats: ResponderStats::default(),
             back_ready: false,
             back_granted: 1,

@@ -14,6 +14,7 @@ impl Responder {
     /// Continue a call once every Read chunk has been pulled (`data[i]` for `reads[i]`).
     pub fn complete_reads(&mut self, p: PendingCall, data: Vec<Bytes>) -> Incoming {
         self.deadlines.reads_done(p.id);
+        self.pulling.remove(&p.id);
         let xid = p.header.xid;
         if data.len() != p.reads.len() {
             // The driver pulled other than what was asked: the responder's own problem
@@ -64,6 +65,7 @@ impl Responder {
         data_len: usize,
     ) -> Incoming {
         self.deadlines.reads_done(p.id);
+        self.pulling.remove(&p.id);
         let xid = p.header.xid;
         let Some(chunks) = p.header.body.chunks().cloned() else {
             return Incoming::Nothing;

@@ -128,6 +128,7 @@ impl Responder {
     #[must_use = "every action the engine returns must be performed"]
     pub fn reads_failed(&mut self, p: PendingCall) -> Vec<Action> {
         self.deadlines.reads_done(p.id);
+        self.pulling.remove(&p.id);
         self.deadlines.close();
         vec![Action::Close]
     }
@@ -139,6 +140,8 @@ impl Responder {
     /// callers the connection is gone).
     pub fn connection_closed(&mut self) {
         self.close_pulls();
+        // Nothing is left to finish: the calls being pulled fail with the connection.
+        self.pulling.clear();
         self.deadlines.close();
         self.deadlines.back.clear();
         self.back_queue.clear();

@@ -113,6 +113,8 @@ pub(crate) trait NativeQp: Send + Sync + Any {
     fn state(&self) -> QpState;
     /// ibv_post_send.
     fn post_send(&self, wr: SendWr) -> Result<(), VerbsError>;
+    /// Every send WR posted so far has completed, signaled or not ([`crate::QueuePair::send_queue_idle`]).
+    fn send_queue_idle(&self) -> bool;
     /// ibv_post_recv.
     fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError>;
     /// For the provider's own downcasts.

@@ -218,6 +218,9 @@ impl NativeQp for HwQueuePair {
     fn post_send(&self, wr: SendWr) -> Result<(), VerbsError> {
         HwQueuePair::post_send(self, wr)
     }
+    fn send_queue_idle(&self) -> bool {
+        HwQueuePair::send_queue_idle(self)
+    }
     fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
         HwQueuePair::post_recv(self, wr)
     }

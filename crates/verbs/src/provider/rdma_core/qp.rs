@@ -603,6 +603,15 @@ impl HwQueuePair {
         self.core.post_send(wr)
     }
 
+    /// Every send WR is posted to the device signaled (see the module's notes), so a slot is
+    /// taken until the device completes its WR, whether or not the consumer asked for the
+    /// completion: no slot in use and nothing waiting for one means every WR posted so far
+    /// has completed.
+    pub(crate) fn send_queue_idle(&self) -> bool {
+        let st = self.core.st.lock();
+        st.sends.used == 0 && st.backlog.is_empty()
+    }
+
     pub(crate) fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
         self.core.post_recv(wr)
     }

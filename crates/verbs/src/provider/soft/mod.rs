@@ -122,6 +122,10 @@ pub(crate) struct SoftQp {
     pub(crate) batching: AtomicBool,
     /// The device's transmit scheduling.
     pub(crate) tx: TxSchedule,
+    /// The in-memory writer holds pieces of the stream it has not written yet (over TCP the
+    /// pieces are in [`tx::TxPath::pieces`]). Set while the engine is locked by the fill that
+    /// took them, so [`SoftQp::send_queue_idle`] never sees a gap between the two.
+    pub(crate) mem_unwritten: AtomicBool,
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
 }
@@ -141,6 +145,7 @@ impl SoftQp {
             direct_armed: AtomicBool::new(true),
             batching: AtomicBool::new(false),
             tx: pd.device().config().tx,
+            mem_unwritten: AtomicBool::new(false),
             send_cq: send_cq.inner.clone(),
             recv_cq: recv_cq.inner.clone(),
         })
@@ -158,6 +163,29 @@ impl SoftQp {
 
     pub(crate) fn post_recv(&self, wr: RecvWr) {
         self.engine().post_recv(wr);
+    }
+
+    /// Every send WR posted so far has left the engine (completed, if signaled: the engine
+    /// completes a Send or RDMA Write once it is handed to the LLP, as siw does, here the
+    /// connection's transmit queue) and every byte of the transmit queue was written to the
+    /// socket (or the stream failed). The engine is asked first and released before the
+    /// transmit queue is looked at: a writer locks them the other way round, and whatever left
+    /// the engine was in the queue (under its lock) by the time the engine was free.
+    pub(crate) fn send_queue_idle(&self) -> bool {
+        if !self.engine.lock().send_queue_idle() {
+            return false;
+        }
+        if self
+            .mem_unwritten
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return false;
+        }
+        let tx = self.direct_tx.lock().clone();
+        // A transmit queue whose lock is held is being filled or written: not idle. (Never
+        // waiting for it also keeps this safe to call from a completion handler, which runs
+        // while a writer holds that lock.)
+        tx.is_none_or(|t| t.pieces.try_lock().is_some_and(|p| p.is_empty()))
     }
 }
 

@@ -217,7 +217,15 @@ pub(crate) async fn mem_writer_loop(
     let mut pieces: VecDeque<Piece> = VecDeque::new();
     loop {
         let notified = ctx.qp.wake.notified();
-        let closing = fill(&mut ctx.engine(), &mut pieces, ctx).closing;
+        let closing = {
+            let mut e = ctx.engine();
+            let closing = fill(&mut e, &mut pieces, ctx).closing;
+            // Before the engine is released (see `SoftQp::send_queue_idle`).
+            if !pieces.is_empty() {
+                ctx.qp.mem_unwritten.store(true, Ordering::Release);
+            }
+            closing
+        };
         if pieces.is_empty() {
             if closing {
                 w.shutdown().await?;
@@ -228,6 +236,7 @@ pub(crate) async fn mem_writer_loop(
         }
         let mut chunks: VecDeque<Bytes> = pieces.drain(..).map(|p| p.to_bytes()).collect();
         write_chunks(&mut w, &mut chunks).await?;
+        ctx.qp.mem_unwritten.store(false, Ordering::Release);
     }
 }
 

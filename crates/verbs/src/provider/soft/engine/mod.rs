@@ -435,6 +435,17 @@ impl Engine {
         }
     }
 
+    /// Nothing of the send queue is left to the engine: every send WR was handed to the
+    /// driver's transmit queue (and completed, if signaled) or flushed, no RDMA Read waits for
+    /// its response, and no Read Response or Terminate is left to cut. What the driver still
+    /// has to write is its own to report ([`super::SoftQp::send_queue_idle`]).
+    pub(crate) fn send_queue_idle(&self) -> bool {
+        self.sq.is_empty()
+            && self.ctrl_out.is_empty()
+            && self.reads_out.is_empty()
+            && self.inbound.is_empty()
+    }
+
     /// True if `poll_transmit` could return something.
     pub(crate) fn has_tx(&self) -> bool {
         !self.ctrl_out.is_empty()
