@@ -390,7 +390,7 @@ fn bench_prints_every_row_and_the_ratios() {
     let rows: Vec<Vec<&str>> = text
         .lines()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|f| f.len() == 8 && ["rdma", "tcp", "raw-tcp"].contains(&f[0]))
+        .filter(|f| f.len() == 10 && ["rdma", "tcp", "raw-tcp"].contains(&f[0]))
         .collect();
     // Every transport with NFSv3 and NFSv4.1 (the default --nfs-version 3,4.1).
     let mut want = Vec::new();
@@ -412,6 +412,14 @@ fn bench_prints_every_row_and_the_ratios() {
         assert!(f[5].parse::<f64>().unwrap() > 0.0, "{f:?}");
         if f[2] != "GETATTR" {
             assert!(f[4].parse::<f64>().unwrap() > 0.0, "{f:?}");
+        }
+        // Both NFS transports measure round-trip times (rtt-p50, rtt-p99); the raw stream
+        // has none.
+        if f[0] != "raw-tcp" {
+            assert!(f[8].parse::<f64>().unwrap() >= 1.0, "{f:?}");
+            assert!(f[9].parse::<f64>().unwrap() >= 1.0, "{f:?}");
+        } else {
+            assert_eq!((f[8], f[9]), ("-", "-"), "{f:?}");
         }
     }
     for l in [

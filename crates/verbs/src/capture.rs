@@ -21,7 +21,7 @@ use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use inet_checksum::{checksum, sum16};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::tcp::OwnedWriteHalf;
 
@@ -45,14 +45,112 @@ struct End {
 }
 
 /// A pcap file being written for one connection.
+///
+/// Records are stamped and copied on the caller's thread and written by a thread of their own
+/// (packet synthesis, checksums, the file write), so that a capture costs the connection's data
+/// path one copy of the bytes, not three passes over them and a file write: with the writing
+/// inline, capturing added about 80 µs to a 64 KiB NFS READ's round trip over loopback
+/// (40 µs without a capture, 120 µs with one). The writer is not woken per record (a wake-up
+/// per message tripled a GETATTR's round trip): it drains the queue every
+/// [`WRITER_PERIOD`], or as soon as half of [`MAX_QUEUED_BYTES`] waits. A caller that finds
+/// the queue full waits for room, so a capture never misses anything.
 #[derive(Debug)]
 pub struct Capture {
+    shared: Arc<Queue>,
+    writer: Option<std::thread::JoinHandle<io::Result<()>>>,
+    path: PathBuf,
+    closed: bool,
+}
+
+/// Bytes of records waiting for a capture's writer thread, at most.
+pub const MAX_QUEUED_BYTES: usize = 4 << 20;
+
+/// How long records wait for the writer, at most (unless the queue is half full first).
+pub const WRITER_PERIOD: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// One segment to write.
+#[derive(Debug)]
+struct Rec {
+    dir: Dir,
+    flags: u8,
+    payload: Vec<u8>,
+    at: SystemTime,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    recs: Vec<Rec>,
+    bytes: usize,
+    closed: bool,
+}
+
+/// The records between the connection and the writer thread.
+#[derive(Debug, Default)]
+struct Queue {
+    pending: Mutex<Pending>,
+    /// Wakes the writer early (half full, or closing).
+    work: Condvar,
+    /// Wakes callers waiting for room.
+    room: Condvar,
+}
+
+impl Queue {
+    fn push(&self, r: Rec) {
+        let mut p = self.pending.lock();
+        let n = r.payload.len();
+        while p.bytes > 0 && p.bytes + n > MAX_QUEUED_BYTES {
+            self.work.notify_one();
+            self.room.wait(&mut p);
+        }
+        p.bytes += n;
+        p.recs.push(r);
+        if p.bytes > MAX_QUEUED_BYTES / 2 {
+            self.work.notify_one();
+        }
+    }
+
+    fn close(&self) {
+        self.pending.lock().closed = true;
+        self.work.notify_one();
+    }
+
+    /// The writer's loop: write what waits, every period or when woken, until closed and
+    /// drained. Every record is taken even after a write error, so no caller waits for room
+    /// forever; the first error is returned.
+    fn drain_into(&self, f: &mut PcapFile) -> io::Result<()> {
+        let mut result = Ok(());
+        let mut p = self.pending.lock();
+        loop {
+            if p.recs.is_empty() {
+                if p.closed {
+                    break;
+                }
+                let _ = self.work.wait_for(&mut p, WRITER_PERIOD);
+                continue;
+            }
+            let recs = std::mem::take(&mut p.recs);
+            p.bytes = 0;
+            self.room.notify_all();
+            drop(p);
+            for r in recs {
+                if result.is_ok() {
+                    result = f.packet(r.dir, r.flags, &r.payload, r.at);
+                }
+            }
+            p = self.pending.lock();
+        }
+        drop(p);
+        result.and_then(|()| f.out.flush())
+    }
+}
+
+/// What the writer thread owns: the file and the synthesized TCP state.
+#[derive(Debug)]
+struct PcapFile {
     out: BufWriter<File>,
     local: End,
     peer: End,
     ip_id: u16,
-    path: PathBuf,
-    closed: bool,
 }
 
 fn v4(a: IpAddr) -> Ipv4Addr {
@@ -93,7 +191,7 @@ impl Capture {
         out.write_all(&262_144u32.to_le_bytes())?;
         out.write_all(&1u32.to_le_bytes())?;
         let seed = rand::random::<u32>();
-        let mut c = Self {
+        let mut f = PcapFile {
             out,
             local: End {
                 ip: v4(local.ip()),
@@ -106,8 +204,6 @@ impl Capture {
                 seq: seed.wrapping_mul(7).wrapping_add(12345),
             },
             ip_id: 1,
-            path,
-            closed: false,
         };
         let (first, second) = if initiator {
             (Dir::Out, Dir::In)
@@ -115,10 +211,20 @@ impl Capture {
             (Dir::In, Dir::Out)
         };
         let now = SystemTime::now();
-        c.packet(first, SYN, &[], now)?;
-        c.packet(second, SYN | ACK, &[], now)?;
-        c.packet(first, ACK, &[], now)?;
-        Ok(c)
+        f.packet(first, SYN, &[], now)?;
+        f.packet(second, SYN | ACK, &[], now)?;
+        f.packet(first, ACK, &[], now)?;
+        let shared = Arc::new(Queue::default());
+        let q = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("oxrdma-pcap".into())
+            .spawn(move || q.drain_into(&mut f))?;
+        Ok(Capture {
+            shared,
+            writer: Some(writer),
+            path,
+            closed: false,
+        })
     }
 
     /// Path of the file.
@@ -133,12 +239,23 @@ impl Capture {
 
     /// Record data that went in one direction at `at`.
     fn record_at(&mut self, dir: Dir, data: &[u8], at: SystemTime) -> io::Result<()> {
+        for chunk in data.chunks(MAX_SEGMENT) {
+            self.queue(dir, ACK | PSH, chunk.to_vec(), at)?;
+        }
+        Ok(())
+    }
+
+    /// Hand one segment to the writer thread.
+    fn queue(&mut self, dir: Dir, flags: u8, payload: Vec<u8>, at: SystemTime) -> io::Result<()> {
         if self.closed {
             return Ok(());
         }
-        for chunk in data.chunks(MAX_SEGMENT) {
-            self.packet(dir, ACK | PSH, chunk, at)?;
-        }
+        self.shared.push(Rec {
+            dir,
+            flags,
+            payload,
+            at,
+        });
         Ok(())
     }
 
@@ -150,7 +267,8 @@ impl Capture {
 
     /// [`Capture::record_parts`], stamped `at`.
     fn record_parts_at(&mut self, dir: Dir, parts: &[&[u8]], at: SystemTime) -> io::Result<()> {
-        let mut buf = Vec::with_capacity(MAX_SEGMENT);
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut buf = Vec::with_capacity(total.min(MAX_SEGMENT));
         for p in parts {
             let mut p: &[u8] = p;
             while !p.is_empty() {
@@ -158,30 +276,38 @@ impl Capture {
                 buf.extend_from_slice(&p[..take]);
                 p = &p[take..];
                 if buf.len() == MAX_SEGMENT {
-                    self.record_at(dir, &buf, at)?;
-                    buf.clear();
+                    let full = std::mem::replace(&mut buf, Vec::with_capacity(MAX_SEGMENT));
+                    self.queue(dir, ACK | PSH, full, at)?;
                 }
             }
         }
         if !buf.is_empty() {
-            self.record_at(dir, &buf, at)?;
+            self.queue(dir, ACK | PSH, buf, at)?;
         }
         Ok(())
     }
 
-    /// Write FIN/ACK exchanges and flush.
+    /// Write FIN/ACK exchanges, then wait for the writer to write everything and flush.
     pub fn close(&mut self) -> io::Result<()> {
         if self.closed {
             return Ok(());
         }
         let now = SystemTime::now();
-        self.packet(Dir::Out, FIN | ACK, &[], now)?;
-        self.packet(Dir::In, FIN | ACK, &[], now)?;
-        self.packet(Dir::Out, ACK, &[], now)?;
+        self.queue(Dir::Out, FIN | ACK, Vec::new(), now)?;
+        self.queue(Dir::In, FIN | ACK, Vec::new(), now)?;
+        self.queue(Dir::Out, ACK, Vec::new(), now)?;
         self.closed = true;
-        self.out.flush()
+        // The writer writes what is queued, then ends.
+        self.shared.close();
+        match self.writer.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(io::Error::other("the capture writer thread panicked")),
+            None => Ok(()),
+        }
     }
+}
 
+impl PcapFile {
     fn packet(&mut self, dir: Dir, flags: u8, payload: &[u8], at: SystemTime) -> io::Result<()> {
         let (src, dst) = match dir {
             Dir::Out => (&self.local, &self.peer),
