@@ -538,7 +538,7 @@ async fn conn_task(
             while outq.len() < SQ_DEPTH {
                 match e.poll_transmit(tok) {
                     Some(b) => {
-                        split.push(&b);
+                        split.push_bytes(b);
                         loop {
                             match split.next_msg() {
                                 Ok(Some((h, p))) => {

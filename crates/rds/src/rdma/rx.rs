@@ -85,10 +85,19 @@ impl Rx {
             return Err("receive completion failed (flushed)");
         }
         let off = c.wr_id as usize * BUF_LEN;
-        let data = self
+        let len = c.byte_len as usize;
+        if len > BUF_LEN || off + BUF_LEN > self.ring.len() {
+            return Err("receive outside the ring");
+        }
+        // Reassembled straight from the ring (one copy, into the message), then the buffer
+        // goes back to the receive queue.
+        let out = self
             .ring
-            .read(off, c.byte_len as usize)
-            .map_err(|_| "receive outside the ring")?;
+            .with_bytes(|ring| self.reasm.lock().on_send(&ring[off..off + len]))
+            .map_err(|e| {
+                tracing::warn!(%e, "rds/rdma: bad fragment, dropping connection");
+                "bad fragment"
+            })?;
         self.qp
             .post_recv(RecvWr {
                 wr_id: c.wr_id,
@@ -96,15 +105,11 @@ impl Rx {
             })
             .map_err(|_| "cannot re-post a receive buffer")?;
         CounterCells::add(&self.ctr.recvs, 1);
-        let out = self.reasm.lock().on_send(&data).map_err(|e| {
-            tracing::warn!(%e, "rds/rdma: bad fragment, dropping connection");
-            "bad fragment"
-        })?;
         let wake = {
             let mut cr = self.credits.lock();
             cr.c.posted();
             cr.c.grant(out.credit);
-            tracing::trace!(tok = self.tok, len = data.len(), grant = out.credit, credits = ?cr.c,
+            tracing::trace!(tok = self.tok, len, grant = out.credit, credits = ?cr.c,
                 "rds/rdma: recv");
             // Credits for a stopped sender, or enough buffers to advertise on their own.
             let unstalled = cr.stalled && cr.c.can_send(false);
@@ -117,7 +122,7 @@ impl Rx {
             let Some(i) = self.inner.upgrade() else {
                 return Err("stack gone");
             };
-            let r = i.engine.lock().on_recv(Instant::now(), self.tok, &m);
+            let r = i.engine.lock().on_recv_bytes(Instant::now(), self.tok, m);
             if let Err(e) = r {
                 tracing::warn!(%e, "rds/rdma: protocol error, dropping connection");
                 return Err("protocol error");
