@@ -111,8 +111,10 @@ impl Rx {
             cr.c.grant(out.credit);
             tracing::trace!(tok = self.tok, len, grant = out.credit, credits = ?cr.c,
                 "rds/rdma: recv");
-            // Credits for a stopped sender, or enough buffers to advertise on their own.
-            let unstalled = cr.stalled && cr.c.can_send(false);
+            // Credits for a stopped sender (any: with one it may still send an ack-only or a
+            // credit update, which may take the last credit), or enough buffers to advertise on
+            // their own.
+            let unstalled = cr.stalled && cr.c.can_send(true);
             if unstalled {
                 cr.stalled = false;
             }
