@@ -23,8 +23,15 @@ fuzz_target!(|data: &[u8]| {
         Some((s, r)) => (usize::from(*s).max(1), r),
         None => return,
     };
-    for chunk in rest.chunks(step) {
-        if e.on_recv(now, tok, chunk).is_err() {
+    // Chunks alternate between the borrowed path (a socket read) and the owned one (RDS over
+    // RDMA's reassembled messages, whose payload is kept without a copy).
+    for (i, chunk) in rest.chunks(step).enumerate() {
+        let r = if i % 2 == 0 {
+            e.on_recv(now, tok, chunk)
+        } else {
+            e.on_recv_bytes(now, tok, bytes::Bytes::copy_from_slice(chunk))
+        };
+        if r.is_err() {
             e.transport_down(now, tok);
             break;
         }

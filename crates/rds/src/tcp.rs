@@ -106,6 +106,8 @@ pub(crate) struct Inner {
     pub(crate) rdma_mrs: Mutex<HashMap<u32, Arc<verbs::MemoryRegion>>>,
     /// RDMA Writes to post before the message carrying `Extension::Rdma { rkey }`.
     pub(crate) rdma_ops: Mutex<HashMap<u32, crate::rdma::PendingOp>>,
+    /// What the RDMA driver did (profiling counters).
+    pub(crate) rdma_counters: Arc<crate::rdma::CounterCells>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -202,6 +204,7 @@ impl RdsStack {
             rdma_device,
             rdma_mrs: Mutex::new(HashMap::new()),
             rdma_ops: Mutex::new(HashMap::new()),
+            rdma_counters: Arc::default(),
         });
         let a = match (listener, rdma_listener) {
             (Some(l), _) => tokio::spawn(accept_loop(Arc::downgrade(&inner), l)),

@@ -142,6 +142,10 @@ pub struct StressArgs {
     /// with --self). Needs --transport rdma.
     #[arg(short = 'D', long = "rdma-size", default_value_t = 0)]
     rdma_size: usize,
+    /// After the run, print per request what each node's RDS paths and RDMA driver did
+    /// (messages, ack-only messages, Sends, credit updates, driver runs).
+    #[arg(long)]
+    counters: bool,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -398,6 +402,12 @@ async fn stress(a: StressArgs) -> CmdResult {
         r.set_rdma_out(srv.rdma_out_bytes());
     }
     row(name, &r);
+    if a.counters {
+        counters("client", &client, r.requests);
+        if let Some(s) = &_server_stack {
+            counters("server", s, r.requests);
+        }
+    }
     std::io::stdout().flush()?;
     if a.baseline {
         let (h, addr) = if a.in_process {
@@ -420,6 +430,31 @@ async fn stress(a: StressArgs) -> CmdResult {
         return Err("no acks received".into());
     }
     Ok(())
+}
+
+/// Per-request counts of one node after a stress run (`--counters`).
+fn counters(who: &str, stack: &RdsStack, requests: u64) {
+    let n = requests.max(1) as f64;
+    let (mut delivered, mut ack_only) = (0u64, 0u64);
+    for c in &stack.info().conns {
+        for p in &c.paths {
+            delivered += p.delivered;
+            ack_only += p.ack_only_sent;
+        }
+    }
+    let c = stack.rdma_counters();
+    println!(
+        "{who}: per request: delivered {:.3} ack-only {:.3} sends {:.3} credit-updates {:.3} \
+         post-calls {:.3} recvs {:.3} credit-stalls {:.3} task-wakeups {:.3}",
+        delivered as f64 / n,
+        ack_only as f64 / n,
+        c.sends as f64 / n,
+        c.credit_updates as f64 / n,
+        c.post_calls as f64 / n,
+        c.recvs as f64 / n,
+        c.credit_stalls as f64 / n,
+        c.runs as f64 / n,
+    );
 }
 
 fn print_info(i: &EngineInfo) {

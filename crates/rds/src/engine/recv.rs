@@ -53,14 +53,61 @@ impl RxAssembler {
         }
         Ok(())
     }
+
+    /// [`RxAssembler::feed`] for bytes in a buffer: a whole message arriving on its own (as
+    /// RDS over RDMA's reassembler hands them over) keeps its payload without a copy.
+    fn feed_bytes(
+        &mut self,
+        data: Bytes,
+        mut f: impl FnMut(Header, Bytes),
+    ) -> Result<(), WireError> {
+        if self.header.is_none() && self.hdr.is_empty() && data.len() >= HEADER_LEN {
+            let h = Header::decode(&data[..HEADER_LEN])?;
+            if data.len() == HEADER_LEN + h.len as usize {
+                f(h, data.slice(HEADER_LEN..));
+                return Ok(());
+            }
+        }
+        self.feed(&data, f)
+    }
+}
+
+/// Received bytes, borrowed (a socket read) or owned (a reassembled message).
+enum Input<'a> {
+    Slice(&'a [u8]),
+    Owned(Bytes),
+}
+
+impl Input<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Input::Slice(s) => s,
+            Input::Owned(b) => b,
+        }
+    }
 }
 
 impl Engine {
     /// Bytes arrived on `token`. On `Err` the driver must close the transport (and call
     /// [`Engine::transport_down`]).
     pub fn on_recv(&mut self, now: Instant, token: Token, data: &[u8]) -> Result<(), WireError> {
+        self.on_input(now, token, Input::Slice(data))
+    }
+
+    /// [`Engine::on_recv`] for bytes in a buffer (RDS over RDMA hands over whole messages):
+    /// a message that arrives whole is delivered without copying its payload.
+    pub fn on_recv_bytes(
+        &mut self,
+        now: Instant,
+        token: Token,
+        data: Bytes,
+    ) -> Result<(), WireError> {
+        self.on_input(now, token, Input::Owned(data))
+    }
+
+    fn on_input(&mut self, now: Instant, token: Token, data: Input<'_>) -> Result<(), WireError> {
         if let Some((peer, buf)) = self.pending.get_mut(&token) {
-            buf.extend_from_slice(data);
+            buf.extend_from_slice(data.as_slice());
             // Wait for a whole header before binding the transport to a path.
             let Ok(view) = HeaderView::new_checked(&buf[..]) else {
                 return Ok(());
@@ -112,11 +159,14 @@ impl Engine {
                     return Ok(());
                 }
                 if draining.is_some() {
-                    path.held.extend_from_slice(data);
+                    path.held.extend_from_slice(data.as_slice());
                     return Ok(());
                 }
             }
-            path.rx.feed(data, |h, p| msgs.push((h, p)))?;
+            match data {
+                Input::Slice(d) => path.rx.feed(d, |h, p| msgs.push((h, p)))?,
+                Input::Owned(b) => path.rx.feed_bytes(b, |h, p| msgs.push((h, p)))?,
+            }
         }
         for (h, p) in msgs {
             self.on_message(now, id, token, h, p)?;

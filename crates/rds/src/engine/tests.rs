@@ -162,3 +162,54 @@ fn a_sender_that_ignores_congestion_is_dropped_past_the_hard_limit() {
     assert_eq!(&e.recv(4000).expect("accepted again").payload[..], b"after");
     assert_eq!(port(&e).dropped, 80);
 }
+
+proptest::proptest! {
+    /// Whole messages handed over as owned buffers (RDS over RDMA's reassembler) and the same
+    /// bytes read from a stream in arbitrary pieces deliver the same datagrams.
+    #[test]
+    fn owned_messages_deliver_what_stream_bytes_do(
+        lens in proptest::collection::vec(0usize..6000, 1..6),
+        cut in 1usize..200,
+    ) {
+        let now = Instant::now();
+        let peer = Ipv4Addr::new(10, 0, 0, 1);
+        let mut msgs = Vec::new();
+        for (i, len) in lens.iter().enumerate() {
+            let h = wire::Header {
+                seq: i as u64 + 1,
+                len: *len as u32,
+                sport: 3000,
+                dport: 4000,
+                ..wire::Header::default()
+            };
+            let mut m = h.encode().unwrap().to_vec();
+            m.extend(std::iter::repeat_n(i as u8, *len));
+            msgs.push(m);
+        }
+        let mut got = Vec::new();
+        for owned in [false, true] {
+            let mut e = engine([10, 0, 0, 2]);
+            e.bind(4000).unwrap();
+            let AcceptOutcome::Accept(tok) = e.accept(now, peer) else {
+                panic!("accept refused");
+            };
+            if owned {
+                for m in &msgs {
+                    e.on_recv_bytes(now, tok, Bytes::copy_from_slice(m)).unwrap();
+                }
+            } else {
+                let stream: Vec<u8> = msgs.concat();
+                for c in stream.chunks(cut) {
+                    e.on_recv(now, tok, c).unwrap();
+                }
+            }
+            let mut d = Vec::new();
+            while let Some(x) = e.recv(4000) {
+                d.push((x.src, x.payload));
+            }
+            got.push(d);
+        }
+        proptest::prop_assert_eq!(got[0].len(), lens.len());
+        proptest::prop_assert_eq!(&got[0], &got[1]);
+    }
+}

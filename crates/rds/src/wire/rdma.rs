@@ -92,12 +92,35 @@ impl ConnData {
 #[derive(Debug, Default)]
 pub struct Splitter {
     buf: BytesMut,
+    /// The payload of the header held in `buf`, kept as pushed (no copy).
+    payload: Option<Bytes>,
 }
 
 impl Splitter {
     /// Appends stream bytes.
     pub fn push(&mut self, b: &[u8]) {
+        if let Some(p) = self.payload.take() {
+            self.buf.extend_from_slice(&p);
+        }
         self.buf.extend_from_slice(b);
+    }
+
+    /// Appends stream bytes given as a buffer: when they are exactly the payload of the one
+    /// header waiting in the splitter (the engine hands out a header, then its payload), they
+    /// are kept without copying.
+    pub fn push_bytes(&mut self, b: Bytes) {
+        if self.payload.is_none()
+            && !b.is_empty()
+            && self.buf.len() == HEADER_LEN
+            && HeaderView::new_checked(&self.buf[..])
+                .ok()
+                .and_then(|v| Header::from_view(&v).ok())
+                .is_some_and(|h| h.len as usize == b.len())
+        {
+            self.payload = Some(b);
+            return;
+        }
+        self.push(&b);
     }
 
     /// Next complete message.
@@ -109,6 +132,11 @@ impl Splitter {
         let len = h.len as usize;
         if len > MAX_MSG_LEN {
             return Err(WireError::TooLong(h.len));
+        }
+        if let Some(p) = self.payload.take() {
+            // Set only when `buf` is exactly this header and `p` its whole payload.
+            self.buf.clear();
+            return Ok(Some((h, p)));
         }
         if self.buf.len() < HEADER_LEN + len {
             return Ok(None);
@@ -379,6 +407,36 @@ mod tests {
                     proptest::prop_assert_eq!(m.len(), HEADER_LEN + h.len as usize);
                 }
             }
+        }
+
+        #[test]
+        fn splitter_gives_the_same_messages_copied_or_not(lens in proptest::collection::vec(0usize..9000, 1..6), cut in 1usize..100) {
+            let mut stream = Vec::new();
+            let mut pieces: Vec<Bytes> = Vec::new();
+            for (i, len) in lens.iter().enumerate() {
+                let h = Header { seq: i as u64 + 1, len: *len as u32, sport: 3, dport: 4, ..Header::default() };
+                let hb = Bytes::copy_from_slice(&h.encode().unwrap());
+                let p = Bytes::from(vec![i as u8; *len]);
+                stream.extend_from_slice(&hb);
+                stream.extend_from_slice(&p);
+                pieces.push(hb);
+                if !p.is_empty() {
+                    pieces.push(p);
+                }
+            }
+            // As the engine hands them out (header, payload), and as arbitrary slices.
+            let (mut a, mut b) = (Splitter::default(), Splitter::default());
+            let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+            for p in pieces {
+                a.push_bytes(p);
+                while let Some(m) = a.next_msg().unwrap() { got_a.push(m); }
+            }
+            for c in stream.chunks(cut) {
+                b.push_bytes(Bytes::copy_from_slice(c));
+                while let Some(m) = b.next_msg().unwrap() { got_b.push(m); }
+            }
+            proptest::prop_assert_eq!(got_a.len(), lens.len());
+            proptest::prop_assert_eq!(got_a, got_b);
         }
 
         #[test]

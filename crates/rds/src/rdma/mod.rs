@@ -9,8 +9,11 @@
 //!   every fragment repeats seq, len and ports; a mismatch is a protocol error.
 //! - [`Credits`]: the IB credit flow control.
 //!
-//! The driver (`rdma_accept`, `rdma_connect`, `conn_task`) runs one tokio task per RDMA
-//! connection; the engine runs in its `Acked` mode (h_ack piggybacking, ACK_REQUIRED every 8).
+//! The driver (`accept_loop`, `connect_task`, `conn_task`) runs one tokio task per RDMA
+//! connection, which sends: it takes every message the engine has queued and posts all the
+//! Sends that credits allow in one list (one vectored write on soft-iWARP). Receives are taken
+//! in the provider's context by a completion handler ([`rx`]). The engine runs in its `Acked`
+//! mode (h_ack piggybacking, ACK_REQUIRED every 8).
 //!
 //! RDMA operations: RDMA Write only. The sink registers an [`RdmaBuffer`] and advertises it
 //! with an RDMA_DEST extension; the source's driver posts the RDMA Write just before the first
@@ -24,18 +27,24 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tokio::sync::Notify;
-use verbs::{
-    Access, ConnParams, Connection, Device, QueuePair, RecvWr, SendWr, WcOpcode, WcStatus,
-};
+use verbs::{Access, ConnParams, Connection, Device, QueuePair, RecvWr, SendWr, WcStatus};
 
 use crate::engine::{AcceptOutcome, PathId, Token};
 use crate::tcp::{Inner, pump};
 use crate::wire::{FRAG_SIZE, HEADER_LEN};
+
+mod counters;
+mod rx;
+
+pub(crate) use counters::CounterCells;
+pub use counters::RdmaCounters;
 
 pub use crate::wire::rdma::{
     CONN_DATA_LEN, ConnData, Fragment, Fragmenter, MINOR_MASK, Reassembler, RxOutput, Splitter,
@@ -203,6 +212,11 @@ impl RdmaBuffer {
 }
 
 impl crate::tcp::RdsStack {
+    /// What the RDS-over-RDMA driver did so far (all zero on TCP stacks).
+    pub fn rdma_counters(&self) -> RdmaCounters {
+        self.inner.rdma_counters.snapshot()
+    }
+
     /// Registers a `len`-byte buffer a peer may RDMA-write to or read from once (RDMA stacks
     /// only). Advertise it with [`crate::RdsSocket::send_rdma_dest`].
     pub fn rdma_buffer(&self, len: usize) -> Result<RdmaBuffer, crate::RdsError> {
@@ -476,17 +490,40 @@ async fn conn_task(
     tok: Token,
     wake: Arc<Notify>,
     close: Arc<Notify>,
-    mut credits: Credits,
+    credits: Credits,
 ) {
     let ring_n = inner.upgrade().map_or(64, |i| i.rdma.recv_bufs);
+    let ctr = inner
+        .upgrade()
+        .map(|i| Arc::clone(&i.rdma_counters))
+        .unwrap_or_default();
     let local = inner.upgrade().map(|i| i.cfg.local);
     let mut split = Splitter::default();
-    let mut reasm = Reassembler::default();
     let mut outq: VecDeque<Fragment> = VecDeque::new();
     let mut in_flight = 0usize;
     let mut next_wr: u64 = 0;
     let scq = q.qp.send_cq().clone();
-    let rcq = q.qp.recv_cq().clone();
+    let Qp { qp, ring } = q;
+    let credits = Arc::new(Mutex::new(rx::TxCredits {
+        c: credits,
+        stalled: false,
+    }));
+    // Receives are taken in the provider's context (see `rx`).
+    let rx = Arc::new(rx::Rx {
+        inner: inner.clone(),
+        tok,
+        qp: qp.clone(),
+        ring,
+        ring_n,
+        reasm: Mutex::new(Reassembler::default()),
+        credits: Arc::clone(&credits),
+        wake: Arc::clone(&wake),
+        dead: AtomicBool::new(false),
+        failed: Notify::new(),
+        ctr: Arc::clone(&ctr),
+        rt: tokio::runtime::Handle::current(),
+    });
+    rx.install();
     // RDMA Reads: who waits for each (by rkey), and the one whose Send waits for it (the
     // Send that names the rkey goes out only once the Read completed, like Linux's
     // RDS_RDMA_FENCE; nothing is posted behind it meanwhile, which keeps RDS's order).
@@ -494,13 +531,14 @@ async fn conn_task(
     let mut held: Option<HeldRead> = None;
     'outer: loop {
         let Some(i) = inner.upgrade() else { return };
+        CounterCells::add(&ctr.runs, 1);
         // Pull messages from the engine while the queue is short.
         if outq.len() < SQ_DEPTH {
             let mut e = i.engine.lock();
             while outq.len() < SQ_DEPTH {
                 match e.poll_transmit(tok) {
                     Some(b) => {
-                        split.push(&b);
+                        split.push_bytes(b);
                         loop {
                             match split.next_msg() {
                                 Ok(Some((h, p))) => {
@@ -539,140 +577,116 @@ async fn conn_task(
         }
         pump(&i);
         drop(i);
-        // Post what credits allow.
-        let mut posted_any = false;
-        while in_flight < SQ_DEPTH && held.is_none() {
-            // A standalone credit update (ack-only header carrying h_credit) when at least half
-            // the ring waits to be advertised. Only then: single-credit updates bouncing between
-            // two blocked senders would keep the credits split into 1-credit packets for ever.
-            let front_is_update = outq
-                .front()
-                .is_some_and(|f| f.first && f.payload.is_empty() && f.header.is_ack_only());
-            if credits.wants_update(ring_n) && !front_is_update {
-                outq.push_front(Fragment {
-                    header: crate::wire::ack_only(0),
-                    payload: Bytes::new(),
-                    first: true,
-                    write: None,
-                    read: None,
-                });
-            }
-            let Some(f) = outq.front() else { break };
-            let update = f.first
-                && f.payload.is_empty()
-                && f.header.is_ack_only()
-                && credits.unadvertised > 0;
-            if !credits.can_send(update) {
-                break;
-            }
-            let Some(mut f) = outq.pop_front() else { break };
-            if let Some((rkey, off, len)) = f.read.take() {
-                let Ok(sink) =
-                    q.qp.pd()
+        // Post what credits allow, all in one list: soft-iWARP then frames every Send of this
+        // pass into one vectored write instead of one system call (or one writer-task wake-up)
+        // per Send.
+        let mut wrs: Vec<SendWr> = Vec::new();
+        let mut failed = false;
+        {
+            let mut cr = credits.lock();
+            while in_flight < SQ_DEPTH && held.is_none() {
+                // A standalone credit update (ack-only header carrying h_credit) when at least half
+                // the ring waits to be advertised. Only then: single-credit updates bouncing between
+                // two blocked senders would keep the credits split into 1-credit packets for ever.
+                let front_is_update = outq
+                    .front()
+                    .is_some_and(|f| f.first && f.payload.is_empty() && f.header.is_ack_only());
+                if cr.c.wants_update(ring_n) && !front_is_update {
+                    CounterCells::add(&ctr.credit_updates, 1);
+                    outq.push_front(Fragment {
+                        header: crate::wire::ack_only(0),
+                        payload: Bytes::new(),
+                        first: true,
+                        write: None,
+                        read: None,
+                    });
+                }
+                let Some(f) = outq.front() else { break };
+                let update = f.first
+                    && f.payload.is_empty()
+                    && f.header.is_ack_only()
+                    && cr.c.unadvertised > 0;
+                if !cr.c.can_send(update) {
+                    // The receive handler wakes us when credits arrive.
+                    cr.stalled = true;
+                    CounterCells::add(&ctr.credit_stalls, 1);
+                    break;
+                }
+                let Some(mut f) = outq.pop_front() else { break };
+                if let Some((rkey, off, len)) = f.read.take() {
+                    let Ok(sink) = qp
+                        .pd()
                         .register_len((len as usize).max(1), Access::LOCAL_WRITE)
-                else {
-                    break 'outer;
+                    else {
+                        failed = true;
+                        break;
+                    };
+                    next_wr += 1;
+                    wrs.push(SendWr::new(
+                        next_wr,
+                        verbs::SendOp::RdmaRead {
+                            remote_addr: off,
+                            rkey,
+                        },
+                        if len == 0 {
+                            Vec::new()
+                        } else {
+                            vec![sink.sge(0, len)]
+                        },
+                    ));
+                    in_flight += 1;
+                    held = Some(HeldRead {
+                        wr_id: next_wr,
+                        sink,
+                        len: len as usize,
+                        done: read_waiters.remove(&rkey),
+                        frag: f,
+                    });
+                    break;
+                }
+                if let Some((rkey, off, data)) = f.write.take() {
+                    next_wr += 1;
+                    wrs.push(SendWr {
+                        wr_id: next_wr,
+                        opcode: verbs::SendOp::RdmaWrite {
+                            remote_addr: off,
+                            rkey,
+                        },
+                        payload: verbs::Payload::Inline(data),
+                        signaled: true,
+                        solicited: false,
+                    });
+                    in_flight += 1;
+                }
+                let c = cr.c.take(f.first);
+                let Ok(bytes) = f.encode(c) else {
+                    failed = true;
+                    break;
                 };
-                next_wr += 1;
-                let wr = SendWr::new(
-                    next_wr,
-                    verbs::SendOp::RdmaRead {
-                        remote_addr: off,
-                        rkey,
-                    },
-                    if len == 0 {
-                        Vec::new()
-                    } else {
-                        vec![sink.sge(0, len)]
-                    },
+                tracing::trace!(
+                    ?local,
+                    tok,
+                    len = bytes.len(),
+                    c,
+                    credits = ?cr.c,
+                    "rds/rdma: send"
                 );
-                if q.qp.post_send(wr).is_err() {
-                    break 'outer;
-                }
-                in_flight += 1;
-                held = Some(HeldRead {
-                    wr_id: next_wr,
-                    sink,
-                    len: len as usize,
-                    done: read_waiters.remove(&rkey),
-                    frag: f,
-                });
-                break;
-            }
-            if let Some((rkey, off, data)) = f.write.take() {
                 next_wr += 1;
-                let wr = SendWr {
-                    wr_id: next_wr,
-                    opcode: verbs::SendOp::RdmaWrite {
-                        remote_addr: off,
-                        rkey,
-                    },
-                    payload: verbs::Payload::Inline(data),
-                    signaled: true,
-                    solicited: false,
-                };
-                if q.qp.post_send(wr).is_err() {
-                    break 'outer;
-                }
+                wrs.push(SendWr::send_bytes(next_wr, bytes));
+                CounterCells::add(&ctr.sends, 1);
                 in_flight += 1;
             }
-            let c = credits.take(f.first);
-            let Ok(bytes) = f.encode(c) else { break 'outer };
-            tracing::trace!(
-                ?local,
-                tok,
-                len = bytes.len(),
-                c,
-                ?credits,
-                "rds/rdma: send"
-            );
-            next_wr += 1;
-            if q.qp.post_send(SendWr::send_bytes(next_wr, bytes)).is_err() {
+        }
+        if !wrs.is_empty() {
+            CounterCells::add(&ctr.post_calls, 1);
+            if qp.post_send_list(wrs).is_err() {
                 break 'outer;
             }
-            in_flight += 1;
-            posted_any = true;
         }
-        let _ = posted_any;
+        if failed {
+            break 'outer;
+        }
         tokio::select! {
-            c = rcq.next() => {
-                // Drain every completion at hand: grants coalesce before the next send decision.
-                let mut next = Some(c);
-                while let Some(c) = next.take() {
-                    if c.status != WcStatus::Success || c.opcode != WcOpcode::Recv {
-                        break 'outer;
-                    }
-                    let off = c.wr_id as usize * BUF_LEN;
-                    let Ok(data) = q.ring.read(off, c.byte_len as usize) else { break 'outer };
-                    if q.qp.post_recv(RecvWr {
-                        wr_id: c.wr_id,
-                        sgl: vec![q.ring.sge(off as u64, BUF_LEN as u32)],
-                    }).is_err() {
-                        break 'outer;
-                    }
-                    credits.posted();
-                    tracing::trace!(?local, tok, len = data.len(), ?credits, "rds/rdma: recv");
-                    match reasm.on_send(&data) {
-                        Ok(out) => {
-                            credits.grant(out.credit);
-                            tracing::trace!(?local, tok, grant = out.credit, "rds/rdma: granted");
-                            if let Some(m) = out.message {
-                                let Some(i) = inner.upgrade() else { return };
-                                let r = i.engine.lock().on_recv(Instant::now(), tok, &m);
-                                if let Err(e) = r {
-                                    tracing::warn!(%e, "rds/rdma: protocol error, dropping connection");
-                                    break 'outer;
-                                }
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(%e, "rds/rdma: bad fragment, dropping connection");
-                            break 'outer;
-                        }
-                    }
-                    next = rcq.try_next();
-                }
-            }
             c = scq.next() => {
                 let mut next = Some(c);
                 while let Some(c) = next.take() {
@@ -693,8 +707,13 @@ async fn conn_task(
                     next = scq.try_next();
                 }
             }
-            _ = wake.notified() => {}
+            _ = wake.notified() => {
+                // Let the tasks woken with us (applications answering a batch of receives) queue
+                // their messages first: they then leave in one post list, one vectored write.
+                tokio::task::yield_now().await;
+            }
             _ = close.notified() => break 'outer,
+            _ = rx.failed.notified() => break 'outer,
             ev = conn.next_event() => {
                 match ev {
                     Some(verbs::CmEvent::Established) => {}
@@ -704,6 +723,8 @@ async fn conn_task(
         }
     }
     tracing::debug!(tok, "rds/rdma: connection task ends");
+    // Flushed receives find nothing more to do.
+    rx.dead.store(true, Ordering::Release);
     conn.disconnect().await;
     let Some(i) = inner.upgrade() else { return };
     i.conns.lock().remove(&tok);
