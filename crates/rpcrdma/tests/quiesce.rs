@@ -104,17 +104,7 @@ fn new_calls_are_dropped_and_counted_and_accepted_ones_answered() {
     );
 
     // The pull completes: the call goes on to execute.
-    let bytes: Vec<Bytes> = pulling
-        .reads
-        .iter()
-        .map(|c| {
-            let mut v = Vec::new();
-            for s in &c.segments {
-                v.extend_from_slice(&h.creg.rdma_read(s).expect("RDMA Read"));
-            }
-            Bytes::from(v)
-        })
-        .collect();
+    let bytes = h.pull_reads(&pulling);
     match h.resp.complete_reads(pulling, bytes) {
         Incoming::Call(c) => ready.push(c),
         other => panic!("{other:?}"),

@@ -76,17 +76,7 @@ fn reads_that_complete_or_fail_are_no_longer_due() {
     h.resp.set_read_timeout(Some(Duration::from_secs(1)));
     let p = call_with_read_chunk(&mut h, 6);
     assert!(h.resp.reads_started(&p, start));
-    let data: Vec<Bytes> = p
-        .reads
-        .iter()
-        .map(|c| {
-            let mut v = Vec::new();
-            for s in &c.segments {
-                v.extend_from_slice(&h.creg.rdma_read(s).expect("RDMA Read"));
-            }
-            Bytes::from(v)
-        })
-        .collect();
+    let data = h.pull_reads(&p);
     assert!(matches!(h.resp.complete_reads(p, data), Incoming::Call(_)));
     assert_eq!(h.resp.next_deadline(), None);
     let late = start + Duration::from_secs(5);

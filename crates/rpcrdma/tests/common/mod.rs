@@ -403,6 +403,21 @@ impl Harness {
         }
     }
 
+    /// What the server's RDMA Reads of `p`'s Read chunks bring back from the client's
+    /// memory: one buffer per chunk, in order.
+    pub fn pull_reads(&mut self, p: &responder::PendingCall) -> Vec<Bytes> {
+        p.reads
+            .iter()
+            .map(|c| {
+                let mut v = Vec::new();
+                for s in &c.segments {
+                    v.extend_from_slice(&self.creg.rdma_read(s).expect("RDMA Read"));
+                }
+                Bytes::from(v)
+            })
+            .collect()
+    }
+
     /// Deliver one server-bound message; returns the ready call, if any.
     pub fn server_receive(&mut self, m: Bytes) -> Option<responder::ReadyCall> {
         let inv = self
@@ -435,17 +450,7 @@ impl Harness {
                     inc = self.resp.complete_reads_framed(p, Bytes::from(v), n);
                 }
                 Incoming::NeedReads(p) => {
-                    let data = p
-                        .reads
-                        .iter()
-                        .map(|c| {
-                            let mut v = Vec::new();
-                            for s in &c.segments {
-                                v.extend_from_slice(&self.creg.rdma_read(s).expect("RDMA Read"));
-                            }
-                            Bytes::from(v)
-                        })
-                        .collect();
+                    let data = self.pull_reads(&p);
                     inc = self.resp.complete_reads(p, data);
                 }
                 Incoming::Call(c) => return Some(c),
