@@ -47,6 +47,7 @@ pub mod nfs_bench;
 pub mod nfs_connect;
 pub mod perf;
 pub mod proxy;
+mod raw_tcp;
 pub mod rds;
 pub mod rpc_bench;
 pub mod soak;

@@ -12,9 +12,7 @@ use nfs::nfs4::consts::{attr, stable};
 use oncrpc::{AuthSys, OpaqueAuth, RpcTransport, TcpClient};
 use rpcrdma::{RdmaClient, TransportConfig};
 
-use crate::nfs_bench::{
-    BenchConfig, BenchError, NfsVersion, Pass, Progress, Row, RttWindow, hist, row,
-};
+use crate::nfs_bench::{BenchConfig, BenchError, NfsVersion, Pass, Progress, Row, one_at_a_time};
 
 /// Start an NFSv4 session of minor version `minor` over RPC-over-RDMA to `rdma`, else over
 /// TCP to `tcp`, as AUTH_SYS `uid`/`gid`; returns the client and a description.
@@ -128,29 +126,21 @@ pub(crate) async fn bench_nfs4(
         c.remove(&root, fname.as_bytes()).await.map_err(err)?;
     }
     pb.set_message(format!("{name} v{} GETATTR", version.name()));
-    let mut h = hist();
-    let t0 = std::time::Instant::now();
-    let rtt = RttWindow::open(c.transport());
-    for _ in 0..a.getattrs {
-        let t = std::time::Instant::now();
-        c.getattr(&root, &[attr::TYPE, attr::CHANGE, attr::SIZE, attr::MODE])
-            .await
-            .map_err(err)?;
-        let _ = h.record(t.elapsed().as_nanos() as u64);
-    }
-    let rtt = rtt.close();
     rows.push(
-        row(
+        one_at_a_time(
             name,
             version,
             "GETATTR",
-            None,
-            None,
             a.getattrs,
-            t0.elapsed(),
-            &h,
+            c.transport(),
+            || async {
+                c.getattr(&root, &[attr::TYPE, attr::CHANGE, attr::SIZE, attr::MODE])
+                    .await
+                    .map(drop)
+                    .map_err(err)
+            },
         )
-        .with_rtt(rtt.as_ref()),
+        .await?,
     );
     Ok(rows)
 }

@@ -20,6 +20,9 @@ use std::time::Duration;
 use nfs::client::{ClientError, Nfs3Client};
 use nfs::serve::ServeConfig;
 use oncrpc::rtt::{RttSnapshot, RttTable};
+
+pub use crate::raw_tcp::RAW_RUNS;
+use crate::raw_tcp::{bench_raw_tcp, raw_bytes};
 use rpcrdma::TransportConfig;
 use rpcrdma::rrc::ReplyMode;
 use serde::Serialize;
@@ -290,7 +293,7 @@ pub struct BenchReport {
     pub ratio_read_chunk: Option<f64>,
 }
 
-fn localhost(port: u16) -> SocketAddr {
+pub(crate) fn localhost(port: u16) -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
 }
 
@@ -453,29 +456,47 @@ async fn bench_nfs(
         c.remove(root, fname.as_bytes()).await?.into_result()?;
     }
     pb.set_message(format!("{name} GETATTR"));
-    let mut h = hist();
-    let t0 = std::time::Instant::now();
-    let rtt = RttWindow::open(c.transport());
-    for _ in 0..a.getattrs {
-        let t = std::time::Instant::now();
-        c.getattr(root).await?.into_result()?;
-        let _ = h.record(t.elapsed().as_nanos() as u64);
-    }
-    let rtt = rtt.close();
     rows.push(
-        row(
+        one_at_a_time(
             name,
             NfsVersion::V3,
             "GETATTR",
-            None,
-            None,
             a.getattrs,
-            t0.elapsed(),
-            &h,
+            c.transport(),
+            || async {
+                c.getattr(root).await?.into_result()?;
+                Ok::<_, BoxErr>(())
+            },
         )
-        .with_rtt(rtt.as_ref()),
+        .await?,
     );
     Ok(rows)
+}
+
+/// `n` calls of `op`, one at a time (the next when the last is answered), timed each and as
+/// a whole, with their round-trip times on `transport`.
+pub(crate) async fn one_at_a_time<F, Fut, E>(
+    name: &'static str,
+    version: NfsVersion,
+    op: &'static str,
+    n: u64,
+    transport: &Arc<dyn oncrpc::RpcTransport>,
+    call: F,
+) -> Result<Row, E>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+{
+    let mut h = hist();
+    let t0 = std::time::Instant::now();
+    let rtt = RttWindow::open(transport);
+    for _ in 0..n {
+        let t = std::time::Instant::now();
+        call().await?;
+        let _ = h.record(t.elapsed().as_nanos() as u64);
+    }
+    let rtt = rtt.close();
+    Ok(row(name, version, op, None, None, n, t0.elapsed(), &h).with_rtt(rtt.as_ref()))
 }
 
 /// Calls `op(offset)` for every `io`-sized step of `total` bytes, at most `depth` at once,
@@ -536,74 +557,6 @@ fn warm_up(dir: &std::path::Path, total: u64, pb: &dyn Progress) -> Result<(), B
     drop(f);
     std::fs::remove_file(&path)?;
     Ok(())
-}
-
-/// Raw TCP streams per run; the best is the ceiling (single short streams on loopback varied
-/// 2x between runs here, with the two tasks sometimes sharing a worker thread).
-pub const RAW_RUNS: u64 = 3;
-
-/// The bytes each raw TCP stream moves: the run's size, at least 1 GiB.
-fn raw_bytes(size: u64) -> u64 {
-    size.max(1 << 30)
-}
-
-/// The raw TCP ceiling: the best of [`RAW_RUNS`] streams of `total` bytes over one loopback
-/// connection each, in 1 MiB writes.
-async fn bench_raw_tcp(total: u64, pb: &dyn Progress) -> Result<Row, BoxErr> {
-    pb.set_message("raw TCP stream 1 MiB".to_string());
-    let mut best = 0f64;
-    for _ in 0..RAW_RUNS {
-        best = best.max(raw_tcp_once(total, pb).await?);
-    }
-    Ok(Row {
-        transport: "raw-tcp",
-        nfs: None,
-        op: "STREAM",
-        io: Some(1 << 20),
-        mbs: Some(best / 1e6),
-        ops: best / f64::from(1u32 << 20),
-        p50_us: None,
-        p99_us: None,
-        rtt_p50_us: None,
-        rtt_p99_us: None,
-    })
-}
-
-/// One raw TCP stream of `total` bytes; returns bytes per second.
-async fn raw_tcp_once(total: u64, pb: &dyn Progress) -> Result<f64, BoxErr> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let l = tokio::net::TcpListener::bind(localhost(0)).await?;
-    let at = l.local_addr()?;
-    let sink = tokio::spawn(async move {
-        let (mut s, _) = l.accept().await?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut got = 0u64;
-        loop {
-            let n = s.read(&mut buf).await?;
-            if n == 0 {
-                return Ok::<u64, io::Error>(got);
-            }
-            got += n as u64;
-        }
-    });
-    let mut s = tokio::net::TcpStream::connect(at).await?;
-    s.set_nodelay(true)?;
-    let buf = vec![0x5a_u8; 1 << 20];
-    let t0 = std::time::Instant::now();
-    let mut sent = 0u64;
-    while sent < total {
-        s.write_all(&buf).await?;
-        sent += buf.len() as u64;
-        pb.inc(buf.len() as u64);
-    }
-    s.shutdown().await?;
-    drop(s);
-    let got = sink.await??;
-    let el = t0.elapsed();
-    if got != sent {
-        return Err(format!("raw TCP: {got} of {sent} bytes arrived").into());
-    }
-    Ok(sent as f64 / el.as_secs_f64().max(1e-9))
 }
 
 fn human(io: u32) -> String {
