@@ -214,6 +214,9 @@ impl Capture {
         f.packet(first, SYN, &[], now)?;
         f.packet(second, SYN | ACK, &[], now)?;
         f.packet(first, ACK, &[], now)?;
+        // On disk at once: a reader polling the file while the connection runs finds a pcap
+        // (the writer thread adds the rest every WRITER_PERIOD).
+        f.out.flush()?;
         let shared = Arc::new(Queue::default());
         let q = shared.clone();
         let writer = std::thread::Builder::new()
