@@ -9,7 +9,8 @@
 //! `replies received == calls executed`. The calls that got no reply are those the report says
 //! were dropped, plus those the server never read (still on the wire when the connection
 //! closed, or sent after it closed), which no counter of the server can see:
-//! `replies received + dropped <= calls sent`, and `dropped <= calls that failed`.
+//! `replies received + dropped <= calls sent`, and `dropped <= calls that failed` (the TCP
+//! client sends each call once: no retransmission on a new connection).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use nfs::nfs3::{Fh3, ReaddirplusArgs, StableHow};
 use nfs::serve::{ServeConfig, start};
 use nfs::stats::ServerStats;
 use nfs::ulb::NfsBinding;
-use oncrpc::{RpcTransport, TcpClient};
+use oncrpc::{ClientConfig, RpcTransport, TcpClient};
 use rpcrdma::{RdmaClient, TransportConfig};
 
 const BLOCK: usize = 64 << 10;
@@ -250,8 +251,17 @@ async fn round(n: usize) -> Met {
     let s = start(cfg).await.unwrap();
     let stats = s.stats().clone();
 
-    let tcp: Arc<dyn RpcTransport> =
-        Arc::new(TcpClient::connect(s.nfs_addr.unwrap()).await.unwrap());
+    // Each call is sent once: the client must not resend a call on a new connection (as it
+    // does by default once the server closes the old one), or a call the draining server
+    // dropped could be dropped again and counted twice.
+    let tcp: Arc<dyn RpcTransport> = Arc::new(
+        TcpClient::connect_with(
+            s.nfs_addr.unwrap(),
+            ClientConfig::default().with_max_retransmits(0),
+        )
+        .await
+        .unwrap(),
+    );
     let root = MountClient::new(tcp.clone()).mnt("/").await.unwrap();
     let tcp_client = Nfs3Client::new(tcp).with_auth_sys(0, 0, vec![]);
     let rdma = Arc::new(
