@@ -93,7 +93,17 @@ async fn close_after_sends(kind: Kind, wait_idle: bool) {
             "the close came while bytes were queued"
         );
     }
-    assert!(e.c.qp.send_queue_idle(), "nothing is left after the close");
+    // The peer can take the last bytes in before the writer that wrote them marks the queue
+    // idle: the queue must drain, not be idle at the instant the last message arrives (under
+    // load that instant came first about once in 100 runs).
+    let waited = std::time::Instant::now();
+    while !e.c.qp.send_queue_idle() {
+        assert!(
+            waited.elapsed() < Duration::from_secs(5),
+            "something is left 5 s after the close"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
