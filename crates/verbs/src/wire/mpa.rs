@@ -328,14 +328,29 @@ impl FpduDecoder {
     ///
     /// RFC 5044 §8: a CRC mismatch is fatal for the stream.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, WireError> {
-        let Ok(f) = Fpdu::new_checked(&buf[..]) else {
+        let Some((len, total)) = Self::complete(buf) else {
             return Ok(None);
         };
-        if !f.is_complete() {
+        self.check(buf.split_to(total).freeze(), len)
+    }
+
+    /// [`FpduDecoder::decode`] from bytes already frozen (no copy: the ULPDU shares them).
+    pub fn decode_frozen(&mut self, buf: &mut Bytes) -> Result<Option<Bytes>, WireError> {
+        let Some((len, total)) = Self::complete(buf) else {
             return Ok(None);
-        }
-        let (len, total) = (f.ulpdu_len(), f.total_len());
-        let fpdu = buf.split_to(total).freeze();
+        };
+        self.check(buf.split_to(total), len)
+    }
+
+    /// ULPDU length and FPDU length of the whole FPDU at the head of `buf`, if it is there.
+    fn complete(buf: &[u8]) -> Option<(usize, usize)> {
+        let f = Fpdu::new_checked(buf).ok()?;
+        f.is_complete().then(|| (f.ulpdu_len(), f.total_len()))
+    }
+
+    /// The ULPDU of a whole FPDU, its CRC checked if negotiated.
+    fn check(&self, fpdu: Bytes, len: usize) -> Result<Option<Bytes>, WireError> {
+        let total = fpdu.len();
         if self.crc {
             let body = total - 4;
             let want = crc_bytes(&[&fpdu[..body]]);
@@ -364,6 +379,44 @@ mod tests {
         let f = Fpdu::new_checked(&b[..]).unwrap();
         assert!(f.is_complete());
         assert_eq!(f.ulpdu(), b"hello");
+    }
+
+    #[test]
+    fn decode_frozen_takes_what_decode_takes() {
+        for crc in [false, true] {
+            let mut stream = BytesMut::new();
+            for n in [0usize, 1, 5, 300, 4096] {
+                encode_fpdu(&vec![n as u8; n], crc, &mut stream);
+            }
+            let whole = stream.len();
+            // Every cut: the head decoded both ways, then the rest after more bytes came.
+            for cut in [0, 3, 9, whole / 2, whole - 1, whole] {
+                let (mut a, mut b) = (
+                    BytesMut::from(&stream[..cut]),
+                    Bytes::copy_from_slice(&stream[..cut]),
+                );
+                let (mut da, mut db) = (FpduDecoder::new(crc), FpduDecoder::new(crc));
+                loop {
+                    let (x, y) = (
+                        da.decode(&mut a).unwrap(),
+                        db.decode_frozen(&mut b).unwrap(),
+                    );
+                    assert_eq!(x, y, "crc {crc} cut {cut}");
+                    assert_eq!(&a[..], &b[..]);
+                    if x.is_none() {
+                        break;
+                    }
+                }
+            }
+            // A damaged CRC fails both ways.
+            if crc {
+                let mut bad = stream.clone();
+                bad[5] ^= 1; // in the first FPDU's CRC
+                let mut b = bad.clone().freeze();
+                assert!(FpduDecoder::new(true).decode(&mut bad).is_err());
+                assert!(FpduDecoder::new(true).decode_frozen(&mut b).is_err());
+            }
+        }
     }
 
     #[test]

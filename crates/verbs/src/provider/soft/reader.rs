@@ -7,14 +7,14 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, DuplexStream, ReadBuf, ReadHalf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedReadHalf;
 
 use super::cm::DriverCtx;
 use super::tx::{transmit_batch, transmit_now};
-use crate::capture::Teed;
+use crate::capture::{Dir, Teed, Ticket};
 use crate::wire::ddp::Segment;
 use crate::wire::ddp::{TAGGED_HDR_LEN, term};
 use crate::wire::mpa::{Fpdu, FpduDecoder, pad_len};
@@ -50,6 +50,12 @@ pub(crate) async fn reader_loop(
     // Direct placement needs the raw socket, no CRC (the CRC must be checked before placing,
     // RFC 5044 §4.1) and no capture (which records the bytes it reads).
     let direct = matches!(r.get_ref(), In::Tcp(_)) && !ctx.crc && !ctx.tee.is_on();
+    // With a capture, what a read brought is frozen, its FPDUs taken from it without a copy,
+    // and only then copied into the capture (in the place reserved for it when the read
+    // returned, stamped then): the copy does not delay the completions.
+    let deferred = ctx.tee.is_on();
+    let mut frozen: Option<Bytes> = None;
+    let mut unrecorded: Option<(Ticket, Bytes)> = None;
     let mut skip = 0usize;
     // The last FPDU taken was a large tagged segment with more of its message to come: the
     // next one is most likely another, so read only its header and place it directly.
@@ -69,7 +75,10 @@ pub(crate) async fn reader_loop(
                 }
                 // The engine lock is taken per FPDU, not per read: posters on other threads wait
                 // for one placement at most, and completion handlers run between FPDUs.
-                let decoded = dec.decode(&mut buf);
+                let decoded = match frozen.as_mut() {
+                    Some(f) => dec.decode_frozen(f),
+                    None => dec.decode(&mut buf),
+                };
                 let mut eng = ctx.engine();
                 let more = !eng.closing
                     && match decoded {
@@ -86,9 +95,20 @@ pub(crate) async fn reader_loop(
                         }
                     };
                 if !more {
+                    let out = eng.has_tx() || eng.closing;
+                    drop(eng);
+                    // Everything this read brought has been taken in: record it, before
+                    // anything is sent in answer.
+                    if let Some((t, b)) = unrecorded.take() {
+                        ctx.tee.fill(t, &b);
+                    }
+                    // A partial FPDU waits in `buf` for the rest.
+                    if let Some(f) = frozen.take() {
+                        buf.extend_from_slice(&f);
+                    }
                     // Read Responses, Terminates and replies: out from this task when the queue
                     // is idle.
-                    break (eng.has_tx() || eng.closing, ());
+                    break (out, ());
                 }
             }
         });
@@ -106,10 +126,19 @@ pub(crate) async fn reader_loop(
         } else {
             ctx.rx_chunk as u64
         };
-        // Through the tee: a capture records what is read.
-        let n = (&mut r).take(limit).read_buf(&mut buf).await?;
+        let n = if deferred {
+            (&mut *r.get_mut()).take(limit).read_buf(&mut buf).await?
+        } else {
+            // Through the tee (a pass-through without a capture).
+            (&mut r).take(limit).read_buf(&mut buf).await?
+        };
         if n == 0 {
             return Ok(());
+        }
+        if deferred && let Some(t) = ctx.tee.reserve(Dir::In, n) {
+            let all = buf.split().freeze();
+            unrecorded = Some((t, all.slice(all.len() - n..)));
+            frozen = Some(all);
         }
         ctx.qp.direct_armed.store(true, Ordering::Release);
         ctx.stats.bytes_rx.fetch_add(n as u64, Ordering::Relaxed);
@@ -121,6 +150,7 @@ pub(crate) async fn reader_loop(
         // After a Terminate nothing more is placed; keep reading until the peer closes.
         if ctx.engine().closing {
             buf.clear();
+            frozen = None;
         }
     }
 }

@@ -7,23 +7,24 @@
 //!
 //! A connection's driver records through a tee (`Tee`) on its byte stream (`Teed` wraps each
 //! half): every read and every write passes through it and is recorded as it happens, like
-//! smoltcp's `PcapWriter` around a device. The MPA Request and Reply, exchanged before the
+//! smoltcp's `PcapWriter` around a device. The soft-iWARP reader records its reads itself: it
+//! reserves their place (and time) as each read returns and fills in the bytes once the FPDUs
+//! in them have been taken in, so that the copy into the capture does not delay completions. The MPA Request and Reply, exchanged before the
 //! driver starts (and, at a listener, before anyone knows whether to capture), are recorded
 //! by the connection manager as whole frames.
 
 use std::fs::File;
-use std::io::{self, BufWriter, IoSlice, Write};
+use std::io::{self, BufWriter, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use inet_checksum::{checksum, sum16};
 use parking_lot::{Condvar, Mutex};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::tcp::OwnedWriteHalf;
+
+mod tee;
+pub(crate) use tee::{Tee, Teed};
 
 /// Largest TCP payload per synthesized segment (65535 - 20 IPv4 - 20 TCP).
 pub const MAX_SEGMENT: usize = 65495;
@@ -54,9 +55,19 @@ struct End {
 /// per message tripled a GETATTR's round trip): it drains the queue every
 /// [`WRITER_PERIOD`], or as soon as half of [`MAX_QUEUED_BYTES`] waits. A caller that finds
 /// the queue full waits for room, so a capture never misses anything.
+///
+/// The copy of a large record goes into a buffer the writer gave back (at most
+/// [`POOL_BUFFERS`] kept each side), not a fresh allocation: a fresh 64 KiB buffer costs the
+/// data path its page faults every time (a 64 KiB record took 6-7 µs to queue, against about
+/// 1.2 µs for the copy alone), and that time sits between a reply's arrival, which the
+/// capture stamps, and its completion, which the caller sees (issue 19).
 #[derive(Debug)]
 pub struct Capture {
     shared: Arc<Queue>,
+    /// Buffers of [`MAX_SEGMENT`] bytes for large records, taken back from the writer.
+    spare: Vec<Vec<u8>>,
+    /// The last [`Ticket`] given.
+    next_ticket: u64,
     writer: Option<std::thread::JoinHandle<io::Result<()>>>,
     path: PathBuf,
     closed: bool,
@@ -68,20 +79,50 @@ pub const MAX_QUEUED_BYTES: usize = 4 << 20;
 /// How long records wait for the writer, at most (unless the queue is half full first).
 pub const WRITER_PERIOD: std::time::Duration = std::time::Duration::from_millis(2);
 
-/// One segment to write.
+/// Records of at least this many bytes are copied into pooled buffers of [`MAX_SEGMENT`]
+/// bytes; smaller ones into buffers of their own size (a small allocation is cheap, and a
+/// pooled buffer per GETATTR would hold 64 KiB for 200 bytes).
+pub const POOLED_MIN: usize = 4096;
+
+/// Pooled buffers kept on each side of the queue, at most (16 of [`MAX_SEGMENT`] bytes: 1 MiB
+/// per side, beside the [`MAX_QUEUED_BYTES`] of records waiting).
+pub const POOL_BUFFERS: usize = 16;
+
+/// One record to write: a segment, or bytes of one direction split into segments.
 #[derive(Debug)]
 struct Rec {
     dir: Dir,
     flags: u8,
-    payload: Vec<u8>,
+    body: Body,
     at: SystemTime,
+    /// Bytes counted against [`MAX_QUEUED_BYTES`].
+    bytes: usize,
 }
+
+#[derive(Debug)]
+enum Body {
+    /// One segment's payload.
+    One(Vec<u8>),
+    /// Consecutive segments (a reservation filled in).
+    Many(Vec<Vec<u8>>),
+    /// A place kept for bytes not recorded yet ([`Capture::reserve`]): the writer stops here
+    /// until they are.
+    Reserved(u64),
+}
+
+/// A place kept in a capture's order for bytes that are recorded later ([`Capture::reserve`],
+/// [`Capture::fill`]).
+#[derive(Debug)]
+#[must_use = "a reservation holds the writer back until it is filled"]
+pub struct Ticket(u64);
 
 #[derive(Debug, Default)]
 struct Pending {
     recs: Vec<Rec>,
     bytes: usize,
     closed: bool,
+    /// Pooled buffers the writer is done with, for the recording side to take back.
+    free: Vec<Vec<u8>>,
 }
 
 /// The records between the connection and the writer thread.
@@ -95,9 +136,17 @@ struct Queue {
 }
 
 impl Queue {
-    fn push(&self, r: Rec) {
+    /// Queue `r`, and take the pooled buffers the writer gave back into `spare` (up to
+    /// [`POOL_BUFFERS`]).
+    fn push(&self, r: Rec, spare: &mut Vec<Vec<u8>>) {
         let mut p = self.pending.lock();
-        let n = r.payload.len();
+        while spare.len() < POOL_BUFFERS {
+            match p.free.pop() {
+                Some(b) => spare.push(b),
+                None => break,
+            }
+        }
+        let n = r.bytes;
         while p.bytes > 0 && p.bytes + n > MAX_QUEUED_BYTES {
             self.work.notify_one();
             self.room.wait(&mut p);
@@ -105,6 +154,22 @@ impl Queue {
         p.bytes += n;
         p.recs.push(r);
         if p.bytes > MAX_QUEUED_BYTES / 2 {
+            self.work.notify_one();
+        }
+    }
+
+    /// Put the segments of reservation `ticket` in its place. Never waits for room (its bytes
+    /// were counted when it was made), so the writer, which waits for it, cannot wait on a
+    /// caller that waits for room.
+    fn fill(&self, ticket: u64, segments: Vec<Vec<u8>>) {
+        let mut p = self.pending.lock();
+        if let Some(r) = p
+            .recs
+            .iter_mut()
+            .rev()
+            .find(|r| matches!(r.body, Body::Reserved(t) if t == ticket))
+        {
+            r.body = Body::Many(segments);
             self.work.notify_one();
         }
     }
@@ -121,23 +186,54 @@ impl Queue {
         let mut result = Ok(());
         let mut p = self.pending.lock();
         loop {
-            if p.recs.is_empty() {
-                if p.closed {
-                    break;
+            // Everything up to the first reservation not filled yet.
+            let ready = p
+                .recs
+                .iter()
+                .position(|r| matches!(r.body, Body::Reserved(_)))
+                .unwrap_or(p.recs.len());
+            if ready == 0 {
+                if p.recs.is_empty() {
+                    if p.closed {
+                        break;
+                    }
+                } else if p.closed {
+                    // A reservation that will never be filled (its recorder is gone).
+                    let r = p.recs.remove(0);
+                    p.bytes -= r.bytes;
+                    self.room.notify_all();
+                    continue;
                 }
                 let _ = self.work.wait_for(&mut p, WRITER_PERIOD);
                 continue;
             }
-            let recs = std::mem::take(&mut p.recs);
-            p.bytes = 0;
+            let recs: Vec<Rec> = p.recs.drain(..ready).collect();
+            p.bytes -= recs.iter().map(|r| r.bytes).sum::<usize>();
             self.room.notify_all();
             drop(p);
+            let mut done = Vec::new();
+            let mut give_back = |b: Vec<u8>| {
+                if b.capacity() == MAX_SEGMENT && done.len() < POOL_BUFFERS {
+                    done.push(b);
+                }
+            };
             for r in recs {
-                if result.is_ok() {
-                    result = f.packet(r.dir, r.flags, &r.payload, r.at);
+                let segments = match r.body {
+                    Body::One(b) => vec![b],
+                    Body::Many(v) => v,
+                    Body::Reserved(_) => Vec::new(),
+                };
+                for b in segments {
+                    if result.is_ok() {
+                        result = f.packet(r.dir, r.flags, &b, r.at);
+                    }
+                    give_back(b);
                 }
             }
             p = self.pending.lock();
+            let room = POOL_BUFFERS.saturating_sub(p.free.len());
+            done.truncate(room);
+            p.free.append(&mut done);
         }
         drop(p);
         result.and_then(|()| f.out.flush())
@@ -151,6 +247,8 @@ struct PcapFile {
     local: End,
     peer: End,
     ip_id: u16,
+    /// The packet being built (kept: one allocation for the whole capture).
+    pkt: Vec<u8>,
 }
 
 fn v4(a: IpAddr) -> Ipv4Addr {
@@ -204,6 +302,7 @@ impl Capture {
                 seq: seed.wrapping_mul(7).wrapping_add(12345),
             },
             ip_id: 1,
+            pkt: Vec::new(),
         };
         let (first, second) = if initiator {
             (Dir::Out, Dir::In)
@@ -224,6 +323,8 @@ impl Capture {
             .spawn(move || q.drain_into(&mut f))?;
         Ok(Capture {
             shared,
+            spare: Vec::new(),
+            next_ticket: 0,
             writer: Some(writer),
             path,
             closed: false,
@@ -243,9 +344,26 @@ impl Capture {
     /// Record data that went in one direction at `at`.
     fn record_at(&mut self, dir: Dir, data: &[u8], at: SystemTime) -> io::Result<()> {
         for chunk in data.chunks(MAX_SEGMENT) {
-            self.queue(dir, ACK | PSH, chunk.to_vec(), at)?;
+            let mut b = self.buffer(chunk.len());
+            b.extend_from_slice(chunk);
+            self.queue(dir, ACK | PSH, b, at)?;
         }
         Ok(())
+    }
+
+    /// An empty buffer for a record of `len` bytes (at most [`MAX_SEGMENT`]): a pooled one
+    /// from [`POOLED_MIN`] bytes on.
+    fn buffer(&mut self, len: usize) -> Vec<u8> {
+        if len < POOLED_MIN {
+            return Vec::with_capacity(len);
+        }
+        match self.spare.pop() {
+            Some(mut b) => {
+                b.clear();
+                b
+            }
+            None => Vec::with_capacity(MAX_SEGMENT),
+        }
     }
 
     /// Hand one segment to the writer thread.
@@ -253,12 +371,17 @@ impl Capture {
         if self.closed {
             return Ok(());
         }
-        self.shared.push(Rec {
-            dir,
-            flags,
-            payload,
-            at,
-        });
+        let bytes = payload.len();
+        self.shared.push(
+            Rec {
+                dir,
+                flags,
+                body: Body::One(payload),
+                at,
+                bytes,
+            },
+            &mut self.spare,
+        );
         Ok(())
     }
 
@@ -270,16 +393,18 @@ impl Capture {
 
     /// [`Capture::record_parts`], stamped `at`.
     fn record_parts_at(&mut self, dir: Dir, parts: &[&[u8]], at: SystemTime) -> io::Result<()> {
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        let mut buf = Vec::with_capacity(total.min(MAX_SEGMENT));
+        let mut left: usize = parts.iter().map(|p| p.len()).sum();
+        let mut buf = self.buffer(left.min(MAX_SEGMENT));
         for p in parts {
             let mut p: &[u8] = p;
             while !p.is_empty() {
                 let take = (MAX_SEGMENT - buf.len()).min(p.len());
                 buf.extend_from_slice(&p[..take]);
                 p = &p[take..];
+                left -= take;
                 if buf.len() == MAX_SEGMENT {
-                    let full = std::mem::replace(&mut buf, Vec::with_capacity(MAX_SEGMENT));
+                    let next = self.buffer(left.min(MAX_SEGMENT));
+                    let full = std::mem::replace(&mut buf, next);
                     self.queue(dir, ACK | PSH, full, at)?;
                 }
             }
@@ -288,6 +413,40 @@ impl Capture {
             self.queue(dir, ACK | PSH, buf, at)?;
         }
         Ok(())
+    }
+
+    /// Keep the place, in this capture's order, of `len` bytes that went `dir` at `at` and are
+    /// recorded later by [`Capture::fill`]: what is recorded in the meantime (an answer to
+    /// them, say) is written after them, and the writer waits for them. The caller fills
+    /// every reservation it makes, without recording anything else in between (a record
+    /// may wait for room that only the writer makes).
+    pub fn reserve(&mut self, dir: Dir, len: usize, at: SystemTime) -> Ticket {
+        self.next_ticket += 1;
+        let t = self.next_ticket;
+        if !self.closed {
+            self.shared.push(
+                Rec {
+                    dir,
+                    flags: ACK | PSH,
+                    body: Body::Reserved(t),
+                    at,
+                    bytes: len,
+                },
+                &mut self.spare,
+            );
+        }
+        Ticket(t)
+    }
+
+    /// Record the bytes of a reservation (split into ≤ 65495-byte segments).
+    pub fn fill(&mut self, ticket: Ticket, data: &[u8]) {
+        let mut segments = Vec::with_capacity(data.len().div_ceil(MAX_SEGMENT));
+        for chunk in data.chunks(MAX_SEGMENT) {
+            let mut b = self.buffer(chunk.len());
+            b.extend_from_slice(chunk);
+            segments.push(b);
+        }
+        self.shared.fill(ticket.0, segments);
     }
 
     /// Write FIN/ACK exchanges, then wait for the writer to write everything and flush.
@@ -321,7 +480,9 @@ impl PcapFile {
         let ack = if flags & ACK != 0 { dst.seq } else { 0 };
         let tcp_len = 20 + payload.len();
         let ip_len = 20 + tcp_len;
-        let mut pkt = Vec::with_capacity(14 + ip_len);
+        let mut pkt = std::mem::take(&mut self.pkt);
+        pkt.clear();
+        pkt.reserve(14 + ip_len);
         // Ethernet II: locally administered MACs, EtherType IPv4.
         pkt.extend_from_slice(&[0x02, 0, 0, 0, 0, if dir == Dir::Out { 2 } else { 1 }]);
         pkt.extend_from_slice(&[0x02, 0, 0, 0, 0, if dir == Dir::Out { 1 } else { 2 }]);
@@ -365,7 +526,9 @@ impl PcapFile {
         self.out.write_all(&now.subsec_micros().to_le_bytes())?;
         self.out.write_all(&(pkt.len() as u32).to_le_bytes())?;
         self.out.write_all(&(pkt.len() as u32).to_le_bytes())?;
-        self.out.write_all(&pkt)
+        let r = self.out.write_all(&pkt);
+        self.pkt = pkt;
+        r
     }
 }
 
@@ -375,159 +538,5 @@ impl Drop for Capture {
     }
 }
 
-/// A tee on one connection's byte stream: where a capture is on, what passes through is
-/// recorded in it (a recording error is ignored: the capture is a diagnostic, never a reason
-/// to fail the connection). Clones share the capture; stream order is the order of the calls,
-/// which the driver makes in stream order for each direction. A write is recorded under the
-/// same lock as it is made, so what is read in answer to it always comes after it.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Tee(Option<Arc<Mutex<Capture>>>);
-
-impl Tee {
-    /// A tee into `capture`, or a plain pass-through.
-    pub(crate) fn new(capture: Option<Capture>) -> Self {
-        Tee(capture.map(|c| Arc::new(Mutex::new(c))))
-    }
-
-    /// True if bytes are being recorded.
-    pub(crate) fn is_on(&self) -> bool {
-        self.0.is_some()
-    }
-
-    /// Record `data` that went `dir` (also for bytes that passed before the tee existed).
-    pub(crate) fn record(&self, dir: Dir, data: &[u8]) {
-        if let Some(c) = &self.0
-            && !data.is_empty()
-        {
-            let _ = c.lock().record(dir, data);
-        }
-    }
-
-    /// Record the first `n` bytes of `slices`, which went `dir` at `at`, into a capture
-    /// already locked.
-    fn record_slices_locked(
-        c: &mut Capture,
-        dir: Dir,
-        slices: &[IoSlice<'_>],
-        mut n: usize,
-        at: SystemTime,
-    ) {
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(slices.len());
-        for s in slices {
-            if n == 0 {
-                break;
-            }
-            let take = s.len().min(n);
-            parts.push(&s[..take]);
-            n -= take;
-        }
-        if !parts.is_empty() {
-            let _ = c.record_parts_at(dir, &parts, at);
-        }
-    }
-
-    /// Run a (non-blocking) write and record what it wrote, holding the capture for both, so
-    /// that a reply the reading half receives to these bytes is recorded after them: the
-    /// capture's cross-direction order is then causal, as on the wire. The bytes are stamped
-    /// with the time the write began, when they were handed to TCP: on loopback the write
-    /// returns only after the peer's stack has taken them in, and a packet capture (tcpdump)
-    /// stamps them inside the call, not after it.
-    fn write_through(
-        &self,
-        slices: &[IoSlice<'_>],
-        write: impl FnOnce() -> Poll<io::Result<usize>>,
-    ) -> Poll<io::Result<usize>> {
-        let Some(c) = &self.0 else { return write() };
-        let mut c = c.lock();
-        let at = SystemTime::now();
-        let r = write();
-        if let Poll::Ready(Ok(n)) = r {
-            Self::record_slices_locked(&mut c, Dir::Out, slices, n, at);
-        }
-        r
-    }
-
-    /// End the capture (FINs) and flush it.
-    pub(crate) fn close(&self) {
-        if let Some(c) = &self.0 {
-            let _ = c.lock().close();
-        }
-    }
-}
-
-/// One half of a byte stream with a [`Tee`] on it: reads are recorded as [`Dir::In`], writes
-/// as [`Dir::Out`].
-#[derive(Debug)]
-pub(crate) struct Teed<S> {
-    inner: S,
-    tee: Tee,
-}
-
-impl<S> Teed<S> {
-    pub(crate) fn new(inner: S, tee: Tee) -> Self {
-        Teed { inner, tee }
-    }
-
-    /// The stream under the tee (for what does not move bytes: readiness, socket options).
-    pub(crate) fn get_ref(&self) -> &S {
-        &self.inner
-    }
-}
-
-impl Teed<OwnedWriteHalf> {
-    /// `TcpStream::try_write_vectored` through the tee.
-    pub(crate) fn try_write_vectored(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
-        match self.tee.write_through(slices, || {
-            Poll::Ready(self.inner.as_ref().try_write_vectored(slices))
-        }) {
-            Poll::Ready(r) => r,
-            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
-        }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Teed<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = r {
-            this.tee.record(Dir::In, &buf.filled()[before..]);
-        }
-        r
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Teed<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let (inner, tee) = (&mut this.inner, &this.tee);
-        tee.write_through(&[IoSlice::new(buf)], || Pin::new(inner).poll_write(cx, buf))
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let (inner, tee) = (&mut this.inner, &this.tee);
-        tee.write_through(bufs, || Pin::new(inner).poll_write_vectored(cx, bufs))
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
+#[cfg(test)]
+mod tests;
