@@ -266,6 +266,52 @@ async fn no_back_channel_is_cb_path_down() {
     assert_eq!(served.nfs4().unwrap().state().callback_counts().sent, 0);
 }
 
+/// The connection that carried a session's back channel closes while another connection goes
+/// on using the session: the server unbinds it, and SEQUENCE says the session has no back
+/// channel (SEQ4_STATUS_CB_PATH_DOWN_SESSION, RFC 8881 §2.10.13.1) so the client binds another.
+async fn back_channel_connection_closed(t: Transport) {
+    let tmp = tempfile::tempdir().unwrap();
+    let served = serve(tmp.path(), Duration::from_secs(10)).await;
+    let (rpc, mut events) = connect(&served, t, true).await;
+    let (c, flags) = session(rpc, "back-closed", true).await;
+    assert_ne!(flags & session_flags::CONN_BACK_CHAN, 0, "{t:?}");
+    assert_eq!(next_event(&mut events).await, CbEvent::Null, "{t:?}");
+    // A second connection uses the session's fore channel (SP4_NONE: SEQUENCE binds it).
+    let (rpc2, _events2) = connect(&served, t, false).await;
+    let mut c2 = Client {
+        rpc: rpc2,
+        clientid: c.clientid,
+        session: c.session,
+        seq: c.seq,
+        minor: 1,
+    };
+    assert_eq!(
+        flags_until(&mut c2, 100, |f| f == 0).await,
+        0,
+        "{t:?}: the back channel is up"
+    );
+    // The first connection goes.
+    drop(c);
+    drop(events);
+    // The server notices within its once-a-second sweep.
+    let flags = flags_until(&mut c2, 100, |f| f & seq4_status::CB_PATH_DOWN_SESSION != 0).await;
+    assert_ne!(
+        flags & seq4_status::CB_PATH_DOWN_SESSION,
+        0,
+        "{t:?}: flags {flags:#x} 5 s after the back channel's connection closed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_back_channel_connection_over_tcp_is_cb_path_down_session() {
+    back_channel_connection_closed(Transport::Tcp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_back_channel_connection_over_rdma_is_cb_path_down_session() {
+    back_channel_connection_closed(Transport::Rdma).await;
+}
+
 fn waiting_lock(sid: nfs::nfs4::types::Stateid4, who: &[u8], offset: u64, len: u64) -> OpArgs {
     let OpArgs::Lock {
         reclaim,

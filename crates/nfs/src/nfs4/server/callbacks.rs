@@ -38,6 +38,21 @@ impl Routes {
         let (w, t) = m.get(&conn)?;
         Some((w.upgrade()?, *t))
     }
+
+    /// Forget the connections that are gone, and return them. A connection's backward
+    /// direction lives in the context its calls carry, so it is gone once the connection has
+    /// closed and none of its calls is still running.
+    pub(super) fn sweep(&self) -> Vec<ConnId> {
+        let mut gone = Vec::new();
+        self.0.lock().retain(|conn, (w, _)| {
+            let live = w.strong_count() > 0;
+            if !live {
+                gone.push(*conn);
+            }
+            live
+        });
+        gone
+    }
 }
 
 /// The RPC credential of a callback (RFC 8881 §18.36.3 `csa_sec_parms`): the client's

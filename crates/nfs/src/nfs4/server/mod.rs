@@ -150,9 +150,18 @@ impl Nfs4Server {
         self.write_verf
     }
 
-    /// Expire the leases that ran out (RFC 8881 §8.3); returns when to call again.
+    /// Expire the leases that ran out (RFC 8881 §8.3), and unbind the connections that closed
+    /// since the last call from their sessions; returns when to call again.
     pub fn expire(&self, now: Instant) -> Option<Instant> {
+        // Swept before the state is locked (the routes' lock is never taken inside it).
+        let closed = self.routes.sweep();
         let mut st = self.state();
+        for conn in closed {
+            // RFC 8881 §2.10.13.1: a session whose back channel's connection is gone says so
+            // (SEQ4_STATUS_CB_PATH_DOWN_SESSION) until the client binds another; and the
+            // session's set of connections does not grow with every reconnection.
+            st.conn_closed(conn);
+        }
         let gone = st.poll(now);
         if !gone.is_empty() {
             tracing::info!(clients = gone.len(), "NFSv4 leases expired");
@@ -160,7 +169,8 @@ impl Nfs4Server {
         st.next_deadline()
     }
 
-    /// A connection closed: its session bindings go.
+    /// A connection closed: its session bindings go ([`Nfs4Server::expire`] finds the closed
+    /// connections itself; this is for a caller that learns of a close first).
     pub fn conn_closed(&self, conn: ConnId) {
         self.state().conn_closed(conn);
     }
