@@ -120,10 +120,27 @@ impl Portmapper {
         Arc::new(Self::default())
     }
 
-    /// Add or replace a registration (same prog, vers, netid).
+    /// Add or replace a registration (same prog, vers, netid): the server's own programs, as
+    /// it starts them.
     pub fn set(&self, reg: Registration) -> bool {
         let mut regs = self.regs.lock().unwrap_or_else(|p| p.into_inner());
         regs.retain(|r| !(r.prog == reg.prog && r.vers == reg.vers && r.netid == reg.netid));
+        regs.push(reg);
+        true
+    }
+
+    /// Add a registration unless one of the same (prog, vers, netid) exists: what a SET from
+    /// the wire does. RFC 1833 §2.2.1 (RPCBPROC_SET) and §3.2 (PMAPPROC_SET): "the procedure
+    /// refuses to establish a mapping if one already exists"; a program that moved UNSETs
+    /// first.
+    pub fn add(&self, reg: Registration) -> bool {
+        let mut regs = self.regs.lock().unwrap_or_else(|p| p.into_inner());
+        if regs
+            .iter()
+            .any(|r| r.prog == reg.prog && r.vers == reg.vers && r.netid == reg.netid)
+        {
+            return false;
+        }
         regs.push(reg);
         true
     }
@@ -239,7 +256,7 @@ impl Portmapper {
                     let ok = privileged
                         && u16::try_from(m.port).is_ok()
                         && netid(m.prot, false).is_some()
-                        && self.set(Registration {
+                        && self.add(Registration {
                             prog: m.prog,
                             vers: m.vers,
                             netid: netid(m.prot, false).unwrap_or("tcp").into(),
@@ -274,7 +291,7 @@ impl Portmapper {
                     let addr = std::str::from_utf8(&r.addr.0).ok().and_then(parse_uaddr);
                     let netid = String::from_utf8_lossy(&r.netid.0).into_owned();
                     let ok = match addr {
-                        Some(addr) if privileged => self.set(Registration {
+                        Some(addr) if privileged => self.add(Registration {
                             prog: r.prog,
                             vers: r.vers,
                             netid,

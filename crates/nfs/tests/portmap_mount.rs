@@ -146,6 +146,38 @@ async fn portmapper_registrations() {
     )
     .await;
     assert!(dec::<bool>(&r));
+    // RFC 1833 §3.2 / §2.2.1: a second SET of the same (program, version, protocol) is
+    // refused, over either version, and the first mapping stays.
+    let (_, r) = call(
+        &d,
+        100000,
+        2,
+        portmap::pmap_proc::SET,
+        m(400_001, 2, 6666),
+        lo,
+    )
+    .await;
+    assert!(!dec::<bool>(&r), "PMAP SET over an existing mapping");
+    let (_, r) = call(
+        &d,
+        100000,
+        4,
+        portmap::rpcb_proc::SET,
+        rpcb(400_001, 2, "tcp", "127.0.0.1.26.10"),
+        lo,
+    )
+    .await;
+    assert!(!dec::<bool>(&r), "RPCBIND SET over an existing mapping");
+    let (_, r) = call(
+        &d,
+        100000,
+        2,
+        portmap::pmap_proc::GETPORT,
+        m(400_001, 2, 0),
+        lo,
+    )
+    .await;
+    assert_eq!(dec::<u32>(&r), 5555);
     let (_, r) = call(
         &d,
         100000,
