@@ -48,6 +48,39 @@ fn conn_id(call: &Call) -> u64 {
     }
 }
 
+/// Whether a COMPOUND is answered on the calling task instead of a blocking thread: when every
+/// operation in it is one that NFSv3 also answers there (attribute reads, ACCESS, LOOKUP: a
+/// `statx` or two of objects found through their handles) or the session and filehandle
+/// plumbing around them (SEQUENCE, PUTFH, GETFH, SAVEFH, ...). A hop to a blocking thread and
+/// back costs two thread wake-ups, which made a one-at-a-time NFSv4.1 GETATTR (SEQUENCE,
+/// PUTFH, GETATTR) cost about three times NFSv3's. Anything that reads a directory, changes the
+/// namespace or moves data, and may wait for the disk, still goes to a blocking thread.
+fn runs_inline(args: &[u8]) -> bool {
+    use crate::nfs4::consts::op;
+    let Ok(scan) = crate::ulb::scan_compound(args) else {
+        return false;
+    };
+    !scan.stopped_at_unknown
+        && !scan.ops.is_empty()
+        && scan.ops.iter().all(|o| {
+            matches!(
+                *o,
+                op::SEQUENCE
+                    | op::PUTFH
+                    | op::PUTROOTFH
+                    | op::PUTPUBFH
+                    | op::GETFH
+                    | op::SAVEFH
+                    | op::RESTOREFH
+                    | op::GETATTR
+                    | op::ACCESS
+                    | op::LOOKUP
+                    | op::LOOKUPP
+                    | op::RENEW
+            )
+        })
+}
+
 impl Program for NfsV3V4 {
     fn program(&self) -> u32 {
         nfs3::PROGRAM
@@ -84,7 +117,8 @@ impl Program for NfsV3V4 {
                         call.context.transport,
                     );
                     let mut enc = call.reply_encoder();
-                    let r = tokio::task::spawn_blocking(move || {
+                    let inline = runs_inline(&call.args);
+                    let run = move || {
                         let req = Request {
                             args: &call.args,
                             cred: &call.credential,
@@ -92,8 +126,12 @@ impl Program for NfsV3V4 {
                             conn,
                         };
                         server.compound(&req)
-                    })
-                    .await;
+                    };
+                    let r = if inline {
+                        Ok(run())
+                    } else {
+                        tokio::task::spawn_blocking(run).await
+                    };
                     // Callbacks this COMPOUND made due (a back channel probe, a lock waiter
                     // to notify) go now.
                     self.v4.run_callbacks();
