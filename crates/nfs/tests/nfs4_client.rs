@@ -130,3 +130,64 @@ async fn concurrent_reads_share_the_slots() {
         c.remove(&root, b"shared").await.unwrap();
     }
 }
+
+/// Over RPC-over-RDMA a COMPOUND whose reply has a bound that fits inline (SEQUENCE, PUTFH,
+/// GETATTR of fixed-size attributes) goes without a Reply chunk; one asking for an attribute
+/// of unbounded size (an ACL) still gets one, sized by the session (RFC 8267 §6.2.2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bounded_replies_need_no_reply_chunk() {
+    use nfs::nfs4::consts::attr;
+    let tmp = tempfile::tempdir().unwrap();
+    let served = serve(tmp.path()).await;
+    let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
+    let rdma = Arc::new(
+        RdmaClient::connect_with(
+            served.rdma_addr.unwrap(),
+            TransportConfig::default(),
+            vec![ulb],
+            None,
+        )
+        .await
+        .unwrap(),
+    );
+    let (uid, gid) = nfs4_util::me();
+    let cred = OpaqueAuth::sys(&AuthSys {
+        stamp: 1,
+        machinename: Bytes::from_static(b"test"),
+        uid,
+        gid,
+        gids: vec![],
+    });
+    let c = Nfs4Client::connect(rdma.clone(), cred, 1, b"reply-bound", None)
+        .await
+        .unwrap();
+    let root = c.root().await.unwrap();
+    let before = rdma.stats().long_reply;
+    for _ in 0..20 {
+        let f = c
+            .getattr(
+                &root,
+                &[
+                    attr::TYPE,
+                    attr::CHANGE,
+                    attr::SIZE,
+                    attr::MODE,
+                    attr::OWNER,
+                ],
+            )
+            .await
+            .unwrap();
+        assert!(!f.vals.is_empty() && f.mask.get(attr::SIZE));
+    }
+    assert_eq!(
+        rdma.stats().long_reply,
+        before,
+        "a GETATTR of bounded attributes registered a Reply chunk"
+    );
+    let _ = c.getattr(&root, &[attr::TYPE, attr::ACL]).await;
+    assert_eq!(
+        rdma.stats().long_reply,
+        before + 1,
+        "a GETATTR of an ACL must offer a Reply chunk"
+    );
+}

@@ -74,6 +74,21 @@ enum Op {
     },
 }
 
+/// An upper bound on the reply to SEQUENCE and `ops` (no tag), when each has one
+/// ([`crate::ulb::v4_reply`]).
+fn reply_bound(sequence: &OpArgs, ops: &[Op]) -> Option<usize> {
+    use crate::ulb::v4_reply::{WRITE_REPLY_MAX, op_reply_max, ops_reply_bound};
+    ops.iter()
+        .try_fold(ops_reply_bound(0, [sequence])?, |size, o| {
+            Some(
+                size + match o {
+                    Op::Args(a) => op_reply_max(a)?,
+                    Op::Write { .. } => WRITE_REPLY_MAX,
+                },
+            )
+        })
+}
+
 impl Op {
     fn encode(&self, e: &mut Encoder) {
         match self {
@@ -282,7 +297,13 @@ impl Nfs4Client {
                 max_len: Some(count as usize + READ_REPLY_OVERHEAD),
                 ddp_items: vec![count as usize],
             },
-            None => ReplyExpectation::default(),
+            // A bound of its own when every operation's reply has one (RFC 8267 §6.2.2: the
+            // session's ca_maxresponsesize is for what cannot be bounded): over RPC-over-RDMA
+            // no Reply chunk is then registered for a reply that fits inline.
+            None => ReplyExpectation {
+                max_len: reply_bound(&sequence, &ops).map(|b| crate::ulb::RPC_REPLY_HEADER_MAX + b),
+                ddp_items: Vec::new(),
+            },
         };
         let mut req = CallRequest::new(nfs3::PROGRAM, 4, proc4::COMPOUND, move |e| {
             xdr::XdrEncode::encode(&header, e);

@@ -35,6 +35,7 @@ use crate::nfs3::{self, POST_OP_ATTR_MAX};
 
 mod compound;
 mod v2v3;
+pub(crate) mod v4_reply;
 
 pub use compound::{
     ChunkUse, CompoundScan, compound_reply_item_offsets, create_session_fore_attrs, op4,
@@ -308,6 +309,12 @@ impl UpperLayerBinding for NfsBinding {
             (3, _) => nfs3_max_reply(proc_, args),
             (4, 0) => Some(RPC_REPLY_HEADER_MAX),
             (4, NFS4_COMPOUND) => {
+                // A COMPOUND of operations with bounded replies gets its own bound, so that a
+                // GETATTR's reply is expected inline instead of in a Reply chunk sized for the
+                // session's largest reply (v4_reply).
+                if let Some(b) = v4_reply::compound_reply_bound(args) {
+                    return Some(RPC_REPLY_HEADER_MAX + b);
+                }
                 // RFC 8267 §6.2.1: v4.0 has no bound; §6.2.2: v4.1+ uses the session's.
                 let scan = scan_compound(args).ok()?;
                 let limit = self.session_limit(&scan.sessionid?)?;
