@@ -61,7 +61,10 @@ nfspair() {  # nfspair SERVER EXPORT OPTS TAG -> PERF lines nfs.{write,read,smal
         perf nfs.read.$tag "$r" MB/s; echo "CELL nfs/$tag-read pass $r MB/s ($MB MiB cold read, rdma)"
     else echo "CELL nfs/$tag-read fail the file read back differs from what was written"; fi
     rm -f /mnt/p/big
-    if out=$(taskset -c 0 timeout 600 python3 $B/smallfiles.py /mnt/p/sf "$FILES" 2>&1 | tail -1) && [ "${out%% *}" = SMALL ]; then
+    taskset -c 0 timeout 600 python3 $B/smallfiles.py /mnt/p/sf "$FILES" > /tmp/sf.out 2>&1
+    grep -v '^SMALL' /tmp/sf.out | sed "s/^/smallfiles $tag: /"
+    out=$(grep -m1 '^SMALL' /tmp/sf.out || tail -1 /tmp/sf.out)
+    if [ "${out%% *}" = SMALL ]; then
         read -r _ c st rmv <<<"$out"
         for ph in create:$c stat:$st remove:$rmv total:$(python3 -c "print($c + $st + $rmv)"); do
             local n=$FILES; [ "${ph%%:*}" = total ] && n=$((3 * FILES))
