@@ -1,8 +1,10 @@
 #!/bin/bash
 # perf-guest.sh (guest) - same-guest performance pairs, ends pinned to different vCPUs (taskset;
 # the guest's TSCs drift apart under TCG).  Prints "PERF KEY VALUE UNIT" lines and CELL lines.
-# env: DUR (5), OX_PERF / OX_NFS / OX_RDS = 1 when that oxrdma layer has landed, MB (64), RDS_N (300)
-B=/mnt/host/bin; OX=$B/oxrdma; DUR=${DUR:-5}; MB=${MB:-64}; RDS_N=${RDS_N:-300}
+# env: DUR (5), OX_PERF / OX_NFS / OX_RDS / OX_RPC = 1 when that oxrdma layer has landed, MB (64),
+#      RDS_N (300), FILES (2000), RPC_TCP / RPC_RDMA (the host's `rpc serve-null`, seen from here),
+#      RPC_DUR (10)
+B=/mnt/host/bin; OX=$B/oxrdma; DUR=${DUR:-5}; MB=${MB:-64}; RDS_N=${RDS_N:-300}; FILES=${FILES:-2000}
 ulimit -l unlimited
 $B/siw-load.sh stock >/dev/null
 perf() { echo "PERF $1 $2 $3"; }
@@ -28,29 +30,58 @@ if [ "${OX_PERF:-0}" = 1 ]; then
     if [ -n "$ob" ]; then perf siw.write_bw.oxrdma "$ob" Gb/s; echo "CELL siw/oxrdma-perf-write pass $ob Gb/s"
     else cat /tmp/ox /tmp/oxs; echo "CELL siw/oxrdma-perf-write fail no JSON row in output"; fi
 fi
-# ---- NFSv3/RDMA sequential read, kernel client: kernel nfsd vs oxrdma nfs serve
-readbw() {  # readbw SERVER EXPORT OPTS -> MB/s of a cold 64 MiB read
+# ---- NFSv3/RDMA, kernel client over siw: kernel nfsd vs oxrdma nfs serve, in turn, each
+# exporting a tmpfs of its own in this guest.  Per server: a timed 64 MiB write (dd conv=fsync:
+# the time includes the COMMIT, so the data is on the server), a cold 64 MiB read (umount, sync,
+# drop the page cache, dentries and inodes, then mount again: both servers run in this guest, so
+# this drops the server's cache too - although a tmpfs export keeps its pages, for both servers
+# alike), a check that the file read back equals what was written, and the small-file workload
+# (smallfiles.py: FILES x create, stat, remove).  The client's dd runs on vCPU 0, each server is
+# pinned to vCPU 1 where we can (oxrdma; nfsd's threads are the kernel's).
+head -c $((MB << 20)) /dev/urandom > /tmp/src.dat
+nfsmount() { timeout 120 mount -t nfs -o "$3" "$1:$2" /mnt/p; }
+nfspair() {  # nfspair SERVER EXPORT OPTS TAG -> PERF lines nfs.{write,read,small.*}.TAG, CELL lines
+    local tag=$4 t0 t1 w r out
     mkdir -p /mnt/p
-    mount -t nfs -o "$3" "$1:$2" /mnt/p || return 1
-    dd if=/dev/urandom of=/mnt/p/big bs=1M count="$MB" conv=fsync status=none
-    umount /mnt/p; mount -t nfs -o "$3" "$1:$2" /mnt/p
-    local t0 t1; t0=$(date +%s.%N)
-    taskset -c 0 dd if=/mnt/p/big of=/dev/null bs=1M status=none
-    t1=$(date +%s.%N); rm -f /mnt/p/big; umount /mnt/p
-    python3 -c "print(round($MB / ($t1 - $t0), 1))"
+    nfsmount "$1" "$2" "$3" || { echo "CELL nfs/$tag fail mount failed"; return 1; }
+    grep " /mnt/p " /proc/mounts
+    sync; echo 3 > /proc/sys/vm/drop_caches
+    t0=$(date +%s.%N)
+    taskset -c 0 timeout 300 dd if=/tmp/src.dat of=/mnt/p/big bs=1M conv=fsync status=none || { umount /mnt/p; echo "CELL nfs/$tag-write fail dd failed"; return 1; }
+    t1=$(date +%s.%N)
+    w=$(python3 -c "print(round($MB / ($t1 - $t0), 1))")
+    perf nfs.write.$tag "$w" MB/s; echo "CELL nfs/$tag-write pass $w MB/s ($MB MiB, dd conv=fsync, rdma)"
+    umount /mnt/p; sync; echo 3 > /proc/sys/vm/drop_caches
+    nfsmount "$1" "$2" "$3" || { echo "CELL nfs/$tag-read fail remount failed"; return 1; }
+    t0=$(date +%s.%N)
+    taskset -c 0 timeout 300 dd if=/mnt/p/big of=/dev/null bs=1M status=none || { umount /mnt/p; echo "CELL nfs/$tag-read fail dd failed"; return 1; }
+    t1=$(date +%s.%N)
+    r=$(python3 -c "print(round($MB / ($t1 - $t0), 1))")
+    if timeout 120 cmp -s /tmp/src.dat /mnt/p/big; then
+        perf nfs.read.$tag "$r" MB/s; echo "CELL nfs/$tag-read pass $r MB/s ($MB MiB cold read, rdma)"
+    else echo "CELL nfs/$tag-read fail the file read back differs from what was written"; fi
+    rm -f /mnt/p/big
+    taskset -c 0 timeout 600 python3 $B/smallfiles.py /mnt/p/sf "$FILES" > /tmp/sf.out 2>&1
+    grep -v '^SMALL' /tmp/sf.out | sed "s/^/smallfiles $tag: /"
+    out=$(grep -m1 '^SMALL' /tmp/sf.out || tail -1 /tmp/sf.out)
+    if [ "${out%% *}" = SMALL ]; then
+        read -r _ c st rmv <<<"$out"
+        for ph in create:$c stat:$st remove:$rmv total:$(python3 -c "print($c + $st + $rmv)"); do
+            local n=$FILES; [ "${ph%%:*}" = total ] && n=$((3 * FILES))
+            perf "nfs.small.${ph%%:*}.$tag" "$(python3 -c "print(round($n / ${ph#*:}, 1))")" ops/s
+        done
+        echo "CELL nfs/$tag-smallfiles pass create ${c}s, stat ${st}s, remove ${rmv}s ($FILES files)"
+    else echo "CELL nfs/$tag-smallfiles fail $out"; fi
+    umount /mnt/p
 }
 $B/nfsd-start.sh >/dev/null 2>&1
-r=$(readbw 10.0.2.15 /export vers=3,proto=rdma,port=20049,mountport=20048,mountproto=tcp,nolock)
-if [ -n "$r" ]; then perf nfs.read.kernel "$r" MB/s; echo "CELL nfs/kernel-nfsd-read pass $r MB/s ($MB MiB cold read, rdma)"
-else echo "CELL nfs/kernel-nfsd-read fail mount/read failed"; fi
+nfspair 10.0.2.15 /export vers=3,proto=rdma,port=20049,mountport=20048,mountproto=tcp,nolock kernel
 if [ "${OX_NFS:-0}" = 1 ]; then
-    mkdir -p /tmp/oxexp
-    taskset -c 1 $OX nfs serve /tmp/oxexp --rdma 10.0.2.15:20050 --tcp 10.0.2.15:2050 > /tmp/oxnfs.log 2>&1 & s=$!
-    sleep 2
-    r=$(readbw 10.0.2.15 / vers=3,proto=rdma,port=20050,mountport=2050,mountproto=tcp,nolock)
-    kill $s
-    if [ -n "$r" ]; then perf nfs.read.oxrdma "$r" MB/s; echo "CELL nfs/oxrdma-serve-read pass $r MB/s"
-    else tail -5 /tmp/oxnfs.log; echo "CELL nfs/oxrdma-serve-read fail mount/read failed"; fi
+    mkdir -p /tmp/oxexp; mountpoint -q /tmp/oxexp || mount -t tmpfs -o size=1g tmpfs /tmp/oxexp
+    taskset -c 1 $OX nfs serve /tmp/oxexp --rdma 10.0.2.15:20050 --tcp 10.0.2.15:2050 --no-portmap > /tmp/oxnfs.log 2>&1 & s=$!
+    for i in $(seq 50); do grep -q '^ADDRS' /tmp/oxnfs.log && break; sleep 0.2; done
+    nfspair 10.0.2.15 / vers=3,proto=rdma,port=20050,mountport=2050,mountproto=tcp,nolock oxrdma || tail -5 /tmp/oxnfs.log
+    kill $s; wait $s
 fi
 # ---- RDS datagram rate into a kernel rds_tcp receiver (netns ns1): kernel sender vs oxrdma sender
 modprobe rds_tcp; modprobe veth
@@ -86,3 +117,32 @@ for sz in 8192 256; do
         else cat /tmp/rr /tmp/rs; echo "CELL rds/oxrdma-$sz fail no rate"; fi
     fi
 done
+# ---- ONC RPC NULL calls across QEMU's user network: `oxrdma rpc bench` here against the host's
+# `oxrdma rpc serve-null` (10.0.2.2 is the host's 127.0.0.1), RPC-over-RDMA over oxrdma's own
+# soft-iWARP at both ends vs ONC RPC over TCP, depth 1 and 16.  One bench per depth measures TCP,
+# then RDMA, RPC_DUR seconds each, on fresh connections.
+if [ "${OX_RPC:-0}" = 1 ] && [ -n "${RPC_TCP:-}" ] && [ -n "${RPC_RDMA:-}" ]; then
+    RPC_DUR=${RPC_DUR:-10}
+    for d in 1 16; do
+        timeout $((2 * RPC_DUR + 90)) $OX rpc bench --tcp "$RPC_TCP" --rdma "$RPC_RDMA" --depth $d \
+            --duration "$RPC_DUR" --json > /tmp/rb$d 2>/tmp/rb$d.err
+        rc=$?
+        # PERF rpc.dD.{tcp,rdma}.{cps,p50,p99} (calls/s, µs), from the two runs of the JSON object
+        if out=$(python3 - /tmp/rb$d $d <<'PY'
+import json, sys
+o = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+d = sys.argv[2]
+for r in o["runs"]:
+    t = r["target"].split(":")[0]
+    if r["errors"] or not r["calls"]:
+        sys.exit(f"{t}: {r['calls']} calls, {r['errors']} errors")
+    print(f"PERF rpc.d{d}.{t}.cps {r['calls_per_sec']} calls/s")
+    for k in ("p50", "p99"):
+        print(f"PERF rpc.d{d}.{t}.{k} {r['latency_us'][k]} us")
+PY
+        ) && [ $rc = 0 ]; then
+            echo "$out"
+            echo "CELL rpc/bench-d$d pass $(grep -c '\.cps ' <<<"$out") transports, ${RPC_DUR}s each"
+        else echo "CELL rpc/bench-d$d fail rc=$rc $out $(tail -2 /tmp/rb$d.err | tr '\n' ' ')"; fi
+    done
+fi
