@@ -293,12 +293,12 @@ async fn back_channel_connection_closed(t: Transport) {
     // The first connection goes.
     drop(c);
     drop(events);
-    // The server notices within its once-a-second sweep.
-    let flags = flags_until(&mut c2, 100, |f| f & seq4_status::CB_PATH_DOWN_SESSION != 0).await;
+    // The server notices within its once-a-second sweep (15 s allowed, for a loaded machine).
+    let flags = flags_until(&mut c2, 300, |f| f & seq4_status::CB_PATH_DOWN_SESSION != 0).await;
     assert_ne!(
         flags & seq4_status::CB_PATH_DOWN_SESSION,
         0,
-        "{t:?}: flags {flags:#x} 5 s after the back channel's connection closed"
+        "{t:?}: flags {flags:#x} 15 s after the back channel's connection closed"
     );
 }
 
