@@ -5,13 +5,13 @@
 //! are recorded alone), splits writes into segments of at most 65495 bytes and ends with FINs.
 //! IPv6 endpoints are written as IPv4 loopback addresses.
 //!
-//! A connection's driver records through a tee (`Tee`) on its byte stream (`Teed` wraps each
-//! half): every read and every write passes through it and is recorded as it happens, like
-//! smoltcp's `PcapWriter` around a device. The soft-iWARP reader records its reads itself: it
-//! reserves their place (and time) as each read returns and fills in the bytes once the FPDUs
-//! in them have been taken in, so that the copy into the capture does not delay completions. The MPA Request and Reply, exchanged before the
-//! driver starts (and, at a listener, before anyone knows whether to capture), are recorded
-//! by the connection manager as whole frames.
+//! A connection's driver records through a tee (`Tee`): every write passes through it (`Teed`
+//! wraps the write half) and is recorded as it happens, like smoltcp's `PcapWriter` around a
+//! device. The soft-iWARP reader records its reads itself: it reserves their place (and time)
+//! as each read returns and fills in the bytes once the FPDUs in them have been taken in, so
+//! that the copy into the capture does not delay completions. The MPA Request and Reply,
+//! exchanged before the driver starts (and, at a listener, before anyone knows whether to
+//! capture), are recorded by the connection manager as whole frames.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -343,12 +343,7 @@ impl Capture {
 
     /// Record data that went in one direction at `at`.
     fn record_at(&mut self, dir: Dir, data: &[u8], at: SystemTime) -> io::Result<()> {
-        for chunk in data.chunks(MAX_SEGMENT) {
-            let mut b = self.buffer(chunk.len());
-            b.extend_from_slice(chunk);
-            self.queue(dir, ACK | PSH, b, at)?;
-        }
-        Ok(())
+        self.record_parts_at(dir, &[data], at)
     }
 
     /// An empty buffer for a record of `len` bytes (at most [`MAX_SEGMENT`]): a pooled one
@@ -368,21 +363,24 @@ impl Capture {
 
     /// Hand one segment to the writer thread.
     fn queue(&mut self, dir: Dir, flags: u8, payload: Vec<u8>, at: SystemTime) -> io::Result<()> {
-        if self.closed {
-            return Ok(());
-        }
         let bytes = payload.len();
-        self.shared.push(
-            Rec {
-                dir,
-                flags,
-                body: Body::One(payload),
-                at,
-                bytes,
-            },
-            &mut self.spare,
-        );
+        self.enqueue(dir, flags, Body::One(payload), bytes, at);
         Ok(())
+    }
+
+    /// Hand one record of `bytes` bytes to the writer thread (nothing once closed).
+    fn enqueue(&mut self, dir: Dir, flags: u8, body: Body, bytes: usize, at: SystemTime) {
+        if self.closed {
+            return;
+        }
+        let rec = Rec {
+            dir,
+            flags,
+            body,
+            at,
+            bytes,
+        };
+        self.shared.push(rec, &mut self.spare);
     }
 
     /// Record several pieces as consecutive segments, packing them up to the segment limit,
@@ -423,18 +421,7 @@ impl Capture {
     pub fn reserve(&mut self, dir: Dir, len: usize, at: SystemTime) -> Ticket {
         self.next_ticket += 1;
         let t = self.next_ticket;
-        if !self.closed {
-            self.shared.push(
-                Rec {
-                    dir,
-                    flags: ACK | PSH,
-                    body: Body::Reserved(t),
-                    at,
-                    bytes: len,
-                },
-                &mut self.spare,
-            );
-        }
+        self.enqueue(dir, ACK | PSH, Body::Reserved(t), len, at);
         Ticket(t)
     }
 

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::AsyncWrite;
 use tokio::net::tcp::OwnedWriteHalf;
 
 use super::{Capture, Dir, Ticket};
@@ -29,15 +29,6 @@ impl Tee {
     /// True if bytes are being recorded.
     pub(crate) fn is_on(&self) -> bool {
         self.0.is_some()
-    }
-
-    /// Record `data` that went `dir` (also for bytes that passed before the tee existed).
-    pub(crate) fn record(&self, dir: Dir, data: &[u8]) {
-        if let Some(c) = &self.0
-            && !data.is_empty()
-        {
-            let _ = c.lock().record(dir, data);
-        }
     }
 
     /// Keep the place of `len` bytes that went `dir` just now, to be recorded by
@@ -111,8 +102,9 @@ impl Tee {
     }
 }
 
-/// One half of a byte stream with a [`Tee`] on it: reads are recorded as [`Dir::In`], writes
-/// as [`Dir::Out`].
+/// The write half of a byte stream with a [`Tee`] on it: writes are recorded as [`Dir::Out`].
+/// (The soft-iWARP reader records what it reads itself, through [`Tee::reserve`] and
+/// [`Tee::fill`].)
 #[derive(Debug)]
 pub(crate) struct Teed<S> {
     inner: S,
@@ -128,12 +120,6 @@ impl<S> Teed<S> {
     pub(crate) fn get_ref(&self) -> &S {
         &self.inner
     }
-
-    /// The stream under the tee, for a reader that records what it reads itself
-    /// ([`Tee::reserve`]).
-    pub(crate) fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
 }
 
 impl Teed<OwnedWriteHalf> {
@@ -145,22 +131,6 @@ impl Teed<OwnedWriteHalf> {
             Poll::Ready(r) => r,
             Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
         }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Teed<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = r {
-            this.tee.record(Dir::In, &buf.filled()[before..]);
-        }
-        r
     }
 }
 

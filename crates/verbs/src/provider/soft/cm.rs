@@ -305,17 +305,17 @@ async fn start_connection(
         rx_chunk,
         fpdu_cap,
     });
-    // Both halves of the stream go through the tee.
+    // Writes go through the tee; the reader records what it reads itself (`reader_loop`).
     let tee = ctx.tee.clone();
     match t {
         Transport::Tcp(s) => {
             let (r, w) = s.into_split();
-            let (r, w) = (Teed::new(In::Tcp(r), tee.clone()), Teed::new(w, tee));
+            let (r, w) = (In::Tcp(r), Teed::new(w, tee));
             spawn_driver(r, Out::Tcp(w), leftover, ctx, done_tx);
         }
         Transport::Mem(s) => {
             let (r, w) = tokio::io::split(s);
-            let (r, w) = (Teed::new(In::Mem(r), tee.clone()), Teed::new(w, tee));
+            let (r, w) = (In::Mem(r), Teed::new(w, tee));
             spawn_driver(r, Out::Mem(w), leftover, ctx, done_tx);
         }
     }
@@ -376,13 +376,7 @@ impl DriverCtx {
     }
 }
 
-fn spawn_driver(
-    r: Teed<In>,
-    w: Out,
-    leftover: BytesMut,
-    ctx: Arc<DriverCtx>,
-    done: watch::Sender<bool>,
-) {
+fn spawn_driver(r: In, w: Out, leftover: BytesMut, ctx: Arc<DriverCtx>, done: watch::Sender<bool>) {
     let wctx = ctx.clone();
     let writer = tokio::spawn(async move {
         let res = match w {

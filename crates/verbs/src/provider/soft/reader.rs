@@ -14,7 +14,7 @@ use tokio::net::tcp::OwnedReadHalf;
 
 use super::cm::DriverCtx;
 use super::tx::{transmit_batch, transmit_now};
-use crate::capture::{Dir, Teed, Ticket};
+use crate::capture::{Dir, Ticket};
 use crate::wire::ddp::Segment;
 use crate::wire::ddp::{TAGGED_HDR_LEN, term};
 use crate::wire::mpa::{Fpdu, FpduDecoder, pad_len};
@@ -41,15 +41,11 @@ impl AsyncRead for In {
 /// Below this payload size a tagged segment is not worth placing directly from the socket.
 const DIRECT_MIN: usize = 8192;
 
-pub(crate) async fn reader_loop(
-    mut r: Teed<In>,
-    mut buf: BytesMut,
-    ctx: &DriverCtx,
-) -> io::Result<()> {
+pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -> io::Result<()> {
     let mut dec = FpduDecoder::new(ctx.crc);
     // Direct placement needs the raw socket, no CRC (the CRC must be checked before placing,
     // RFC 5044 §4.1) and no capture (which records the bytes it reads).
-    let direct = matches!(r.get_ref(), In::Tcp(_)) && !ctx.crc && !ctx.tee.is_on();
+    let direct = matches!(r, In::Tcp(_)) && !ctx.crc && !ctx.tee.is_on();
     // With a capture, what a read brought is frozen, its FPDUs taken from it without a copy,
     // and only then copied into the capture (in the place reserved for it when the read
     // returned, stamped then): the copy does not delay the completions.
@@ -112,7 +108,7 @@ pub(crate) async fn reader_loop(
                 }
             }
         });
-        if let (true, In::Tcp(tcp)) = (direct, r.get_ref())
+        if let (true, In::Tcp(tcp)) = (direct, &r)
             && let Some(s) = place_direct(tcp.as_ref(), &mut buf, ctx).await?
         {
             skip = s;
@@ -126,12 +122,7 @@ pub(crate) async fn reader_loop(
         } else {
             ctx.rx_chunk as u64
         };
-        let n = if deferred {
-            (&mut *r.get_mut()).take(limit).read_buf(&mut buf).await?
-        } else {
-            // Through the tee (a pass-through without a capture).
-            (&mut r).take(limit).read_buf(&mut buf).await?
-        };
+        let n = (&mut r).take(limit).read_buf(&mut buf).await?;
         if n == 0 {
             return Ok(());
         }
