@@ -108,6 +108,13 @@ pub struct Registration {
     pub owner: String,
 }
 
+impl Registration {
+    /// Whether `other` maps the same (prog, vers, netid).
+    fn same_mapping(&self, other: &Registration) -> bool {
+        self.prog == other.prog && self.vers == other.vers && self.netid == other.netid
+    }
+}
+
 /// The port mapper / rpcbind service: a registry of (program, version, netid) → address.
 #[derive(Debug, Default)]
 pub struct Portmapper {
@@ -124,7 +131,7 @@ impl Portmapper {
     /// it starts them.
     pub fn set(&self, reg: Registration) -> bool {
         let mut regs = self.regs.lock().unwrap_or_else(|p| p.into_inner());
-        regs.retain(|r| !(r.prog == reg.prog && r.vers == reg.vers && r.netid == reg.netid));
+        regs.retain(|r| !r.same_mapping(&reg));
         regs.push(reg);
         true
     }
@@ -135,10 +142,7 @@ impl Portmapper {
     /// first.
     pub fn add(&self, reg: Registration) -> bool {
         let mut regs = self.regs.lock().unwrap_or_else(|p| p.into_inner());
-        if regs
-            .iter()
-            .any(|r| r.prog == reg.prog && r.vers == reg.vers && r.netid == reg.netid)
-        {
+        if regs.iter().any(|r| r.same_mapping(&reg)) {
             return false;
         }
         regs.push(reg);

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncrpc::{Dispatcher, MemoryBudget, MessageHeader, ServerConfig, TcpServer};
+use oncrpc::{Dispatcher, MemoryBudget, MessageHeader, ServerConfig, TcpServer, TransportKind};
 
 use crate::control::ControlSocket;
 use crate::drc::DrcConfig;
@@ -303,7 +303,7 @@ impl Served {
             unregistered: 0,
             problems: Vec::new(),
         };
-        let tcp_at_start = self.stats.executing_on("tcp");
+        let tcp_at_start = self.stats.executing_on(TransportKind::Tcp);
         // RPC-over-RDMA drops new calls in its transport (and answers every call it accepted,
         // its Read chunks pulled or not); the others here.
         self.stats.drain_but_rdma();
@@ -372,20 +372,18 @@ impl Served {
         }
         report.dropped = self.stats.dropped_draining();
         if tcp_served {
-            let still = self.stats.executing_on("tcp");
+            // No TCP call has started since (new ones are dropped): those still executing
+            // are what is left of the ones under way at the start.
+            let still = self.stats.executing_on(TransportKind::Tcp);
             report.transports.push(TransportShutdown {
                 transport: "tcp",
                 at_start: tcp_at_start,
-                answered: if report.drained {
-                    tcp_at_start
-                } else {
-                    tcp_at_start.saturating_sub(still)
-                },
-                dropped: self.stats.dropped_draining_on("tcp"),
+                answered: tcp_at_start.saturating_sub(still),
+                dropped: self.stats.dropped_draining_on(TransportKind::Tcp),
             });
         }
         if let Some(q) = &quiesced {
-            let nfs_dropped = self.stats.dropped_draining_on("rdma");
+            let nfs_dropped = self.stats.dropped_draining_on(TransportKind::Rdma);
             report.dropped += q.dropped();
             report.transports.push(TransportShutdown {
                 transport: "rdma",

@@ -220,8 +220,9 @@ impl ServerStats {
     /// (`rpcrdma::RdmaServer::quiesce`): a call it accepted before the shutdown began (one
     /// whose Read chunks it is still pulling, say) is executed and answered.
     pub fn drain_but_rdma(&self) {
+        let rdma = transport_index(TransportKind::Rdma);
         for (i, d) in self.draining.iter().enumerate() {
-            if TRANSPORTS[i] != "rdma" {
+            if i != rdma {
                 d.store(true, Ordering::Release);
             }
         }
@@ -235,21 +236,17 @@ impl ServerStats {
             .sum()
     }
 
-    /// [`ServerStats::dropped_draining`] over one transport ("tcp", "rdma" or "local", as in
-    /// [`TRANSPORTS`]; 0 for any other name).
-    pub fn dropped_draining_on(&self, transport: &str) -> u64 {
-        TRANSPORTS
-            .iter()
-            .position(|t| *t == transport)
-            .map_or(0, |i| self.dropped_draining[i].load(Ordering::Relaxed))
+    /// [`ServerStats::dropped_draining`] over one transport (every kind but TCP and
+    /// RPC-over-RDMA counts as "local", as in [`TRANSPORTS`]).
+    pub fn dropped_draining_on(&self, transport: TransportKind) -> u64 {
+        self.dropped_draining[transport_index(transport)].load(Ordering::Relaxed)
     }
 
     /// Calls executing now over one transport (as [`ServerStats::dropped_draining_on`]).
-    pub fn executing_on(&self, transport: &str) -> u64 {
-        TRANSPORTS
-            .iter()
-            .position(|t| *t == transport)
-            .map_or(0, |i| self.per[i].executing.load(Ordering::Acquire))
+    pub fn executing_on(&self, transport: TransportKind) -> u64 {
+        self.per[transport_index(transport)]
+            .executing
+            .load(Ordering::Acquire)
     }
 
     /// Wait until no call is executing.
