@@ -27,31 +27,38 @@ async fn serve(dir: &std::path::Path) -> Served {
     start(cfg).await.unwrap()
 }
 
-async fn client(served: &Served, rdma: bool, minor: u32) -> Nfs4Client {
-    let t: Arc<dyn RpcTransport> = if rdma {
-        let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
-        Arc::new(
-            RdmaClient::connect_with(
-                served.rdma_addr.unwrap(),
-                TransportConfig::default(),
-                vec![ulb],
-                None,
-            )
-            .await
-            .unwrap(),
+async fn rdma_transport(served: &Served) -> Arc<RdmaClient> {
+    let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
+    Arc::new(
+        RdmaClient::connect_with(
+            served.rdma_addr.unwrap(),
+            TransportConfig::default(),
+            vec![ulb],
+            None,
         )
-    } else {
-        Arc::new(TcpClient::connect(served.nfs_addr.unwrap()).await.unwrap())
-    };
+        .await
+        .unwrap(),
+    )
+}
+
+fn cred() -> OpaqueAuth {
     let (uid, gid) = nfs4_util::me();
-    let cred = OpaqueAuth::sys(&AuthSys {
+    OpaqueAuth::sys(&AuthSys {
         stamp: 1,
         machinename: Bytes::from_static(b"test"),
         uid,
         gid,
         gids: vec![],
-    });
-    Nfs4Client::connect(t, cred, minor, b"nfs4-client-test", None)
+    })
+}
+
+async fn client(served: &Served, rdma: bool, minor: u32) -> Nfs4Client {
+    let t: Arc<dyn RpcTransport> = if rdma {
+        rdma_transport(served).await
+    } else {
+        Arc::new(TcpClient::connect(served.nfs_addr.unwrap()).await.unwrap())
+    };
+    Nfs4Client::connect(t, cred(), minor, b"nfs4-client-test", None)
         .await
         .unwrap()
 }
@@ -139,26 +146,8 @@ async fn bounded_replies_need_no_reply_chunk() {
     use nfs::nfs4::consts::attr;
     let tmp = tempfile::tempdir().unwrap();
     let served = serve(tmp.path()).await;
-    let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
-    let rdma = Arc::new(
-        RdmaClient::connect_with(
-            served.rdma_addr.unwrap(),
-            TransportConfig::default(),
-            vec![ulb],
-            None,
-        )
-        .await
-        .unwrap(),
-    );
-    let (uid, gid) = nfs4_util::me();
-    let cred = OpaqueAuth::sys(&AuthSys {
-        stamp: 1,
-        machinename: Bytes::from_static(b"test"),
-        uid,
-        gid,
-        gids: vec![],
-    });
-    let c = Nfs4Client::connect(rdma.clone(), cred, 1, b"reply-bound", None)
+    let rdma = rdma_transport(&served).await;
+    let c = Nfs4Client::connect(rdma.clone(), cred(), 1, b"reply-bound", None)
         .await
         .unwrap();
     let root = c.root().await.unwrap();

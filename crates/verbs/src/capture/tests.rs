@@ -24,12 +24,19 @@ fn payloads(pcap: &[u8], local_port: u16) -> Vec<(Dir, Vec<u8>)> {
     out
 }
 
+/// A capture in a directory of its own under the system's temporary directory, between
+/// 127.0.0.1:`local` and 127.0.0.1:`local + 1`.
+fn capture(name: &str, local: u16, initiator: bool) -> (Capture, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("oxrdma-capture-{name}-{}", std::process::id()));
+    let at = |port| SocketAddr::from(([127, 0, 0, 1], port));
+    let c = Capture::create(&dir, at(local), at(local + 1), initiator).unwrap();
+    (c, dir)
+}
+
 #[test]
 fn pooled_buffers_keep_every_byte_and_stay_bounded() {
-    let dir = std::env::temp_dir().join(format!("oxrdma-capture-pool-{}", std::process::id()));
-    let local: SocketAddr = "127.0.0.1:4001".parse().unwrap();
-    let peer: SocketAddr = "127.0.0.1:4002".parse().unwrap();
-    let mut c = Capture::create(&dir, local, peer, true).unwrap();
+    const LOCAL: u16 = 4001;
+    let (mut c, dir) = capture("pool", LOCAL, true);
     let data = |n: usize, seed: u8| -> Vec<u8> {
         (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
     };
@@ -71,7 +78,7 @@ fn pooled_buffers_keep_every_byte_and_stay_bounded() {
     }
     let path = c.path().to_path_buf();
     c.close().unwrap();
-    let got = payloads(&std::fs::read(&path).unwrap(), local.port());
+    let got = payloads(&std::fs::read(&path).unwrap(), LOCAL);
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!(g.0 == w.0 && g.1 == w.1, "segment {i} differs");
@@ -81,10 +88,8 @@ fn pooled_buffers_keep_every_byte_and_stay_bounded() {
 
 #[test]
 fn a_reservation_keeps_its_place_and_holds_the_writer_back() {
-    let dir = std::env::temp_dir().join(format!("oxrdma-capture-resv-{}", std::process::id()));
-    let local: SocketAddr = "127.0.0.1:4005".parse().unwrap();
-    let peer: SocketAddr = "127.0.0.1:4006".parse().unwrap();
-    let mut c = Capture::create(&dir, local, peer, true).unwrap();
+    const LOCAL: u16 = 4005;
+    let (mut c, dir) = capture("resv", LOCAL, true);
     let path = c.path().to_path_buf();
     let before = b"written before".to_vec();
     let reserved = vec![0xabu8; 70_000];
@@ -111,7 +116,7 @@ fn a_reservation_keeps_its_place_and_holds_the_writer_back() {
     assert_eq!(queued(&c), (2, true));
     c.fill(t, &reserved);
     c.close().unwrap();
-    let got = payloads(&std::fs::read(&path).unwrap(), local.port());
+    let got = payloads(&std::fs::read(&path).unwrap(), LOCAL);
     let want = vec![
         (Dir::Out, before),
         (Dir::In, reserved[..MAX_SEGMENT].to_vec()),
@@ -124,25 +129,21 @@ fn a_reservation_keeps_its_place_and_holds_the_writer_back() {
 
 #[test]
 fn a_reservation_never_filled_is_dropped_at_close() {
-    let dir = std::env::temp_dir().join(format!("oxrdma-capture-drop-{}", std::process::id()));
-    let local: SocketAddr = "127.0.0.1:4007".parse().unwrap();
-    let peer: SocketAddr = "127.0.0.1:4008".parse().unwrap();
-    let mut c = Capture::create(&dir, local, peer, true).unwrap();
+    const LOCAL: u16 = 4007;
+    let (mut c, dir) = capture("drop", LOCAL, true);
     let path = c.path().to_path_buf();
     let _lost = c.reserve(Dir::In, 100, SystemTime::now());
     c.record(Dir::Out, b"after").unwrap();
     c.close().unwrap();
-    let got = payloads(&std::fs::read(&path).unwrap(), local.port());
+    let got = payloads(&std::fs::read(&path).unwrap(), LOCAL);
     assert_eq!(got, vec![(Dir::Out, b"after".to_vec())]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn the_writer_gives_large_buffers_back() {
-    let dir = std::env::temp_dir().join(format!("oxrdma-capture-back-{}", std::process::id()));
-    let local: SocketAddr = "127.0.0.1:4003".parse().unwrap();
-    let peer: SocketAddr = "127.0.0.1:4004".parse().unwrap();
-    let mut c = Capture::create(&dir, local, peer, false).unwrap();
+    const LOCAL: u16 = 4003;
+    let (mut c, dir) = capture("back", LOCAL, false);
     let d = vec![7u8; 20_000];
     for _ in 0..4 {
         c.record(Dir::In, &d).unwrap();
