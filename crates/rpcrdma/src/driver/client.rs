@@ -546,11 +546,22 @@ async fn client_recv_loop(inner: Arc<ClientInner>, mut rcq: CompletionQueue) {
         let old = inner.link();
         {
             let mut st = inner.state.lock();
+            // Replies received before the connection failed are handled first: every
+            // successful receive was queued in the inbox before the failed completion woke this
+            // task, but a caller holding the state lock may have left it there. After
+            // `on_disconnect` their Write chunks' memory is fenced and they would be lost,
+            // though the server executed and answered those calls.
+            let mut posts = Vec::new();
+            let waiting = std::mem::take(&mut *inner.inbox.lock());
+            for w in waiting {
+                work_locked(&mut st, w, &mut posts);
+            }
             let actions = {
                 let ClientState { req, reg, .. } = &mut *st;
                 req.on_disconnect(reg)
             };
-            apply_locked(&inner, st, actions);
+            absorb(&mut st, actions, &mut posts);
+            release_state(&inner, st, posts);
         }
         old.conn.disconnect().await;
         drop(old);
