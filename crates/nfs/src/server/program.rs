@@ -102,17 +102,34 @@ pub fn cred_of(c: &Credential) -> Result<Cred, AuthStat> {
 }
 
 /// Procedures answered on the calling task instead of a blocking thread: attribute reads, a
-/// `statx` or two of an object found through its handle, and LOOKUP, a `statx` of a name in a
-/// directory (READ and WRITE are tried on the calling task too, see `NfsProgram::call`).
-/// Handing a call to a blocking thread and back costs two thread wake-ups, which dominated
-/// one-at-a-time calls on the project's VM (GETATTR ~9k ops/s on either transport); everything
-/// else that reads directories or changes the namespace, and may wait for the disk, still goes
-/// to a blocking thread.
+/// `statx` or two of an object found through its handle, LOOKUP (a `statx` of a name in a
+/// directory), READLINK, and the namespace changes, each one or two system calls on a name in
+/// a directory (create, mkdir, symlink, unlink, rmdir, rename, link) or on an inode's
+/// attributes (a SETATTR that does not change the size). READ and WRITE are tried on the
+/// calling task too, see `NfsProgram::call`. Handing a call to a blocking thread and back costs
+/// two thread wake-ups, which dominated one-at-a-time calls on the project's VM (GETATTR ~9k
+/// ops/s on either transport; issue 23's small-file workload: create and remove ×1.09-1.10 in
+/// 8 alternating rounds, docs/performance.md). What reads whole directories (READDIR,
+/// READDIRPLUS, FSSTAT), may wait for the disk (COMMIT, a size change, a READ past the page
+/// cache, a stable WRITE) or is rare (MKNOD) still goes to a blocking thread.
 fn runs_inline(a: &Args) -> bool {
-    matches!(
-        a,
-        Args::Getattr(_) | Args::Access(_) | Args::Lookup(_) | Args::Fsinfo(_) | Args::Pathconf(_)
-    )
+    match a {
+        Args::Getattr(_)
+        | Args::Access(_)
+        | Args::Lookup(_)
+        | Args::Fsinfo(_)
+        | Args::Pathconf(_) => true,
+        Args::Create(_)
+        | Args::Mkdir(_)
+        | Args::Symlink(_)
+        | Args::Remove(_)
+        | Args::Rmdir(_)
+        | Args::Rename(_)
+        | Args::Link(_)
+        | Args::Readlink(_) => true,
+        Args::Setattr(s) => s.new_attributes.size.is_none(),
+        _ => false,
+    }
 }
 
 /// NFS (100003) version 3 as an RPC program.
@@ -165,7 +182,12 @@ impl Program for NfsProgram {
             let mut enc = call.reply_encoder();
             if runs_inline(&args) {
                 server.execute(&cred, args, &mut enc);
-                return Outcome::Success(enc.finish());
+                let e = enc.finish();
+                if let Some(t) = ticket {
+                    // None of these procedures has a DDP-eligible result (RFC 8267 §4.1).
+                    t.complete(e.unreduced());
+                }
+                return Outcome::Success(e);
             }
             // READ from the page cache and small UNSTABLE WRITEs into it, through the open-file
             // cache, finish on the calling task; what would wait for the disk goes on below.
