@@ -248,7 +248,7 @@ async fn serve_connection(
     let peer_pd = PrivateData::decode(req.private_data());
     let mut params: Params = cfg.negotiate(peer_pd).into();
     // cel-05 §3.3: a server that may speak version 2 posts receives of at least 4096 bytes
-    // (the size it announces as RBSIZ); the default (4096) changes nothing for version 1.
+    // (the size it announces as RBSIZ); the default (8192) is above that floor already.
     params.inline_recv = params.inline_recv.max(cfg.recv_buffer_size(false) as usize);
     let peer = req.peer_addr();
     let pd = dev.alloc_pd();
@@ -486,8 +486,11 @@ async fn handle_incoming(
     // reserved before the call runs, so that a client that never takes its replies cannot
     // make the server build more of them than its budget holds (capped at the connection's
     // share: a reply beyond it reserves again when it is built).
+    // The inline part is what the Responder may Send on this connection (the client's receive
+    // size bounds it), not the configured send size, which may be far larger.
     let reply_estimate = |offered: usize| {
-        (offered.saturating_add(sh.cfg.rpc.inline_send as usize)).min(sc.budget.limit())
+        let inline = resp.lock().inline_send();
+        (offered.saturating_add(inline)).min(sc.budget.limit())
     };
     // Memory this call holds (its Read-chunk sinks and its reply), given back when the call
     // is done.

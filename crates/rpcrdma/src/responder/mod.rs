@@ -362,6 +362,13 @@ impl Responder {
     }
 
     /// Counters.
+    /// The largest message this Responder Sends on its connection now: the lower of its own
+    /// send size and the client's receive size (RFC 8797), or the client's RBSIZ once
+    /// version 2 properties were exchanged (cel-05 §6.2.1).
+    pub fn inline_send(&self) -> usize {
+        self.params.inline_send
+    }
+
     pub fn stats(&self) -> &ResponderStats {
         &self.stats
     }
