@@ -41,6 +41,14 @@ fn pattern(len: usize, seed: u8) -> Bytes {
         .into()
 }
 
+/// The client's settings: 4 KiB receive buffers (Linux's inline threshold, which the replies
+/// below are sized against; the default is 8 KiB).
+fn linux_sized() -> TransportConfig {
+    let mut t = TransportConfig::default();
+    t.rpc.inline_recv = 4096;
+    t
+}
+
 /// A client with the NFS binding (`ddp`), or with one under which nothing is DDP-eligible.
 async fn client(addr: SocketAddr, ddp: bool) -> (Arc<RdmaClient>, Nfs3Client) {
     let ulbs: Vec<Arc<dyn rpcrdma::ulb::UpperLayerBinding>> = if ddp {
@@ -49,7 +57,7 @@ async fn client(addr: SocketAddr, ddp: bool) -> (Arc<RdmaClient>, Nfs3Client) {
         vec![Arc::new(InlineBinding::new(nfs::nfs3::PROGRAM, 3..=3))]
     };
     let r = Arc::new(
-        RdmaClient::connect_with(addr, TransportConfig::default(), ulbs, None)
+        RdmaClient::connect_with(addr, linux_sized(), ulbs, None)
             .await
             .unwrap(),
     );

@@ -80,12 +80,19 @@ async fn setup(
     d.register(prog.clone());
     let ulbs: Vec<Arc<dyn UpperLayerBinding>> = vec![Arc::new(NfsAclBinding::default())];
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let srv = RdmaServer::bind(addr, d, ulbs, TransportConfig::default())
+    // 4 KiB receive buffers on both sides (Linux's inline threshold; the default is 8 KiB):
+    // the ACL sizes below are chosen against it.
+    let linux_sized = || {
+        let mut t = TransportConfig::default();
+        t.rpc.inline_recv = 4096;
+        t
+    };
+    let srv = RdmaServer::bind(addr, d, ulbs, linux_sized())
         .await
         .unwrap();
     let ulbs: Vec<Arc<dyn UpperLayerBinding>> = vec![Arc::new(binding)];
     let rc = Arc::new(
-        RdmaClient::connect_with(srv.local_addr(), TransportConfig::default(), ulbs, None)
+        RdmaClient::connect_with(srv.local_addr(), linux_sized(), ulbs, None)
             .await
             .unwrap(),
     );

@@ -46,7 +46,7 @@ async fn server_with(budget: Arc<MemoryBudget>, rdma_timeout: Duration) -> RdmaS
         rdma_timeout,
         rpc: Config {
             credits: 32,
-            ..Config::default()
+            ..cfg_4k()
         },
         device: Some(Device::soft_iwarp()),
         budget: Some(budget),
@@ -62,7 +62,7 @@ async fn client(srv: &RdmaServer) -> Result<RdmaClient, rpcrdma::driver::DriverE
     let cfg = TransportConfig {
         rpc: Config {
             credits: 32,
-            ..Config::default()
+            ..cfg_4k()
         },
         device: Some(Device::soft_iwarp()),
         reconnect_attempts: 0,
@@ -215,7 +215,7 @@ async fn a_backward_call_on_a_closed_connection_ends_at_once() {
     let cfg = TransportConfig {
         rpc: Config {
             credits: 32,
-            ..Config::default()
+            ..cfg_4k()
         },
         device: Some(Device::soft_iwarp()),
         reconnect_attempts: 0,

@@ -15,7 +15,7 @@ use xdr::DdpPolicy;
 fn cfg(credits: u32) -> Config {
     Config {
         credits,
-        ..Config::default()
+        ..cfg_4k()
     }
 }
 
@@ -140,8 +140,10 @@ fn small_ddp_items_still_use_the_write_chunk_and_unused_chunks_come_back_empty()
         cfg(8),
     );
     // ECHO has one eligible result item; offering two Write chunks leaves the second unused.
+    // The reply might not fit inline whole (the Requester offers no Write chunk for a reply that
+    // does), though this one is short.
     let two = ReplyExpectation {
-        max_len: Some(200),
+        max_len: Some(5000),
         ddp_items: vec![100, 100],
     };
     echo(&mut h, 9, 99, 5, reduce(1), two);
@@ -369,8 +371,8 @@ fn senders_assume_1024_bytes_without_private_data() {
         1024,
         "before any negotiation"
     );
-    let without: Params = Config::default().negotiate(None).into();
-    let with: Params = Config::default()
+    let without: Params = cfg_4k().negotiate(None).into();
+    let with: Params = cfg_4k()
         .negotiate(Some(PrivateData::new(4096, true)))
         .into();
     assert_eq!((without.inline_send, with.inline_send), (1024, 4096));
@@ -478,7 +480,9 @@ fn senders_assume_1024_bytes_without_private_data() {
 #[test]
 fn write_chunk_alone_when_the_reduced_reply_fits_inline() {
     let mut h = Harness::new(cfg(8), cfg(8));
-    for (xid, n) in [(1u32, 1usize), (2, 4095), (3, 65536)] {
+    // Results too long for the reply to fit inline whole (below that no Write chunk is offered:
+    // `a_call_and_reply_that_fit_inline_go_whole`), with the rest of the reply short.
+    for (xid, n) in [(1u32, 4040usize), (2, 8191), (3, 65536)] {
         let d = pattern(n, xid as u8);
         let x = pattern(40, 7);
         let m = echo_message(xid, OpaqueAuth::none(), reduce(1), xid, &d, &x);
@@ -507,6 +511,55 @@ fn write_chunk_alone_when_the_reduced_reply_fits_inline() {
     echo(&mut h, 4, 100, 6000, reduce(1), expect(100, 6000, true));
     let s = h.req.stats();
     assert_eq!((s.write_chunk_calls, s.long_reply), (4, 1));
+    assert_eq!(h.creg.live(), 0);
+}
+
+/// RFC 8166 §3.4.3: reduction is the sender's choice. A call whose whole Payload stream fits the
+/// server's inline threshold goes whole, though its encoder reduced an argument (no Read chunk
+/// to register and pull), and a call whose largest reply fits ours offers no Write chunk (the
+/// result comes back inline), as Linux's client does in version 1. Longer ones use chunks.
+#[test]
+fn a_call_and_reply_that_fit_inline_go_whole() {
+    let mut h = Harness::new(cfg(8), cfg(8));
+    let d = pattern(3000, 9);
+    let m = echo_message(1, OpaqueAuth::none(), reduce(1), 1, &d, &Bytes::new());
+    assert_eq!(m.reduced.len(), 1, "the encoder reduced the argument");
+    let a = h
+        .req
+        .submit(out_call(1, ECHO, m, expect(3000, 0, true)), &mut h.creg);
+    let call = a
+        .iter()
+        .find_map(|a| match a {
+            rpcrdma::requester::Action::Send { data, .. } => Some(data.clone()),
+            _ => None,
+        })
+        .expect("the call was sent");
+    let (ch, hlen) = Header::decode(&call).unwrap();
+    let Body::Msg(c) = ch.body else {
+        panic!("expected RDMA_MSG call")
+    };
+    assert!(
+        c.reads.is_empty() && c.writes.is_empty() && c.reply.is_none(),
+        "{c:?}"
+    );
+    assert!(call.len() - hlen > 3000, "the argument is in the Send");
+    assert_eq!(h.creg.live(), 0, "nothing registered");
+    h.client_actions(a);
+    h.run();
+    let got = h.done.remove(&1).expect("completed").expect("succeeded");
+    assert_eq!(got, echo_results_bytes(1, &d, &[]));
+    let s = h.req.stats();
+    assert_eq!(
+        (s.inline_unreduced, s.chunked, s.write_chunk_calls),
+        (1, 0, 0)
+    );
+    // Past the threshold: a Read chunk and a Write chunk.
+    echo(&mut h, 2, 5000, 0, reduce(1), expect(5000, 0, true));
+    let s = h.req.stats();
+    assert_eq!(
+        (s.inline_unreduced, s.chunked, s.write_chunk_calls),
+        (1, 1, 1)
+    );
     assert_eq!(h.creg.live(), 0);
 }
 
@@ -774,9 +827,10 @@ fn ineligible_read_chunk_gets_garbage_args() {
     hdr.encode(&mut e);
     e.put_u32(1);
     e.put_opaque(b"small");
-    e.put_ddp_opaque(pattern(3000, 3));
+    // Longer than the 4 KiB inline threshold, so the call is not sent whole (RFC 8166 §3.4.3).
+    e.put_ddp_opaque(pattern(6000, 3));
     let a = h.req.submit(
-        out_call(5, ECHO, e.finish(), expect(10, 3000, false)),
+        out_call(5, ECHO, e.finish(), expect(10, 6000, false)),
         &mut h.creg,
     );
     h.client_actions(a);
@@ -838,7 +892,8 @@ fn program_without_binding_gets_garbage_args_for_chunks() {
     };
     let mut e = xdr::Encoder::new().with_policy(reduce(1));
     hdr.encode(&mut e);
-    e.put_ddp_opaque(pattern(3000, 3));
+    // Longer than the 4 KiB inline threshold, so the call is not sent whole.
+    e.put_ddp_opaque(pattern(6000, 3));
     let mut c = out_call(6, 1, e.finish(), expect(10, 0, false));
     c.prog = 100_003;
     let a = h.req.submit(c, &mut h.creg);
@@ -1037,9 +1092,7 @@ fn calls_without_a_binding_are_refused_before_sending() {
 fn inline_binding_is_sent_without_write_chunks() {
     use rpcrdma::engine::{MemRegistrar, Params};
     use rpcrdma::ulb::{InlineBinding, UpperLayerBinding};
-    let params: Params = Config::default()
-        .negotiate(Some(Config::default().private_data()))
-        .into();
+    let params: Params = cfg_4k().negotiate(Some(cfg_4k().private_data())).into();
     let inline: Arc<dyn UpperLayerBinding> = Arc::new(InlineBinding::new(PROG, VERS..=VERS));
     let bindings = [
         ("echo", ulbs()),
@@ -1062,7 +1115,9 @@ fn inline_binding_is_sent_without_write_chunks() {
             &Bytes::new(),
         );
         let sent = match q
-            .submit(out_call(1, ECHO, m, expect(2000, 0, true)), &mut reg)
+            // The reply might not fit the 4 KiB inline threshold whole, so the echo binding's
+            // Requester offers a Write chunk for the result.
+            .submit(out_call(1, ECHO, m, expect(2000, 4000, true)), &mut reg)
             .pop()
         {
             Some(rpcrdma::requester::Action::Send { data, .. }) => data,
@@ -1516,13 +1571,14 @@ fn failed_invalidation_closes_the_connection_before_completion() {
 #[test]
 fn read_chunk_length_must_match_the_byte_count() {
     let mut h = Harness::new(cfg(8), cfg(8));
-    let d = pattern(3000, 2);
+    // Longer than the 4 KiB inline threshold, so the call is not sent whole.
+    let d = pattern(6000, 2);
     let mut m = echo_message(12, OpaqueAuth::none(), reduce(1), 12, &d, &Bytes::new());
-    // The stream says 3000 bytes, the Read chunk carries 2999 (RFC 8166 §3.4.4.1).
-    m.reduced[0].data = m.reduced[0].data.slice(..2999);
+    // The stream says 6000 bytes, the Read chunk carries 5999 (RFC 8166 §3.4.4.1).
+    m.reduced[0].data = m.reduced[0].data.slice(..5999);
     let a = h
         .req
-        .submit(out_call(12, ECHO, m, expect(3000, 0, true)), &mut h.creg);
+        .submit(out_call(12, ECHO, m, expect(6000, 0, true)), &mut h.creg);
     h.client_actions(a);
     h.run();
     assert!(matches!(

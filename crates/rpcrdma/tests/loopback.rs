@@ -101,13 +101,7 @@ async fn check_forms(cl: &RdmaClient) {
 async fn loopback_every_message_form() {
     let fabric = LoopbackFabric::new();
     let dev = Device::loopback(&fabric);
-    let (_srv, cl) = pair(
-        dev,
-        "10.0.0.1:20049".parse().unwrap(),
-        Config::default(),
-        Config::default(),
-    )
-    .await;
+    let (_srv, cl) = pair(dev, "10.0.0.1:20049".parse().unwrap(), cfg_4k(), cfg_4k()).await;
     check_forms(&cl).await;
     assert!(cl.describe().starts_with("rdma://"));
 }
@@ -117,8 +111,8 @@ async fn soft_iwarp_every_message_form() {
     let (_srv, cl) = pair(
         Device::soft_iwarp(),
         "127.0.0.1:0".parse().unwrap(),
-        Config::default(),
-        Config::default(),
+        cfg_4k(),
+        cfg_4k(),
     )
     .await;
     check_forms(&cl).await;
@@ -130,11 +124,11 @@ async fn loopback_thousand_calls_with_32_credits() {
     let dev = Device::loopback(&fabric);
     let client = Config {
         credits: 128,
-        ..Config::default()
+        ..cfg_4k()
     };
     let server = Config {
         credits: 32,
-        ..Config::default()
+        ..cfg_4k()
     };
     let (srv, cl) = pair(dev, "10.0.0.2:20049".parse().unwrap(), client, server).await;
     let cl = Arc::new(cl);
@@ -171,18 +165,13 @@ async fn loopback_thousand_calls_with_32_credits() {
 async fn loopback_error_paths() {
     let fabric = LoopbackFabric::new();
     let dev = Device::loopback(&fabric);
-    let (_srv, cl) = pair(
-        dev,
-        "10.0.0.3:20049".parse().unwrap(),
-        Config::default(),
-        Config::default(),
-    )
-    .await;
-    // A non-eligible item reduced into a Read chunk: GARBAGE_ARGS.
+    let (_srv, cl) = pair(dev, "10.0.0.3:20049".parse().unwrap(), cfg_4k(), cfg_4k()).await;
+    // A non-eligible item reduced into a Read chunk: GARBAGE_ARGS (the call is longer than the
+    // 4 KiB inline threshold, so it is not sent whole).
     let bad = CallRequest::new(PROG, VERS, ECHO, |e| {
         e.put_u32(1);
         e.put_opaque(b"x");
-        e.put_ddp_opaque(Bytes::from(vec![7u8; 3000]));
+        e.put_ddp_opaque(Bytes::from(vec![7u8; 6000]));
     })
     .with_reply(ReplyExpectation {
         max_len: Some(4000),
@@ -239,7 +228,7 @@ async fn loopback_backchannel_interleaved_with_forward_calls() {
         rpc: Config {
             credits,
             back_credits: 2,
-            ..Config::default()
+            ..cfg_4k()
         },
         device: Some(dev.clone()),
         ..TransportConfig::default()
@@ -341,13 +330,7 @@ async fn connect_url_tcp() {
 async fn loopback_reconnect_after_server_disconnect() {
     let fabric = LoopbackFabric::new();
     let dev = Device::loopback(&fabric);
-    let (srv, cl) = pair(
-        dev,
-        "10.0.0.5:20049".parse().unwrap(),
-        Config::default(),
-        Config::default(),
-    )
-    .await;
+    let (srv, cl) = pair(dev, "10.0.0.5:20049".parse().unwrap(), cfg_4k(), cfg_4k()).await;
     let cl = Arc::new(cl);
     cl.call(CallRequest::null(PROG, VERS)).await.unwrap();
     // Five calls held inside the server while the connection drops.
@@ -446,8 +429,8 @@ async fn client_refuses_programs_without_a_binding() {
     let (srv, cl) = pair(
         dev.clone(),
         "10.0.0.7:20049".parse().unwrap(),
-        Config::default(),
-        Config::default(),
+        cfg_4k(),
+        cfg_4k(),
     )
     .await;
     let calls = || {

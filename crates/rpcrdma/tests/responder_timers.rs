@@ -16,7 +16,7 @@ fn cfg(back_credits: u32) -> Config {
     Config {
         credits: 8,
         back_credits,
-        ..Config::default()
+        ..cfg_4k()
     }
 }
 

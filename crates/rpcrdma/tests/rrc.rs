@@ -38,7 +38,7 @@ fn client(mode: Option<ReplyMode>) -> Config {
         version_policy: VersionPolicy::V2,
         credits: 8,
         rrc: mode.map(rrc).unwrap_or_default(),
-        ..Config::default()
+        ..cfg_4k()
     }
 }
 
@@ -50,7 +50,7 @@ fn server(on: bool) -> Config {
             enabled: on,
             ..RrcConfig::default()
         },
-        ..Config::default()
+        ..cfg_4k()
     }
 }
 

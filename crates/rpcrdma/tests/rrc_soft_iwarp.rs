@@ -43,7 +43,7 @@ async fn pair(server_rrc: bool, mode: Option<ReplyMode>) -> (RdmaServer, RdmaCli
                 enabled: server_rrc,
                 ..RrcConfig::default()
             },
-            ..Config::default()
+            ..cfg_4k()
         },
         device: Some(dev.clone()),
         ..TransportConfig::default()
@@ -55,7 +55,7 @@ async fn pair(server_rrc: bool, mode: Option<ReplyMode>) -> (RdmaServer, RdmaCli
         rpc: Config {
             version_policy: VersionPolicy::V2,
             rrc: mode.map(rrc).unwrap_or_default(),
-            ..Config::default()
+            ..cfg_4k()
         },
         device: Some(dev),
         ..TransportConfig::default()
@@ -154,7 +154,7 @@ async fn soft_iwarp_a_chunk_beyond_the_memory_budget_is_refused() {
                 enabled: true,
                 ..RrcConfig::default()
             },
-            ..Config::default()
+            ..cfg_4k()
         },
         device: Some(dev.clone()),
         budget: Some(oncrpc::MemoryBudget::with_limit(4 << 20)),
@@ -168,7 +168,7 @@ async fn soft_iwarp_a_chunk_beyond_the_memory_budget_is_refused() {
             version_policy: VersionPolicy::V2,
             max_call_size: 8 << 20,
             rrc: rrc(ReplyMode::ReadChunk),
-            ..Config::default()
+            ..cfg_4k()
         },
         device: Some(dev),
         ..TransportConfig::default()

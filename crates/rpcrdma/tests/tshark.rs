@@ -59,6 +59,7 @@ async fn session(dir: &Path) -> PathBuf {
     let ulbs = || -> Vec<Arc<dyn UpperLayerBinding>> { vec![Arc::new(EchoUlb)] };
     let scfg = TransportConfig {
         capture_dir: Some(dir.to_path_buf()),
+        rpc: cfg_4k(),
         ..TransportConfig::default()
     };
     let srv = RdmaServer::bind("127.0.0.1:0".parse().unwrap(), dispatcher(), ulbs(), scfg)
@@ -66,6 +67,7 @@ async fn session(dir: &Path) -> PathBuf {
         .unwrap();
     let ccfg = TransportConfig {
         reconnect_attempts: 0,
+        rpc: cfg_4k(),
         ..TransportConfig::default()
     };
     let cl = RdmaClient::connect_with(srv.local_addr(), ccfg, ulbs(), None)

@@ -24,7 +24,7 @@ fn client(policy: VersionPolicy) -> Config {
     Config {
         version_policy: policy,
         credits: 8,
-        ..Config::default()
+        ..cfg_4k()
     }
 }
 
@@ -32,7 +32,7 @@ fn server(max: Version) -> Config {
     Config {
         max_version: max,
         credits: 8,
-        ..Config::default()
+        ..cfg_4k()
     }
 }
 

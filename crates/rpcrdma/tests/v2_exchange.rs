@@ -31,7 +31,7 @@ fn client() -> Config {
     Config {
         version_policy: VersionPolicy::V2,
         credits: 8,
-        ..Config::default()
+        ..cfg_4k()
     }
 }
 
@@ -39,7 +39,7 @@ fn server() -> Config {
     Config {
         max_version: Version::V2,
         credits: 8,
-        ..Config::default()
+        ..cfg_4k()
     }
 }
 

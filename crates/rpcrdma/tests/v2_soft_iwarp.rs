@@ -50,7 +50,7 @@ fn echo_req(tag: u32, data: Bytes, extra: Bytes, ddp: bool) -> CallRequest {
 fn v2_client() -> Config {
     Config {
         version_policy: VersionPolicy::V2,
-        ..Config::default()
+        ..cfg_4k()
     }
 }
 
@@ -122,7 +122,7 @@ async fn check_forms(cl: &RdmaClient) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soft_iwarp_every_message_form_in_version_2() {
     let dev = Device::soft_iwarp();
-    let srv = server(dev.clone(), local(), Config::default(), Arc::new(EchoUlb)).await;
+    let srv = server(dev.clone(), local(), cfg_4k(), Arc::new(EchoUlb)).await;
     let cl = client(dev, &srv, v2_client()).await;
     check_forms(&cl).await;
     assert_eq!(cl.rpcrdma_version(), Version::V2);
@@ -134,7 +134,7 @@ async fn loopback_every_message_form_in_version_2() {
     let fabric = LoopbackFabric::new();
     let dev = Device::loopback(&fabric);
     let addr = "10.0.2.1:20049".parse().unwrap();
-    let srv = server(dev.clone(), addr, Config::default(), Arc::new(EchoUlb)).await;
+    let srv = server(dev.clone(), addr, cfg_4k(), Arc::new(EchoUlb)).await;
     let cl = client(dev, &srv, v2_client()).await;
     check_forms(&cl).await;
     assert_eq!(cl.rpcrdma_version(), Version::V2);
@@ -145,12 +145,12 @@ async fn soft_iwarp_fallback_against_a_version_1_only_server() {
     let dev = Device::soft_iwarp();
     let v1_only = Config {
         max_version: Version::V1,
-        ..Config::default()
+        ..cfg_4k()
     };
     let srv = server(dev.clone(), local(), v1_only, Arc::new(EchoUlb)).await;
     let auto = Config {
         version_policy: VersionPolicy::Auto,
-        ..Config::default()
+        ..cfg_4k()
     };
     let cl = client(dev.clone(), &srv, auto.clone()).await;
     check_forms(&cl).await;
@@ -170,10 +170,10 @@ async fn soft_iwarp_fallback_against_a_version_1_only_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soft_iwarp_version_1_client_against_the_version_2_server() {
     let dev = Device::soft_iwarp();
-    let srv = server(dev.clone(), local(), Config::default(), Arc::new(EchoUlb)).await;
+    let srv = server(dev.clone(), local(), cfg_4k(), Arc::new(EchoUlb)).await;
     let v1 = Config {
         version_policy: VersionPolicy::V1,
-        ..Config::default()
+        ..cfg_4k()
     };
     let cl = client(dev.clone(), &srv, v1).await;
     check_forms(&cl).await;
@@ -190,7 +190,7 @@ async fn soft_iwarp_version_1_client_against_the_version_2_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soft_iwarp_remote_invalidation_used_and_declined() {
     let dev = Device::soft_iwarp();
-    let srv = server(dev.clone(), local(), Config::default(), Arc::new(EchoUlb)).await;
+    let srv = server(dev.clone(), local(), cfg_4k(), Arc::new(EchoUlb)).await;
     // Used: the Write chunk's handle is offered and the reply invalidates it.
     let cl = client(dev.clone(), &srv, v2_client()).await;
     for i in 0..4 {
@@ -216,7 +216,7 @@ async fn soft_iwarp_rbsiz_raises_the_inline_threshold() {
     let dev = Device::soft_iwarp();
     let big = Config {
         inline_recv: 16384,
-        ..Config::default()
+        ..cfg_4k()
     };
     let srv = server(dev.clone(), local(), big, Arc::new(EchoUlb)).await;
     let cl = client(dev, &srv, v2_client()).await;
@@ -270,7 +270,7 @@ async fn soft_iwarp_errors_produced_and_handled() {
         max_read_chunks: 0,
         ..ChunkLimits::default()
     });
-    let srv = server(dev.clone(), local(), Config::default(), Arc::new(no_reads)).await;
+    let srv = server(dev.clone(), local(), cfg_4k(), Arc::new(no_reads)).await;
     let cl = client(dev.clone(), &srv, v2_client()).await;
     echo(&cl, 1, 9000, 0, false).await.unwrap();
     let s = cl.stats();
@@ -280,7 +280,7 @@ async fn soft_iwarp_errors_produced_and_handled() {
         max_write_chunks: 0,
         ..ChunkLimits::default()
     });
-    let srv = server(dev.clone(), local(), Config::default(), Arc::new(no_writes)).await;
+    let srv = server(dev.clone(), local(), cfg_4k(), Arc::new(no_writes)).await;
     let cl = client(dev.clone(), &srv, v2_client()).await;
     let r = echo(&cl, 2, 9000, 0, true).await;
     assert!(matches!(r, Err(RpcError::RdmaErrChunk)), "{r:?}");
@@ -291,7 +291,7 @@ async fn soft_iwarp_errors_produced_and_handled() {
         max_segments: 0,
         ..ChunkLimits::default()
     });
-    let srv = server(dev.clone(), local(), Config::default(), Arc::new(no_segs)).await;
+    let srv = server(dev.clone(), local(), cfg_4k(), Arc::new(no_segs)).await;
     let cl = client(dev, &srv, v2_client()).await;
     let r = echo(&cl, 4, 9000, 0, true).await;
     assert!(
@@ -317,7 +317,7 @@ async fn soft_iwarp_backward_direction_in_version_2() {
         local(),
         dispatcher(),
         vec![Arc::new(EchoUlb)],
-        cfg(Config::default()),
+        cfg(cfg_4k()),
     )
     .await
     .unwrap();
@@ -385,7 +385,7 @@ impl RawPeer {
             .unwrap();
         }
         let params = ConnParams {
-            private_data: Bytes::copy_from_slice(&Config::default().private_data().encode()),
+            private_data: Bytes::copy_from_slice(&cfg_4k().private_data().encode()),
             ..ConnParams::default()
         };
         let conn = dev.connect(&qp, addr, params).await.unwrap();
@@ -435,7 +435,7 @@ fn with_payload(h: Header2, payload: &[u8]) -> Bytes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soft_iwarp_hand_made_version_2_messages_get_the_prescribed_answers() {
     let dev = Device::soft_iwarp();
-    let srv = server(dev.clone(), local(), Config::default(), Arc::new(EchoUlb)).await;
+    let srv = server(dev.clone(), local(), cfg_4k(), Arc::new(EchoUlb)).await;
     let peer = RawPeer::connect(&dev, srv.local_addr()).await;
     // A version 2 ECHO call with a Write chunk for the result, offering its handle for
     // remote invalidation.

@@ -150,7 +150,7 @@ pub struct BenchConfig {
     pub versions: Vec<NfsVersion>,
     /// The server's RPC-over-RDMA receive buffer size (its inline threshold), announced to
     /// version 1 clients in RFC 8797 private data and to version 2 clients as RBSIZ (cel-05
-    /// §6.2.1); `None`: the default (4096).
+    /// §6.2.1); `None`: the default (`rpcrdma::engine::DEFAULT_INLINE_RECV`, 8192).
     pub inline: Option<u32>,
     /// How the RPC-over-RDMA client asks for large replies; the `rdma` transport is measured
     /// once per mode, in this order (rows `rdma`, `rdma-rc`, `rdma-so`). With a mode other

@@ -71,6 +71,11 @@ async fn nfs_session_with(policy: VersionPolicy, nfs4: bool, long: bool) -> Sess
     if nfs4 {
         cfg.nfs4 = Some(Nfs4Config::default().with_grace(Duration::ZERO));
     }
+    // 4 KiB receive buffers on both sides (Linux's inline threshold; the default is 8 KiB):
+    // the session's calls and replies are sized to take every message form against it.
+    let mut server_tc = TransportConfig::default();
+    server_tc.rpc.inline_recv = 4096;
+    cfg.rdma_config = Some(server_tc);
     let served = start(cfg).await.unwrap();
     let tcp: Arc<dyn RpcTransport> =
         Arc::new(TcpClient::connect(served.nfs_addr.unwrap()).await.unwrap());
@@ -82,6 +87,7 @@ async fn nfs_session_with(policy: VersionPolicy, nfs4: bool, long: bool) -> Sess
         ..TransportConfig::default()
     };
     tc.rpc.version_policy = policy;
+    tc.rpc.inline_recv = 4096;
     let rdma = Arc::new(
         RdmaClient::connect_with(served.rdma_addr.unwrap(), tc, vec![ulb], None)
             .await

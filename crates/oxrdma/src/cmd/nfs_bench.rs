@@ -42,7 +42,7 @@ pub struct BenchArgs {
           value_parser = |s: &str| s.parse::<rpcrdma::rrc::ReplyMode>())]
     reply_mode: Vec<rpcrdma::rrc::ReplyMode>,
     /// The server's RPC-over-RDMA receive buffer size in bytes (its inline threshold,
-    /// announced as RFC 8797 private data and, to version 2 clients, as RBSIZ) [default: 4096].
+    /// announced as RFC 8797 private data and, to version 2 clients, as RBSIZ) [default: 8192].
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1024..=1048576))]
     inline: Option<u32>,
     /// Print one JSON object instead of a table.

@@ -88,6 +88,10 @@ fn reg_failed(e: RegError) -> RpcError {
     RpcError::Transport(e.to_string())
 }
 
+/// The longest RPC-over-RDMA header of a reply with no chunks: version 2's RDMA2_MSG (16
+/// fixed bytes, direction, handle, three empty lists); version 1's RDMA_MSG takes 28.
+const REPLY_HEADER_NO_CHUNKS: usize = 36;
+
 impl Requester {
     /// Queue a call and send what the credit limit allows. A call whose program and version
     /// have no Upper-Layer Binding completes at once with [`RpcError::NoBinding`]: nothing is
@@ -178,10 +182,14 @@ impl Requester {
             .get_mut(&xid)
             .ok_or_else(|| RpcError::Transport("unknown call".into()))?;
         o.long_call = false;
-        if version == Version::V2 && !o.call.message.reduced.is_empty() {
-            // cel-05 §3.3 and §6.2.1: a larger inline threshold (the server's RBSIZ) is what
-            // version 2 offers; a call whose whole Payload stream fits it goes inline, unreduced,
-            // as RFC 8166 §3.5.1's Short message (reduction is the sender's choice, §3.4.3).
+        if !o.call.message.reduced.is_empty() {
+            // Reduction is the sender's choice (RFC 8166 §3.4.3: "a sender may choose to
+            // reduce that data item"): a call whose whole Payload stream fits what the server
+            // receives goes inline, unreduced, as §3.5.1's Short message, and the RDMA Read
+            // round trip that would pull its argument is saved. Linux's client does the same
+            // in version 1 (a call that fits its inline send threshold is sent whole). In
+            // version 2 that threshold is the server's RBSIZ (cel-05 §3.3 and §6.2.1), the
+            // larger inline threshold version 2 offers.
             // The whole stream is built only when it fits (its length is known without it).
             let msg = &o.call.message;
             let whole_len = msg.len()
@@ -225,7 +233,16 @@ impl Requester {
         // contents and XDR padding (RFC 8166 §3.4.6.2), its length word stays inline.
         let mut writes: Vec<WriteChunk> = Vec::new();
         let mut moved = 0usize;
-        if !o.call.no_reduction && !by_read_chunk {
+        // A reply that fits our receive buffers whole needs no Write chunk: the Responder
+        // returns it inline (it may only reduce into chunks the Requester provides, RFC 8166
+        // §3.4.6), and the registration, the RDMA Write and the invalidation are saved, as
+        // Linux's client does when the largest reply fits its inline receive threshold.
+        let fits_inline = o
+            .call
+            .reply
+            .max_len
+            .is_some_and(|m| m.saturating_add(REPLY_HEADER_NO_CHUNKS) <= params.reply_inline);
+        if !o.call.no_reduction && !by_read_chunk && !fits_inline {
             //= specs/rfc8166.txt#section-3.4.6
             //# Thus, it MUST register Write chunks long enough to accommodate the maximum possible
             //# size of each returned data item.

@@ -148,8 +148,9 @@ pub struct RequesterStats {
     /// Calls resent under their XID in another form after RDMA2_ERR_READ_CHUNKS or
     /// RDMA2_ERR_WRITE_CHUNKS (cel-05 §7.2.4).
     pub reshaped: u64,
-    /// Version 2 calls sent inline whole although they had DDP-eligible arguments, because
-    /// the peer's RBSIZ let them fit (cel-05 §6.2.1).
+    /// Calls sent inline whole although their encoder reduced DDP-eligible arguments,
+    /// because the whole call fit what the server receives (version 1: its inline receive
+    /// threshold, RFC 8797; version 2: its RBSIZ, cel-05 §6.2.1).
     pub inline_unreduced: u64,
     /// Version 2 property messages received (RDMA2_CONNPROP, UPDPROP, REQPROP, RESPROP).
     pub properties_received: u64,

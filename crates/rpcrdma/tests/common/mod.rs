@@ -502,3 +502,14 @@ impl Harness {
         panic!("harness did not settle");
     }
 }
+
+/// The default settings with 4 KiB receive buffers (Linux's inline threshold), which these
+/// tests' message forms are sized against: calls and replies of a few KiB take chunks. The
+/// default is 8 KiB (`rpcrdma::engine::DEFAULT_INLINE_RECV`), where they would go whole.
+#[allow(dead_code)]
+pub fn cfg_4k() -> Config {
+    Config {
+        inline_recv: 4096,
+        ..Config::default()
+    }
+}
