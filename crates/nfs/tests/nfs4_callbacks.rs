@@ -18,11 +18,9 @@ use nfs::nfs4::res::OpRes;
 use nfs::nfs4::server::Nfs4Config;
 use nfs::nfs4::types::{AuthSysParms, CallbackSecParms4, ClientOwner4, StateProtectA};
 use nfs::serve::{ServeConfig, Served, start};
-use nfs::ulb::NfsBinding;
 use nfs4_util::{Client, compound_reply, fh_of, fore, me, owner, stateid_of};
 use oncrpc::auth::{AuthSys, OpaqueAuth};
 use oncrpc::{ClientConfig, Dispatcher, RpcClient, RpcTransport, TcpClient};
-use rpcrdma::{RdmaClient, TransportConfig};
 use tokio::sync::mpsc;
 
 /// The callback program number the test clients give (any number; Linux uses 0x40000000).
@@ -78,19 +76,7 @@ async fn connect(
                     .unwrap(),
             )
         }
-        Transport::Rdma => {
-            let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
-            Arc::new(
-                RdmaClient::connect_with(
-                    served.rdma_addr.unwrap(),
-                    TransportConfig::default(),
-                    vec![ulb],
-                    answer.then_some(programs),
-                )
-                .await
-                .unwrap(),
-            )
-        }
+        Transport::Rdma => nfs4_util::rdma_client(served, answer.then_some(programs)).await,
     };
     (
         RpcClient::new(transport, 100003, 4).with_cred(cred()),

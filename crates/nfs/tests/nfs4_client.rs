@@ -13,10 +13,9 @@ use nfs::client::{Nfs4Client, selftest4};
 use nfs::nfs4::consts::stable;
 use nfs::nfs4::server::Nfs4Config;
 use nfs::serve::{ServeConfig, Served, start};
-use nfs::ulb::NfsBinding;
 use oncrpc::auth::{AuthSys, OpaqueAuth};
 use oncrpc::{RpcTransport, TcpClient};
-use rpcrdma::{RdmaClient, TransportConfig};
+use rpcrdma::RdmaClient;
 
 async fn serve(dir: &std::path::Path) -> Served {
     let mut cfg = ServeConfig::new(dir);
@@ -28,17 +27,7 @@ async fn serve(dir: &std::path::Path) -> Served {
 }
 
 async fn rdma_transport(served: &Served) -> Arc<RdmaClient> {
-    let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(NfsBinding::new());
-    Arc::new(
-        RdmaClient::connect_with(
-            served.rdma_addr.unwrap(),
-            TransportConfig::default(),
-            vec![ulb],
-            None,
-        )
-        .await
-        .unwrap(),
-    )
+    nfs4_util::rdma_client(served, None).await
 }
 
 fn cred() -> OpaqueAuth {

@@ -468,6 +468,23 @@ fn senders_assume_1024_bytes_without_private_data() {
     assert_eq!(writes, 0);
 }
 
+/// The call a Requester's `actions` Send, which must be an RDMA_MSG: the message, its chunks and
+/// the length of its transport header.
+fn sent_msg(actions: &[rpcrdma::requester::Action]) -> (Bytes, Chunks, usize) {
+    let call = actions
+        .iter()
+        .find_map(|a| match a {
+            rpcrdma::requester::Action::Send { data, .. } => Some(data.clone()),
+            _ => None,
+        })
+        .expect("the call was sent");
+    let (ch, hlen) = Header::decode(&call).unwrap();
+    let Body::Msg(c) = ch.body else {
+        panic!("expected RDMA_MSG call")
+    };
+    (call, c, hlen)
+}
+
 /// The Reply chunk decision counts the reduced reply: a big DDP-eligible result that goes in a
 /// Write chunk does not also need a Reply chunk when the rest fits inline (RFC 8166 §4.3.3 with
 /// §4.3.2; Linux's client does the same, and Linux nfsd 6.1 misreports the Reply chunk length
@@ -489,17 +506,7 @@ fn write_chunk_alone_when_the_reduced_reply_fits_inline() {
         let a = h
             .req
             .submit(out_call(xid, ECHO, m, expect(n, 40, true)), &mut h.creg);
-        let call = a
-            .iter()
-            .find_map(|a| match a {
-                rpcrdma::requester::Action::Send { data, .. } => Some(data.clone()),
-                _ => None,
-            })
-            .expect("the call was sent");
-        let (ch, _) = Header::decode(&call).unwrap();
-        let Body::Msg(c) = ch.body else {
-            panic!("expected RDMA_MSG call")
-        };
+        let (_, c, _) = sent_msg(&a);
         assert_eq!(c.writes.len(), 1, "xid {xid}: one Write chunk");
         assert!(c.reply.is_none(), "xid {xid}: no Reply chunk beside it");
         h.client_actions(a);
@@ -527,17 +534,7 @@ fn a_call_and_reply_that_fit_inline_go_whole() {
     let a = h
         .req
         .submit(out_call(1, ECHO, m, expect(3000, 0, true)), &mut h.creg);
-    let call = a
-        .iter()
-        .find_map(|a| match a {
-            rpcrdma::requester::Action::Send { data, .. } => Some(data.clone()),
-            _ => None,
-        })
-        .expect("the call was sent");
-    let (ch, hlen) = Header::decode(&call).unwrap();
-    let Body::Msg(c) = ch.body else {
-        panic!("expected RDMA_MSG call")
-    };
+    let (call, c, hlen) = sent_msg(&a);
     assert!(
         c.reads.is_empty() && c.writes.is_empty() && c.reply.is_none(),
         "{c:?}"

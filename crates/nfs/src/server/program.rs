@@ -180,51 +180,41 @@ impl Program for NfsProgram {
                 _ => None,
             };
             let mut enc = call.reply_encoder();
-            if runs_inline(&args) {
-                server.execute(&cred, args, &mut enc);
-                let e = enc.finish();
-                if let Some(t) = ticket {
-                    // None of these procedures has a DDP-eligible result (RFC 8267 §4.1).
-                    t.complete(e.unreduced());
-                }
-                return Outcome::Success(e);
-            }
             // READ from the page cache and small UNSTABLE WRITEs into it, through the open-file
-            // cache, finish on the calling task; what would wait for the disk goes on below.
-            let done = match &args {
+            // cache, finish on the calling task, as `runs_inline`'s procedures do; what would
+            // wait for the disk goes to a blocking thread.
+            let finished_here = |enc: &mut Encoder| match &args {
                 Args::Read(a) if a.count <= INLINE_READ_MAX => {
-                    server.read_nowait(&cred, a).map(|r| r.encode(&mut enc))
+                    server.read_nowait(&cred, a).map(|r| r.encode(enc))
                 }
-                Args::Write(a) => server.write_inline(&cred, a).map(|r| r.encode(&mut enc)),
+                Args::Write(a) => server.write_inline(&cred, a).map(|r| r.encode(enc)),
                 _ => None,
             };
-            if done.is_some() {
-                let e = enc.finish();
-                if let Some(t) = ticket {
-                    // As below: WRITE has no DDP-eligible result (RFC 8267 §4.1).
-                    t.complete(e.unreduced());
-                }
-                return Outcome::Success(e);
-            }
-            let s = server.clone();
-            let r = tokio::task::spawn_blocking(move || {
-                s.execute(&cred, args, &mut enc);
+            let e = if runs_inline(&args) {
+                server.execute(&cred, args, &mut enc);
                 enc.finish()
-            })
-            .await;
-            match r {
-                Ok(e) => {
-                    if let Some(t) = ticket {
-                        // Kept with every item inline: a replay may go over another
-                        // transport, whose policy its own encoder applies (none of these
-                        // procedures has a DDP-eligible result, RFC 8267 §4.1).
-                        t.complete(e.unreduced());
-                    }
-                    Outcome::Success(e)
+            } else if finished_here(&mut enc).is_some() {
+                enc.finish()
+            } else {
+                let s = server.clone();
+                let r = tokio::task::spawn_blocking(move || {
+                    s.execute(&cred, args, &mut enc);
+                    enc.finish()
+                })
+                .await;
+                match r {
+                    Ok(e) => e,
+                    // Dropping the ticket forgets the call: a retransmission runs it.
+                    Err(_) => return Outcome::SystemErr,
                 }
-                // Dropping the ticket forgets the call: a retransmission runs it.
-                Err(_) => Outcome::SystemErr,
+            };
+            if let Some(t) = ticket {
+                // Kept with every item inline: a replay may go over another transport, whose
+                // policy its own encoder applies (none of the cached procedures has a
+                // DDP-eligible result, RFC 8267 §4.1).
+                t.complete(e.unreduced());
             }
+            Outcome::Success(e)
         })
     }
 }

@@ -24,6 +24,7 @@ use nfs::serve::{ServeConfig, Served, start};
 use oncrpc::auth::{AuthSys, OpaqueAuth};
 use oncrpc::client::ReplyExpectation;
 use oncrpc::{RpcClient, TcpClient};
+use rpcrdma::{RdmaClient, TransportConfig};
 
 pub fn local() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
@@ -36,6 +37,22 @@ pub async fn serve(dir: &std::path::Path) -> Served {
     cfg.portmap = None;
     cfg.nfs4 = Some(Nfs4Config::default().with_grace(std::time::Duration::ZERO));
     start(cfg).await.unwrap()
+}
+
+/// An RPC-over-RDMA connection to `served` with the NFS binding and the default settings,
+/// answering backward-direction calls with `back` when given.
+pub async fn rdma_client(served: &Served, back: Option<oncrpc::Dispatcher>) -> Arc<RdmaClient> {
+    let ulb: Arc<dyn rpcrdma::ulb::UpperLayerBinding> = Arc::new(nfs::ulb::NfsBinding::new());
+    Arc::new(
+        RdmaClient::connect_with(
+            served.rdma_addr.unwrap(),
+            TransportConfig::default(),
+            vec![ulb],
+            back,
+        )
+        .await
+        .unwrap(),
+    )
 }
 
 pub fn me() -> (u32, u32) {

@@ -416,16 +416,21 @@ fn apply_locked<'a>(
     release_state(inner, st, posts);
 }
 
+/// Do, in order, the work waiting in the inbox (the state lock is held).
+fn work_inbox_locked(inner: &ClientInner, st: &mut ClientState, posts: &mut Vec<Post>) {
+    let waiting = std::mem::take(&mut *inner.inbox.lock());
+    for w in waiting {
+        work_locked(st, w, posts);
+    }
+}
+
 fn release_state<'a>(
     inner: &'a Arc<ClientInner>,
     mut st: MutexGuard<'a, ClientState>,
     mut posts: Vec<Post>,
 ) {
     loop {
-        let waiting = std::mem::take(&mut *inner.inbox.lock());
-        for w in waiting {
-            work_locked(&mut st, w, &mut posts);
-        }
+        work_inbox_locked(inner, &mut st, &mut posts);
         drop(st);
         perform(inner, std::mem::take(&mut posts));
         // A submission pushed after the drain above, by a caller that found the lock still
@@ -552,10 +557,7 @@ async fn client_recv_loop(inner: Arc<ClientInner>, mut rcq: CompletionQueue) {
             // `on_disconnect` their Write chunks' memory is fenced and they would be lost,
             // though the server executed and answered those calls.
             let mut posts = Vec::new();
-            let waiting = std::mem::take(&mut *inner.inbox.lock());
-            for w in waiting {
-                work_locked(&mut st, w, &mut posts);
-            }
+            work_inbox_locked(&inner, &mut st, &mut posts);
             let actions = {
                 let ClientState { req, reg, .. } = &mut *st;
                 req.on_disconnect(reg)
