@@ -384,6 +384,7 @@ mod tests {
             args,
             context: CallContext::local(),
             reply_policy: Default::default(),
+            hints: Default::default(),
         }
     }
 

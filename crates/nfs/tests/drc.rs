@@ -532,6 +532,7 @@ fn replay_crosses_transports_and_ports() {
                     back: None,
                 }),
                 reply_policy: xdr::DdpPolicy::Inline,
+                hints: Default::default(),
             }
         };
         let results = |o: Outcome| match o {

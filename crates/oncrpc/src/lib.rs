@@ -47,7 +47,9 @@ pub use client::{CallRequest, ReplyExpectation, RpcClient, RpcError, RpcTranspor
 pub use message::{AcceptStat, AuthStat, CallHeader, MessageHeader, RejectedReply, ReplyHeader};
 pub use null::null_program;
 pub use record::{RecordDecoder, RecordError};
-pub use service::{Call, CallContext, Dispatcher, Outcome, Program, ReplyMessage, TransportKind};
+pub use service::{
+    Call, CallContext, CallHints, Dispatcher, Outcome, Program, ReplyMessage, TransportKind,
+};
 pub use tcp::{
     ClientConfig, ReplyBound, ServerConfig, TcpClient, TcpServer, TcpServerStats, serve_tcp,
 };

@@ -70,6 +70,27 @@ pub struct Call {
     pub context: Arc<CallContext>,
     /// How the program must encode DDP-eligible result items.
     pub reply_policy: DdpPolicy,
+    /// What the transport knew of the call's neighbours when it handed the call over.
+    pub hints: CallHints,
+}
+
+/// What a transport knows of a call's neighbours on its connection when it hands the call to
+/// the [`Dispatcher`]. Hints only: a program that ignores them is correct, only slower.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CallHints {
+    /// No other call of this connection was executing, and none of its bytes were waiting
+    /// to be read, when this call was handed over: work the program does on the calling task
+    /// holds back no other call of the connection. The NFS server then reads up to 1 MiB
+    /// from the page cache there instead of hopping to a blocking thread and back.
+    pub alone: bool,
+}
+
+impl CallHints {
+    /// Hints for a call that is alone on its connection ([`CallHints::alone`]).
+    pub fn alone() -> Self {
+        CallHints { alone: true }
+    }
 }
 
 impl Call {
@@ -182,6 +203,18 @@ impl Dispatcher {
         context: Arc<CallContext>,
         reply_policy: DdpPolicy,
     ) -> Option<ReplyMessage> {
+        self.dispatch_hinted(msg, context, reply_policy, CallHints::default())
+            .await
+    }
+
+    /// [`Dispatcher::dispatch`], with what the transport knows of the call's neighbours.
+    pub async fn dispatch_hinted(
+        &self,
+        msg: Bytes,
+        context: Arc<CallContext>,
+        reply_policy: DdpPolicy,
+        hints: CallHints,
+    ) -> Option<ReplyMessage> {
         let (header, args) = match MessageHeader::decode_message(&msg) {
             Ok((MessageHeader::Call(h), args)) => (h, args),
             Ok((MessageHeader::Reply(_), _)) => return None,
@@ -200,7 +233,7 @@ impl Dispatcher {
                 return None;
             }
         };
-        self.dispatch_call(header, args, context, reply_policy)
+        self.dispatch_call_hinted(header, args, context, reply_policy, hints)
             .await
     }
 
@@ -211,6 +244,18 @@ impl Dispatcher {
         args: Bytes,
         context: Arc<CallContext>,
         reply_policy: DdpPolicy,
+    ) -> Option<ReplyMessage> {
+        self.dispatch_call_hinted(header, args, context, reply_policy, CallHints::default())
+            .await
+    }
+
+    async fn dispatch_call_hinted(
+        &self,
+        header: CallHeader,
+        args: Bytes,
+        context: Arc<CallContext>,
+        reply_policy: DdpPolicy,
+        hints: CallHints,
     ) -> Option<ReplyMessage> {
         let xid = header.xid;
         let credential = match Credential::parse(&header.cred) {
@@ -231,6 +276,7 @@ impl Dispatcher {
             args,
             context,
             reply_policy,
+            hints,
         };
         let outcome = program.call(call).await;
         match outcome {

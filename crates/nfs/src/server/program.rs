@@ -8,7 +8,7 @@ use oncrpc::service::BoxFuture;
 use oncrpc::{AuthStat, Call, Credential, Outcome, Program};
 use xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
 
-use super::{INLINE_READ_MAX, NfsServer};
+use super::{INLINE_READ_ALONE_MAX, INLINE_READ_MAX, NfsServer};
 use crate::drc::{Admit, Key, is_cached_proc};
 use crate::nfs3::*;
 use crate::vfs::Cred;
@@ -179,12 +179,16 @@ impl Program for NfsProgram {
                 }
                 _ => None,
             };
+            let alone = call.hints.alone;
             let mut enc = call.reply_encoder();
             // READ from the page cache and small UNSTABLE WRITEs into it, through the open-file
             // cache, finish on the calling task, as `runs_inline`'s procedures do; what would
             // wait for the disk goes to a blocking thread.
             let finished_here = |enc: &mut Encoder| match &args {
-                Args::Read(a) if a.count <= INLINE_READ_MAX => {
+                Args::Read(a)
+                    if a.count <= INLINE_READ_MAX
+                        || (alone && a.count <= INLINE_READ_ALONE_MAX) =>
+                {
                     server.read_nowait(&cred, a).map(|r| r.encode(enc))
                 }
                 Args::Write(a) => server.write_inline(&cred, a).map(|r| r.encode(enc)),

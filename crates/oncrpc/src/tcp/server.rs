@@ -2,6 +2,7 @@
 //! writer that sends replies in completion order.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -22,7 +23,7 @@ use super::{READ_CHUNK, reserve_for_read};
 use crate::backchannel::BackHandle;
 use crate::budget::{MemoryBudget, Reservation};
 use crate::record::{DEFAULT_MAX_RECORD, MAX_FRAGMENT_LEN, RecordDecoder, frame, write_all_parts};
-use crate::service::{CallContext, Dispatcher, ReplyMessage, TransportKind};
+use crate::service::{CallContext, CallHints, Dispatcher, ReplyMessage, TransportKind};
 
 /// Server limits.
 #[derive(Debug, Clone)]
@@ -600,7 +601,23 @@ async fn serve_conn(
                     }
                 }
             };
-            spawn_call(record, &dispatcher, &context, &tx, permit, &queue, held);
+            // Alone: no other call of this connection is executing (admitted above, this one
+            // is counted) and no byte of another has arrived yet.
+            let hints = if buf.is_empty() && queue.executing.load(Ordering::Acquire) == 1 {
+                CallHints::alone()
+            } else {
+                CallHints::default()
+            };
+            spawn_call(
+                record,
+                hints,
+                &dispatcher,
+                &context,
+                &tx,
+                permit,
+                &queue,
+                held,
+            );
         }
         // A record whose length is known is reserved in full before its bytes are read.
         if let Some(m) = memory.as_mut() {
@@ -651,22 +668,62 @@ type ReplyItem = (
     Option<Reservation>,
 );
 
+/// Run one call. A call alone on its connection ([`CallHints::alone`]) is first polled here,
+/// on the reader's task: if it finishes at once (a service that answers without waiting: the
+/// NFS server's GETATTR, LOOKUP, a READ from the page cache) no task is spawned and no other
+/// worker woken for it. A call that waits (a blocking thread, memory), and every call that
+/// has neighbours, runs in a task of its own, so that the calls of one connection proceed
+/// concurrently on the runtime's workers: run on the reader's task, they would take turns.
+/// Measured with `nfs bench` (docs/performance.md): polling every call here cost NFS over
+/// TCP up to a third of its rate at depths 4 and 16, while one call at a time gained.
+#[allow(clippy::too_many_arguments)]
 fn spawn_call(
     record: Bytes,
+    hints: CallHints,
     dispatcher: &Arc<Dispatcher>,
     context: &Arc<CallContext>,
     tx: &mpsc::UnboundedSender<ReplyItem>,
     permit: OwnedSemaphorePermit,
     queue: &Arc<ReplyQueue>,
+    held: Option<Reservation>,
+) {
+    let fut = run_call(
+        record,
+        hints,
+        dispatcher.clone(),
+        context.clone(),
+        tx.clone(),
+        permit,
+        queue.clone(),
+        held,
+    );
+    if !hints.alone {
+        tokio::spawn(fut);
+        return;
+    }
+    let mut fut = Box::pin(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    if fut.as_mut().poll(&mut cx).is_pending() {
+        tokio::spawn(fut);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_call(
+    record: Bytes,
+    hints: CallHints,
+    d: Arc<Dispatcher>,
+    ctx: Arc<CallContext>,
+    tx: mpsc::UnboundedSender<ReplyItem>,
+    permit: OwnedSemaphorePermit,
+    queue: Arc<ReplyQueue>,
     mut held: Option<Reservation>,
 ) {
-    let d = dispatcher.clone();
-    let ctx = context.clone();
-    let tx = tx.clone();
-    let queue = queue.clone();
-    tokio::spawn(async move {
+    {
         // TCP carries every result inline: no Write chunks exist.
-        let reply = d.dispatch(record, ctx, DdpPolicy::Inline).await;
+        let reply = d
+            .dispatch_hinted(record, ctx, DdpPolicy::Inline, hints)
+            .await;
         // The call's record is gone: what it reserved now covers its reply, which stays
         // reserved until written. A reply larger than that gives it back and waits for the
         // whole (as RPC-over-RDMA does: a call never holds part of its memory while it waits
@@ -699,7 +756,7 @@ fn spawn_call(
         {
             let _ = tx.send((reply, permit, queued, held));
         }
-    });
+    }
 }
 
 /// Write `parts`; with `idle`, fail with `TimedOut` when the peer takes none of them for that

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use oncrpc::{CallContext, Dispatcher, RpcError};
+use oncrpc::{CallContext, CallHints, Dispatcher, RpcError};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
 use verbs::{Device, RecvWr, WcStatus};
@@ -442,16 +442,28 @@ fn on_server_receive(
     }
     // Replies lost on an earlier connection of this peer (RFC 8166 §4.5.3).
     let lost = sh.lost.lock().take(sc.peer.ip());
-    let inc = {
+    let (inc, hints) = {
         let mut r = sc.resp.lock();
         if !lost.is_empty() {
             r.note_lost(lost);
         }
-        r.on_receive_with(msg, c.invalidated_rkey)
+        let inc = r.on_receive_with(msg, c.invalidated_rkey);
+        // Alone: this call is the only one the Responder holds (none other executing, no
+        // RDMA Read pulling another's chunks).
+        let u = r.unfinished();
+        let alone = matches!(inc, Incoming::Call(_)) && u.executing == 1 && u.pulling == 0;
+        (
+            inc,
+            if alone {
+                CallHints::alone()
+            } else {
+                CallHints::default()
+            },
+        )
     };
     let (sc, sh, ctx) = (sc.clone(), sh.clone(), ctx.clone());
     let mut fut = Box::pin(async move {
-        handle_incoming(inc, &sc, &sh, ctx).await;
+        handle_incoming(inc, hints, &sc, &sh, ctx).await;
     });
     // A call that finishes at once (no RDMA Read to wait for, a service that answers without
     // waiting) is handled here, with no task to spawn and wake; the others continue in their
@@ -476,6 +488,7 @@ enum Read {
 
 async fn handle_incoming(
     mut inc: Incoming,
+    hints: CallHints,
     sc: &ServerConn,
     sh: &ServerShared,
     ctx: Arc<CallContext>,
@@ -632,7 +645,7 @@ async fn handle_incoming(
                 }
                 let reply = sh
                     .dispatcher
-                    .dispatch(call.message, ctx.clone(), call.policy)
+                    .dispatch_hinted(call.message, ctx.clone(), call.policy, hints)
                     .await;
                 let xid = call.token.xid;
                 let (actions, _posting) = {
