@@ -385,3 +385,93 @@ async fn over_tcp_the_inline_path_sees_outside_changes() {
     );
     served.shutdown().await;
 }
+
+/// A file system that refuses RWF_NOWAIT (tmpfs: EOPNOTSUPP): READs that would run on the
+/// calling task fall back to the blocking path, one at a time and in parallel, small and up
+/// to 1 MiB (a call alone on its connection may read that much inline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_from_a_file_system_without_nowait_reads_succeed() {
+    use nfs::client::{MountClient, Nfs3Client};
+    use nfs::serve::{ServeConfig, start};
+    let shm = std::path::Path::new("/dev/shm");
+    let Ok(tmp) = tempfile::tempdir_in(shm) else {
+        println!("SKIP: no writable /dev/shm");
+        return;
+    };
+    let probe = tmp.path().join("probe");
+    std::fs::write(&probe, b"x").unwrap();
+    let f = std::fs::File::open(&probe).unwrap();
+    let mut b = [0u8; 1];
+    let nowait = rustix::io::preadv2(
+        &f,
+        &mut [std::io::IoSliceMut::new(&mut b)],
+        0,
+        rustix::io::ReadWriteFlags::NOWAIT,
+    );
+    if nowait != Err(rustix::io::Errno::OPNOTSUPP) {
+        println!("SKIP: /dev/shm takes RWF_NOWAIT reads here ({nowait:?})");
+        return;
+    }
+    let data: Vec<u8> = (0..(1u32 << 20) + 4096).map(|i| (i % 251) as u8).collect();
+    std::fs::write(tmp.path().join("big"), &data).unwrap();
+    let mut cfg = ServeConfig::new(tmp.path());
+    cfg.tcp = Some("127.0.0.1:0".parse().unwrap());
+    cfg.mount = Some("127.0.0.1:0".parse().unwrap());
+    cfg.portmap = None;
+    cfg.export_name = Some("/export".into());
+    let served = start(cfg).await.unwrap();
+    let mc = MountClient::new(Arc::new(
+        oncrpc::TcpClient::connect(served.mount_addr.unwrap())
+            .await
+            .unwrap(),
+    ));
+    let root = mc.mnt("/export").await.unwrap();
+    let me = rustix::process::geteuid().as_raw();
+    let c = Arc::new(
+        Nfs3Client::new(Arc::new(
+            oncrpc::TcpClient::connect(served.nfs_addr.unwrap())
+                .await
+                .unwrap(),
+        ))
+        .with_auth_sys(me, me, vec![]),
+    );
+    let fh = c
+        .lookup(&root, b"big")
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap()
+        .object;
+    // One at a time (each call alone on the connection), then 8 at once.
+    for (off, n) in [
+        (0u64, 4096u32),
+        (4096, 65536),
+        (0, 1 << 20),
+        (1 << 20, 1 << 20),
+    ] {
+        let r = c.read(&fh, off, n).await.unwrap().into_result().unwrap();
+        let end = (off as usize + n as usize).min(data.len());
+        assert_eq!(&r.data.0[..], &data[off as usize..end], "READ {off}+{n}");
+    }
+    let mut tasks = Vec::new();
+    for k in 0..8u64 {
+        let (c, fh) = (c.clone(), fh.clone());
+        tasks.push(tokio::spawn(async move {
+            c.read(&fh, k * 131_072, 131_072)
+                .await
+                .unwrap()
+                .into_result()
+                .unwrap()
+        }));
+    }
+    for (k, t) in tasks.into_iter().enumerate() {
+        let r = t.await.unwrap();
+        let off = k * 131_072;
+        assert_eq!(
+            &r.data.0[..],
+            &data[off..off + 131_072],
+            "parallel READ {k}"
+        );
+    }
+    served.shutdown().await;
+}
