@@ -5,7 +5,6 @@
 //! results) and [`NfsPath`] (SYMLINK arguments, READLINK results) encode with
 //! [`xdr::Encoder::put_ddp_opaque`]; every other item encodes inline.
 
-use bytes::Bytes;
 use xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
 
 use crate::xdr_util::{Void, xdr_enum, xdr_opaque, xdr_struct};
@@ -618,8 +617,8 @@ pub const POST_OP_FH_MAX: usize = 4 + 4 + FHSIZE as usize;
 /// Skip over a procedure's arguments, returning the byte range of the contents of its
 /// DDP-eligible item, if it has one (RFC 8267 §4: WRITE data, SYMLINK path). Decodes the
 /// whole argument structure, so malformed arguments are reported.
-pub fn args_ddp_item(proc_: u32, args: &Bytes) -> xdr::Result<Option<std::ops::Range<usize>>> {
-    let mut dec = Decoder::from_bytes(args);
+pub fn args_ddp_item(proc_: u32, args: &[u8]) -> xdr::Result<Option<std::ops::Range<usize>>> {
+    let mut dec = Decoder::new(args);
     let range = match proc_ {
         proc_::WRITE => {
             Fh3::decode(&mut dec)?;

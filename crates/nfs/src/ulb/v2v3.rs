@@ -119,7 +119,7 @@ pub fn nfs2_reply_expectation(proc_: u32, args: &[u8]) -> oncrpc::ReplyExpectati
 /// RFC 8267 §4: the DDP-eligible argument of an NFSv3 call, checked against the whole
 /// argument structure.
 pub fn nfs3_call_item(proc_: u32, args: &[u8]) -> xdr::Result<Option<Range<usize>>> {
-    nfs3::args_ddp_item(proc_, &bytes::Bytes::copy_from_slice(args))
+    nfs3::args_ddp_item(proc_, args)
 }
 
 /// Offset, in an NFSv3 result stream (after the RPC reply header), of the contents of the
