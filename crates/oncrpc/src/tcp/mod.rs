@@ -6,6 +6,7 @@
 mod back;
 mod client;
 mod conn_memory;
+mod replies;
 mod server;
 
 pub use back::MAX_BACK_OUTSTANDING;
