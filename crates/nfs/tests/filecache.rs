@@ -322,13 +322,14 @@ fn zero_capacity_still_serves_every_call() {
     assert_eq!(s.export().file_cache_len(), 0);
 }
 
-/// Over TCP, where READ and small UNSTABLE WRITEs run on the calling task through the cache.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn over_tcp_the_inline_path_sees_outside_changes() {
+/// `dir` served over TCP on 127.0.0.1 as `/export`, mounted, and an NFSv3 client calling it
+/// as the current user.
+async fn serve_over_tcp(
+    dir: &std::path::Path,
+) -> (nfs::serve::Served, Fh3, nfs::client::Nfs3Client) {
     use nfs::client::{MountClient, Nfs3Client};
     use nfs::serve::{ServeConfig, start};
-    let tmp = tempfile::tempdir().unwrap();
-    let mut cfg = ServeConfig::new(tmp.path());
+    let mut cfg = ServeConfig::new(dir);
     cfg.tcp = Some("127.0.0.1:0".parse().unwrap());
     cfg.mount = Some("127.0.0.1:0".parse().unwrap());
     cfg.portmap = None;
@@ -347,6 +348,14 @@ async fn over_tcp_the_inline_path_sees_outside_changes() {
             .unwrap(),
     ))
     .with_auth_sys(me, me, vec![]);
+    (served, root, c)
+}
+
+/// Over TCP, where READ and small UNSTABLE WRITEs run on the calling task through the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tcp_the_inline_path_sees_outside_changes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (served, root, c) = serve_over_tcp(tmp.path()).await;
     let fh = c
         .create(
             &root,
@@ -391,8 +400,6 @@ async fn over_tcp_the_inline_path_sees_outside_changes() {
 /// to 1 MiB (a call alone on its connection may read that much inline).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_from_a_file_system_without_nowait_reads_succeed() {
-    use nfs::client::{MountClient, Nfs3Client};
-    use nfs::serve::{ServeConfig, start};
     let shm = std::path::Path::new("/dev/shm");
     let Ok(tmp) = tempfile::tempdir_in(shm) else {
         println!("SKIP: no writable /dev/shm");
@@ -414,27 +421,8 @@ async fn reads_from_a_file_system_without_nowait_reads_succeed() {
     }
     let data: Vec<u8> = (0..(1u32 << 20) + 4096).map(|i| (i % 251) as u8).collect();
     std::fs::write(tmp.path().join("big"), &data).unwrap();
-    let mut cfg = ServeConfig::new(tmp.path());
-    cfg.tcp = Some("127.0.0.1:0".parse().unwrap());
-    cfg.mount = Some("127.0.0.1:0".parse().unwrap());
-    cfg.portmap = None;
-    cfg.export_name = Some("/export".into());
-    let served = start(cfg).await.unwrap();
-    let mc = MountClient::new(Arc::new(
-        oncrpc::TcpClient::connect(served.mount_addr.unwrap())
-            .await
-            .unwrap(),
-    ));
-    let root = mc.mnt("/export").await.unwrap();
-    let me = rustix::process::geteuid().as_raw();
-    let c = Arc::new(
-        Nfs3Client::new(Arc::new(
-            oncrpc::TcpClient::connect(served.nfs_addr.unwrap())
-                .await
-                .unwrap(),
-        ))
-        .with_auth_sys(me, me, vec![]),
-    );
+    let (served, root, c) = serve_over_tcp(tmp.path()).await;
+    let c = Arc::new(c);
     let fh = c
         .lookup(&root, b"big")
         .await

@@ -87,9 +87,9 @@ pub struct CallHints {
 }
 
 impl CallHints {
-    /// Hints for a call that is alone on its connection ([`CallHints::alone`]).
-    pub fn alone() -> Self {
-        CallHints { alone: true }
+    /// Hints for a call that is alone on its connection, or not ([`CallHints::alone`]).
+    pub fn alone_if(alone: bool) -> Self {
+        CallHints { alone }
     }
 }
 

@@ -174,43 +174,41 @@ async fn run_call(
     queue: Arc<ReplyQueue>,
     mut held: Option<Reservation>,
 ) {
-    {
-        // TCP carries every result inline: no Write chunks exist.
-        let reply = d
-            .dispatch_hinted(record, ctx, DdpPolicy::Inline, hints)
-            .await;
-        // The call's record is gone: what it reserved now covers its reply, which stays
-        // reserved until written. A reply larger than that gives it back and waits for the
-        // whole (as RPC-over-RDMA does: a call never holds part of its memory while it waits
-        // for the rest), unless the connection goes meanwhile.
-        let len = reply.as_ref().map_or(0, |r| r.message.len());
-        if let Some(h) = held.as_mut() {
-            if len <= h.bytes() {
-                h.shrink(len);
-            } else {
-                let share = h.connection().clone();
-                held = None;
-                tokio::select! {
-                    r = share.reserve_queued(len) => match r {
-                        Ok(r) => held = Some(r),
-                        // Larger than the connection may ever hold: sent as it is.
-                        Err(e) => tracing::debug!(error = %e, "reply larger than the budget allows"),
-                    },
-                    _ = tx.closed() => {
-                        queue.done(None);
-                        return;
-                    }
+    // TCP carries every result inline: no Write chunks exist.
+    let reply = d
+        .dispatch_hinted(record, ctx, DdpPolicy::Inline, hints)
+        .await;
+    // The call's record is gone: what it reserved now covers its reply, which stays
+    // reserved until written. A reply larger than that gives it back and waits for the
+    // whole (as RPC-over-RDMA does: a call never holds part of its memory while it waits
+    // for the rest), unless the connection goes meanwhile.
+    let len = reply.as_ref().map_or(0, |r| r.message.len());
+    if let Some(h) = held.as_mut() {
+        if len <= h.bytes() {
+            h.shrink(len);
+        } else {
+            let share = h.connection().clone();
+            held = None;
+            tokio::select! {
+                r = share.reserve_queued(len) => match r {
+                    Ok(r) => held = Some(r),
+                    // Larger than the connection may ever hold: sent as it is.
+                    Err(e) => tracing::debug!(error = %e, "reply larger than the budget allows"),
+                },
+                _ = tx.closed() => {
+                    queue.done(None);
+                    return;
                 }
             }
         }
-        // The permit travels with the reply and is released once it has been written, so
-        // replies the peer is slow to read also count against the limit; their bytes count
-        // until written (or dropped with the connection).
-        if let Some(queued) = queue.done(reply.as_ref().map(|r| r.message.len()))
-            && let Some(reply) = reply
-        {
-            let _ = tx.send((reply, permit, queued, held));
-        }
+    }
+    // The permit travels with the reply and is released once it has been written, so
+    // replies the peer is slow to read also count against the limit; their bytes count
+    // until written (or dropped with the connection).
+    if let Some(queued) = queue.done(reply.as_ref().map(|r| r.message.len()))
+        && let Some(reply) = reply
+    {
+        let _ = tx.send((reply, permit, queued, held));
     }
 }
 

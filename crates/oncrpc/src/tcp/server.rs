@@ -512,11 +512,8 @@ async fn serve_conn(
             };
             // Alone: no other call of this connection is executing (admitted above, this one
             // is counted) and no byte of another has arrived yet.
-            let hints = if buf.is_empty() && queue.executing.load(Ordering::Acquire) == 1 {
-                CallHints::alone()
-            } else {
-                CallHints::default()
-            };
+            let hints =
+                CallHints::alone_if(buf.is_empty() && queue.executing.load(Ordering::Acquire) == 1);
             spawn_call(
                 record,
                 hints,

@@ -452,14 +452,7 @@ fn on_server_receive(
         // RDMA Read pulling another's chunks).
         let u = r.unfinished();
         let alone = matches!(inc, Incoming::Call(_)) && u.executing == 1 && u.pulling == 0;
-        (
-            inc,
-            if alone {
-                CallHints::alone()
-            } else {
-                CallHints::default()
-            },
-        )
+        (inc, CallHints::alone_if(alone))
     };
     let (sc, sh, ctx) = (sc.clone(), sh.clone(), ctx.clone());
     let mut fut = Box::pin(async move {

@@ -361,7 +361,6 @@ impl Responder {
         }
     }
 
-    /// Counters.
     /// The largest message this Responder Sends on its connection now: the lower of its own
     /// send size and the client's receive size (RFC 8797), or the client's RBSIZ once
     /// version 2 properties were exchanged (cel-05 §6.2.1).
@@ -369,6 +368,7 @@ impl Responder {
         self.params.inline_send
     }
 
+    /// Counters.
     pub fn stats(&self) -> &ResponderStats {
         &self.stats
     }
