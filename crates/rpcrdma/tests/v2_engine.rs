@@ -312,3 +312,58 @@ fn the_probe_is_one_message_of_at_most_1_kb() {
     }
     assert_eq!(h.req.stats().long_call, 1, "only the probe was a Long Call");
 }
+
+/// The ECHO reply's length with `data` inline: the accepted reply header (24 bytes), then
+/// `opaque data<>`, `uint32 tag`, `opaque extra<>`.
+fn echo_reply_len(data: usize, extra: usize) -> usize {
+    24 + 4 + xdr::padded(data) + 4 + 4 + xdr::padded(extra)
+}
+
+#[test]
+fn a_reply_just_under_the_inline_threshold_comes_back_in_either_version() {
+    // RFC 8166 §4.3.3: a Requester MUST provide a Reply chunk whenever the largest reply,
+    // transport header included, is larger than the inline threshold. The header of a reply
+    // without chunks is 28 bytes in version 1 and 36 in version 2 (cel-05 §6.3: the
+    // direction and rdma_inv_handle words follow the three lists' fixed part). Replies whose
+    // largest size falls within those 8 bytes below the 4 KiB threshold must come back: inline
+    // where they fit, by a Reply chunk where they do not.
+    for v in [Version::V1, Version::V2] {
+        let policy = if v == Version::V2 {
+            VersionPolicy::V2
+        } else {
+            VersionPolicy::V1
+        };
+        let mut h = Harness::new(client(policy), server(Version::V2));
+        let mut xid = 1;
+        for len in (4048..=4076).step_by(4) {
+            let extra = len - echo_reply_len(12, 0);
+            assert_eq!(echo_reply_len(12, extra), len);
+            for ddp in [false, true] {
+                let reply = ReplyExpectation {
+                    max_len: Some(len),
+                    ddp_items: if ddp { vec![12] } else { vec![] },
+                };
+                let got = call(&mut h, xid, 12, extra, DdpPolicy::Inline, reply);
+                assert!(
+                    got.is_ok(),
+                    "version {v:?}, largest reply {len} bytes, DDP item {ddp}: {got:?}"
+                );
+                xid += 1;
+            }
+        }
+        assert_eq!(h.req.version(), v);
+        let s = h.req.stats();
+        // Version 1 replies of up to 4068 bytes fit the threshold with their 28-byte header,
+        // version 2's of up to 4060 with their 36-byte one; the longer ones take a Reply chunk
+        // (2 lengths x 2 forms in version 1, 4 x 2 in version 2). A Write chunk is registered
+        // only for those of them with a DDP-eligible item, never for a reply that fits whole.
+        let expected_long = if v == Version::V2 { 8 } else { 4 };
+        assert_eq!(s.long_reply, expected_long, "version {v:?}: {s:?}");
+        assert_eq!(
+            s.write_chunk_calls,
+            expected_long / 2,
+            "version {v:?}: {s:?}"
+        );
+        assert_eq!(h.creg.live(), 0, "every registration fenced");
+    }
+}

@@ -88,9 +88,18 @@ fn reg_failed(e: RegError) -> RpcError {
     RpcError::Transport(e.to_string())
 }
 
-/// The longest RPC-over-RDMA header of a reply with no chunks: version 2's RDMA2_MSG (16
-/// fixed bytes, direction, handle, three empty lists); version 1's RDMA_MSG takes 28.
-const REPLY_HEADER_NO_CHUNKS: usize = 36;
+/// The transport header of an inline reply in this version that returns `writes` (the Write
+/// list the call offers, echoed with the lengths written) and no Reply chunk: version 1's
+/// RDMA_MSG is 28 bytes with an empty Write list, version 2's RDMA2_MSG 36 (its direction and
+/// rdma_inv_handle words, cel-05 §6.3). The Requester sizes inline replies with the same
+/// encoder the Responder builds them with.
+fn inline_reply_header_len(v2: bool, writes: &[WriteChunk]) -> usize {
+    let chunks = Chunks {
+        writes: writes.to_vec(),
+        ..Chunks::default()
+    };
+    CallHeader::new(v2, 0, 0, false, chunks, 0, Direction::Reply).encoded_len()
+}
 
 impl Requester {
     /// Queue a call and send what the credit limit allows. A call whose program and version
@@ -237,11 +246,10 @@ impl Requester {
         // returns it inline (it may only reduce into chunks the Requester provides, RFC 8166
         // §3.4.6), and the registration, the RDMA Write and the invalidation are saved, as
         // Linux's client does when the largest reply fits its inline receive threshold.
-        let fits_inline = o
-            .call
-            .reply
-            .max_len
-            .is_some_and(|m| m.saturating_add(REPLY_HEADER_NO_CHUNKS) <= params.reply_inline);
+        let v2 = version == Version::V2;
+        let fits_inline = o.call.reply.max_len.is_some_and(|m| {
+            m.saturating_add(inline_reply_header_len(v2, &[])) <= params.reply_inline
+        });
         if !o.call.no_reduction && !by_read_chunk && !fits_inline {
             //= specs/rfc8166.txt#section-3.4.6
             //# Thus, it MUST register Write chunks long enough to accommodate the maximum possible
@@ -273,7 +281,7 @@ impl Requester {
             None if o.call.proc_ == 0 => NULL_REPLY_MAX,
             None => cfg.default_reply_chunk,
         };
-        let reply_hdr_room = 28 + 16 * writes.iter().map(|c| c.len() + 1).sum::<usize>();
+        let reply_hdr_room = inline_reply_header_len(v2, &writes);
         // RFC 8166 §3.3.2 / RFC 8797: the Responder sends at most its own send size inline,
         // which can be less than our receive buffers.
         //= specs/rfc8166.txt#section-4.3.3
@@ -305,7 +313,6 @@ impl Requester {
             reply,
         };
         chunks.set_read_chunks(&read_chunks);
-        let v2 = version == Version::V2;
         let inv = |c: &Chunks| {
             if v2 && cfg.accept_remote_invalidate {
                 offered_handle(c)
