@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -55,7 +55,26 @@ pub struct OpenFile {
     confirmed: Instant,
     /// Milliseconds since the cache's epoch at the last use (for LRU and idle eviction).
     last_use: AtomicU64,
+    /// [`NowaitReads`] as learnt for the file's file system (0: not yet refused).
+    nowait: AtomicU8,
 }
+
+/// How a READ that must not wait for the disk reads this file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NowaitReads {
+    /// With `preadv2(RWF_NOWAIT)`, which reads only what the page cache holds.
+    Try,
+    /// With a plain read: the file system refused RWF_NOWAIT and keeps its files in memory
+    /// (tmpfs, ramfs), so no read of it waits for a disk.
+    Plain,
+    /// Not at all (on a blocking thread instead): the file system refused RWF_NOWAIT and may
+    /// wait for a device or a server (FUSE, procfs, and others without it).
+    Never,
+}
+
+/// `statfs` magic numbers of the file systems whose files live in memory (linux/magic.h).
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+const RAMFS_MAGIC: i64 = 0x8584_58f6;
 
 impl OpenFile {
     /// An entry for the file `file` (inode `ino`, birth time `btime`), opened for writing too
@@ -68,7 +87,34 @@ impl OpenFile {
             writable,
             confirmed: Instant::now(),
             last_use: AtomicU64::new(0),
+            nowait: AtomicU8::new(0),
         }
+    }
+    /// How to read this file without waiting for the disk.
+    pub fn nowait_reads(&self) -> NowaitReads {
+        match self.nowait.load(Ordering::Relaxed) {
+            0 => NowaitReads::Try,
+            1 => NowaitReads::Plain,
+            _ => NowaitReads::Never,
+        }
+    }
+    /// The file system refused `RWF_NOWAIT` (EOPNOTSUPP): asks it what it is, once per open
+    /// file, and returns how such reads go from now on. Each later READ of the file then
+    /// costs no failed system call.
+    pub fn nowait_refused(&self) -> NowaitReads {
+        let memory = rustix::fs::fstatfs(&self.file).is_ok_and(|s| {
+            // `f_type` is a signed word on some targets and unsigned on others.
+            #[allow(clippy::unnecessary_cast)]
+            let t = s.f_type as i64;
+            t == TMPFS_MAGIC || t == RAMFS_MAGIC
+        });
+        let (code, mode) = if memory {
+            (1, NowaitReads::Plain)
+        } else {
+            (2, NowaitReads::Never)
+        };
+        self.nowait.store(code, Ordering::Relaxed);
+        mode
     }
     /// The open descriptor.
     pub fn file(&self) -> &File {

@@ -463,3 +463,27 @@ async fn reads_from_a_file_system_without_nowait_reads_succeed() {
     }
     served.shutdown().await;
 }
+
+/// Which way READs that must not wait go, learnt when the file system refuses RWF_NOWAIT:
+/// a memory file system (tmpfs) is read plainly on the calling task; one that may wait for a
+/// device or a server (procfs here stands for those) never on the calling task.
+#[test]
+fn a_refused_nowait_read_is_learnt_per_file_system_kind() {
+    use nfs::filecache::{NowaitReads, OpenFile};
+    let open =
+        |p: &std::path::Path| OpenFile::new(1, (0, 0), std::fs::File::open(p).unwrap(), false);
+    match tempfile::tempdir_in("/dev/shm") {
+        Ok(tmp) => {
+            let p = tmp.path().join("f");
+            std::fs::write(&p, b"x").unwrap();
+            let f = open(&p);
+            assert_eq!(f.nowait_reads(), NowaitReads::Try);
+            assert_eq!(f.nowait_refused(), NowaitReads::Plain);
+            assert_eq!(f.nowait_reads(), NowaitReads::Plain);
+        }
+        Err(e) => println!("SKIP (tmpfs part): no writable /dev/shm: {e}"),
+    }
+    let f = open(std::path::Path::new("/proc/self/status"));
+    assert_eq!(f.nowait_refused(), NowaitReads::Never);
+    assert_eq!(f.nowait_reads(), NowaitReads::Never);
+}

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use rustix::fs::{AtFlags, Mode, OFlags, Statx, Timestamps};
 
+use crate::filecache::NowaitReads;
 use crate::nfs3::{Nfsstat3, Nfstime3, Sattr3, SetTime, StableHow, access};
 use crate::nfs4::Nfsstat4;
 use crate::vfs::{
@@ -206,7 +207,9 @@ impl<'a> FsOps<'a> {
     ) -> NfsResult<ReadOut> {
         Self::io_allowed(cred, &n.st, MAY_READ)?;
         let f = self.export.open_file(&n.rel, false)?;
-        let (data, got) = read_into(&f, offset, count, pool, false)?.ok_or(Nfsstat3::Io)?;
+        let ReadInto::Got(data, got) = read_into(&f, offset, count, pool, false)? else {
+            return Err(Nfsstat3::Io);
+        };
         let st = self.export.stat_rel(&n.rel).unwrap_or(n.st);
         let eof = offset.saturating_add(got as u64) >= st.stx_size;
         Ok(ReadOut { data, eof, st })
@@ -225,9 +228,25 @@ impl<'a> FsOps<'a> {
         nowait: bool,
     ) -> NfsResult<Option<ReadOut>> {
         Self::io_allowed(cred, &o.st, MAY_READ)?;
-        let Some((data, got)) = read_into(o.file.file(), offset, count, pool, nowait)? else {
-            return Ok(None);
+        let mut mode = if nowait {
+            o.file.nowait_reads()
+        } else {
+            NowaitReads::Plain
         };
+        let (data, got) = loop {
+            let r = match mode {
+                NowaitReads::Never => return Ok(None),
+                NowaitReads::Try => read_into(o.file.file(), offset, count, pool, true)?,
+                NowaitReads::Plain => read_into(o.file.file(), offset, count, pool, false)?,
+            };
+            match r {
+                ReadInto::Got(data, got) => break (data, got),
+                ReadInto::WouldWait => return Ok(None),
+                // Learnt once per open file (tmpfs: read it plainly, here).
+                ReadInto::Refused => mode = o.file.nowait_refused(),
+            }
+        };
+        let nowait = mode == NowaitReads::Try;
         let st = self.export.stat_open(&o.file).unwrap_or(o.st);
         let end = offset.saturating_add(got as u64);
         // A short read that is not at the end of the file stopped at a page not in memory.
@@ -624,18 +643,27 @@ impl<'a> FsOps<'a> {
     }
 }
 
+/// What [`read_into`] read.
+enum ReadInto {
+    /// The data and its length.
+    Got(Bytes, usize),
+    /// With `nowait`: not even the first page is in memory.
+    WouldWait,
+    /// With `nowait`: the file system refuses `RWF_NOWAIT` (EOPNOTSUPP).
+    Refused,
+}
+
 /// Read up to `count` bytes (at most [`MAX_IO`]) at `offset` into a fresh buffer, or a pooled one
-/// for large reads: the data and its length. With `nowait`, `None` when not even the first
-/// page is in memory (`RWF_NOWAIT`, Linux 4.14).
+/// for large reads. With `nowait`, only what the page cache holds (`RWF_NOWAIT`, Linux 4.14).
 fn read_into(
     f: &std::fs::File,
     offset: u64,
     count: u32,
     pool: &Arc<oncrpc::BufPool>,
     nowait: bool,
-) -> NfsResult<Option<(Bytes, usize)>> {
+) -> NfsResult<ReadInto> {
     let count = count.min(MAX_IO) as usize;
-    let fill = |buf: &mut [u8]| -> NfsResult<Option<usize>> {
+    let fill = |buf: &mut [u8]| -> NfsResult<Result<usize, ReadInto>> {
         let mut got = 0;
         while got < buf.len() {
             let at = offset.saturating_add(got as u64);
@@ -651,11 +679,15 @@ fn read_into(
                 Ok(k) => got += k,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) if nowait && e.kind() == std::io::ErrorKind::WouldBlock => {
-                    return Ok((got > 0).then_some(got));
+                    return Ok(if got > 0 {
+                        Ok(got)
+                    } else {
+                        Err(ReadInto::WouldWait)
+                    });
                 }
                 // A file system that cannot say whether a read would wait (tmpfs on Linux 6.1
-                // and on this VM's 6.18, procfs) refuses RWF_NOWAIT with EOPNOTSUPP: the READ
-                // then goes the blocking way, like one that would wait. Answering it with
+                // and on this VM's 6.18, procfs) refuses RWF_NOWAIT with EOPNOTSUPP: the caller
+                // learns which kind it is (`OpenFile::nowait_refused`). Answering the READ with
                 // NFS3ERR_NOTSUPP failed the kernel client's reads from a tmpfs export (its
                 // `dd` got errno 524) in the kernel lab.
                 Err(e)
@@ -663,26 +695,28 @@ fn read_into(
                         && e.raw_os_error()
                             == Some(rustix::io::Errno::OPNOTSUPP.raw_os_error()) =>
                 {
-                    return Ok(None);
+                    return Ok(Err(ReadInto::Refused));
                 }
                 Err(e) => return Err(io_to_nfs(&e)),
             }
         }
-        Ok(Some(got))
+        Ok(Ok(got))
     };
     if count >= POOLED_READ_MIN {
         let mut buf = pool.get(MAX_IO as usize);
-        let Some(got) = fill(&mut buf[..count])? else {
-            return Ok(None);
-        };
-        Ok(Some((pool.wrap(buf, 0..got), got)))
+        Ok(match fill(&mut buf[..count])? {
+            Ok(got) => ReadInto::Got(pool.wrap(buf, 0..got), got),
+            Err(no) => no,
+        })
     } else {
         let mut buf = BytesMut::zeroed(count);
-        let Some(got) = fill(&mut buf)? else {
-            return Ok(None);
-        };
-        buf.truncate(got);
-        Ok(Some((buf.freeze(), got)))
+        Ok(match fill(&mut buf)? {
+            Ok(got) => {
+                buf.truncate(got);
+                ReadInto::Got(buf.freeze(), got)
+            }
+            Err(no) => no,
+        })
     }
 }
 
