@@ -55,8 +55,8 @@ pub struct OpenFile {
     confirmed: Instant,
     /// Milliseconds since the cache's epoch at the last use (for LRU and idle eviction).
     last_use: AtomicU64,
-    /// [`NowaitReads`] as learnt for the file's file system (0: not yet refused).
-    nowait: AtomicU8,
+    /// What is known of the file's file system (`FS_*`).
+    fs: AtomicU8,
 }
 
 /// How a READ that must not wait for the disk reads this file.
@@ -76,6 +76,13 @@ pub enum NowaitReads {
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 const RAMFS_MAGIC: i64 = 0x8584_58f6;
 
+/// [`OpenFile::fs`]: not asked yet; a memory file system; another that refused `RWF_NOWAIT`;
+/// another, with `RWF_NOWAIT` reads not refused so far.
+const FS_UNKNOWN: u8 = 0;
+const FS_MEMORY: u8 = 1;
+const FS_NO_NOWAIT: u8 = 2;
+const FS_OTHER: u8 = 3;
+
 impl OpenFile {
     /// An entry for the file `file` (inode `ino`, birth time `btime`), opened for writing too
     /// when `writable`, just confirmed by a path walk.
@@ -87,34 +94,50 @@ impl OpenFile {
             writable,
             confirmed: Instant::now(),
             last_use: AtomicU64::new(0),
-            nowait: AtomicU8::new(0),
+            fs: AtomicU8::new(FS_UNKNOWN),
+        }
+    }
+    /// Whether the file lives in memory (tmpfs, ramfs): no read or write of it waits for a
+    /// disk, and syncing it is a no-op. Asked of the file system once per open file.
+    pub fn in_memory(&self) -> bool {
+        match self.fs.load(Ordering::Relaxed) {
+            FS_UNKNOWN => {
+                let memory = rustix::fs::fstatfs(&self.file).is_ok_and(|s| {
+                    // `f_type` is a signed word on some targets and unsigned on others.
+                    #[allow(clippy::unnecessary_cast)]
+                    let t = s.f_type as i64;
+                    t == TMPFS_MAGIC || t == RAMFS_MAGIC
+                });
+                // (A racing NOWAIT refusal of a disk file system is not overwritten.)
+                let kind = if memory { FS_MEMORY } else { FS_OTHER };
+                let _ = self.fs.compare_exchange(
+                    FS_UNKNOWN,
+                    kind,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+                memory
+            }
+            k => k == FS_MEMORY,
         }
     }
     /// How to read this file without waiting for the disk.
     pub fn nowait_reads(&self) -> NowaitReads {
-        match self.nowait.load(Ordering::Relaxed) {
-            0 => NowaitReads::Try,
-            1 => NowaitReads::Plain,
-            _ => NowaitReads::Never,
+        match self.fs.load(Ordering::Relaxed) {
+            FS_MEMORY => NowaitReads::Plain,
+            FS_NO_NOWAIT => NowaitReads::Never,
+            _ => NowaitReads::Try,
         }
     }
-    /// The file system refused `RWF_NOWAIT` (EOPNOTSUPP): asks it what it is, once per open
-    /// file, and returns how such reads go from now on. Each later READ of the file then
-    /// costs no failed system call.
+    /// The file system refused `RWF_NOWAIT` (EOPNOTSUPP): how such reads of this file go from
+    /// now on. Each later READ of it then costs no failed system call.
     pub fn nowait_refused(&self) -> NowaitReads {
-        let memory = rustix::fs::fstatfs(&self.file).is_ok_and(|s| {
-            // `f_type` is a signed word on some targets and unsigned on others.
-            #[allow(clippy::unnecessary_cast)]
-            let t = s.f_type as i64;
-            t == TMPFS_MAGIC || t == RAMFS_MAGIC
-        });
-        let (code, mode) = if memory {
-            (1, NowaitReads::Plain)
+        if self.in_memory() {
+            NowaitReads::Plain
         } else {
-            (2, NowaitReads::Never)
-        };
-        self.nowait.store(code, Ordering::Relaxed);
-        mode
+            self.fs.store(FS_NO_NOWAIT, Ordering::Relaxed);
+            NowaitReads::Never
+        }
     }
     /// The open descriptor.
     pub fn file(&self) -> &File {

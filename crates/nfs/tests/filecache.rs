@@ -484,6 +484,65 @@ fn a_refused_nowait_read_is_learnt_per_file_system_kind() {
         Err(e) => println!("SKIP (tmpfs part): no writable /dev/shm: {e}"),
     }
     let f = open(std::path::Path::new("/proc/self/status"));
+    assert!(!f.in_memory());
     assert_eq!(f.nowait_refused(), NowaitReads::Never);
     assert_eq!(f.nowait_reads(), NowaitReads::Never);
+}
+
+/// WRITEs of up to 1 MiB to a file in memory finish on the calling task when the call is alone
+/// on its connection, FILE_SYNC ones included; their data is all there, read back both through
+/// the server and from the file itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_and_stable_writes_to_a_file_in_memory_land_whole() {
+    use nfs::nfs3::StableHow;
+    let Ok(tmp) = tempfile::tempdir_in("/dev/shm") else {
+        println!("SKIP: no writable /dev/shm");
+        return;
+    };
+    let probe = nfs::filecache::OpenFile::new(
+        1,
+        (0, 0),
+        std::fs::File::create(tmp.path().join("probe")).unwrap(),
+        true,
+    );
+    if !probe.in_memory() {
+        println!("SKIP: /dev/shm is not tmpfs here");
+        return;
+    }
+    std::fs::write(tmp.path().join("w"), b"").unwrap();
+    let (served, root, c) = serve_over_tcp(tmp.path()).await;
+    let fh = c
+        .lookup(&root, b"w")
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap()
+        .object;
+    let data: Bytes = (0..(2u32 << 20))
+        .map(|i| (i % 253) as u8)
+        .collect::<Vec<_>>()
+        .into();
+    let plan = [
+        (0usize, 1usize << 20, StableHow::FileSync),
+        (1 << 20, 700_000, StableHow::Unstable),
+        (1_748_576, (2 << 20) - 1_748_576, StableHow::DataSync),
+    ];
+    for (off, n, how) in plan {
+        let r = c
+            .write(&fh, off as u64, data.slice(off..off + n), how)
+            .await
+            .unwrap()
+            .into_result()
+            .unwrap();
+        assert_eq!(r.count as usize, n, "WRITE {off}+{n}");
+    }
+    assert_eq!(std::fs::read(tmp.path().join("w")).unwrap(), &data[..]);
+    let r = c
+        .read(&fh, 0, 1 << 20)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    assert_eq!(&r.data.0[..], &data[..1 << 20]);
+    served.shutdown().await;
 }

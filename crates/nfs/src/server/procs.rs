@@ -146,13 +146,19 @@ impl NfsServer {
     /// An UNSTABLE WRITE of at most [`INLINE_WRITE_MAX`] bytes through a file the open-file
     /// cache holds open for writing: a copy into the page cache, done on the calling task.
     /// `None` for anything else (the caller runs [`Self::write`] on a blocking thread).
-    pub(super) fn write_inline(&self, cred: &Cred, a: &WriteArgs) -> Option<WriteRes> {
+    /// WRITE on the calling task: a small UNSTABLE one into the page cache, or, for a call
+    /// alone on its connection, one of up to [`MAX_IO`] to a file in memory (tmpfs: neither
+    /// the copy nor a sync waits for a disk). `None`: the caller runs it on a blocking thread.
+    pub(super) fn write_inline(&self, cred: &Cred, a: &WriteArgs, alone: bool) -> Option<WriteRes> {
         let len = (a.count as usize).min(a.data.len());
-        if a.stable != StableHow::Unstable || len > INLINE_WRITE_MAX {
+        let small = a.stable == StableHow::Unstable && len <= INLINE_WRITE_MAX;
+        if !small && !(alone && len <= MAX_IO as usize) {
             return None;
         }
         match self.export.resolve_open(&a.file, true) {
-            Ok(Resolved::Open(o)) if o.file.writable() => Some(self.write_open(cred, a, &o)),
+            Ok(Resolved::Open(o)) if o.file.writable() && (small || o.file.in_memory()) => {
+                Some(self.write_open(cred, a, &o))
+            }
             Ok(_) => None,
             Err(s) => Some(Res::Err(s, WccOnly { wcc: WccData::NONE })),
         }

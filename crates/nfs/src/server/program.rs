@@ -182,8 +182,9 @@ impl Program for NfsProgram {
             let alone = call.hints.alone;
             let mut enc = call.reply_encoder();
             // READ from the page cache and small UNSTABLE WRITEs into it, through the open-file
-            // cache, finish on the calling task, as `runs_inline`'s procedures do; what would
-            // wait for the disk goes to a blocking thread.
+            // cache, finish on the calling task, as `runs_inline`'s procedures do, and so do
+            // a lone call's WRITE to a file in memory (tmpfs); what would wait for the disk goes
+            // to a blocking thread.
             let finished_here = |enc: &mut Encoder| match &args {
                 Args::Read(a)
                     if a.count <= INLINE_READ_MAX
@@ -191,7 +192,7 @@ impl Program for NfsProgram {
                 {
                     server.read_nowait(&cred, a).map(|r| r.encode(enc))
                 }
-                Args::Write(a) => server.write_inline(&cred, a).map(|r| r.encode(enc)),
+                Args::Write(a) => server.write_inline(&cred, a, alone).map(|r| r.encode(enc)),
                 _ => None,
             };
             let e = if runs_inline(&args) {
