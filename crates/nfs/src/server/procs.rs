@@ -152,7 +152,8 @@ impl NfsServer {
     pub(super) fn write_inline(&self, cred: &Cred, a: &WriteArgs, alone: bool) -> Option<WriteRes> {
         let len = (a.count as usize).min(a.data.len());
         let small = a.stable == StableHow::Unstable && len <= INLINE_WRITE_MAX;
-        if !small && !(alone && len <= MAX_IO as usize) {
+        let lone_large = alone && len <= MAX_IO as usize;
+        if !(small || lone_large) {
             return None;
         }
         match self.export.resolve_open(&a.file, true) {
