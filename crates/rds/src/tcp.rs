@@ -304,8 +304,21 @@ pub(crate) fn pump(inner: &Arc<Inner>) {
                 }
             }
             Action::Transmit(t) => {
-                if let Some(c) = inner.conns.lock().get(&t) {
-                    c.wake.notify_one();
+                let rdma = match inner.conns.lock().get(&t) {
+                    Some(ConnHandle {
+                        link: Link::Rdma(r),
+                        ..
+                    }) => Some(Arc::clone(&r.tx)),
+                    Some(c) => {
+                        c.wake.notify_one();
+                        None
+                    }
+                    None => None,
+                };
+                // RDS over RDMA: posted from here when no other pass is running (see
+                // `crate::rdma::transmit`), outside the connection table's lock.
+                if let Some(tx) = rdma {
+                    crate::rdma::transmit(inner, &tx);
                 }
             }
             Action::Readable(port) => {

@@ -445,7 +445,7 @@ fn counters(who: &str, stack: &RdsStack, requests: u64) {
     let c = stack.rdma_counters();
     println!(
         "{who}: per request: delivered {:.3} ack-only {:.3} sends {:.3} credit-updates {:.3} \
-         post-calls {:.3} recvs {:.3} credit-stalls {:.3} task-wakeups {:.3}",
+         post-calls {:.3} recvs {:.3} credit-stalls {:.3} task-wakeups {:.3} direct-passes {:.3}",
         delivered as f64 / n,
         ack_only as f64 / n,
         c.sends as f64 / n,
@@ -454,6 +454,7 @@ fn counters(who: &str, stack: &RdsStack, requests: u64) {
         c.recvs as f64 / n,
         c.credit_stalls as f64 / n,
         c.runs as f64 / n,
+        c.direct_passes as f64 / n,
     );
 }
 

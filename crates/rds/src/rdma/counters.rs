@@ -18,8 +18,12 @@ pub struct RdmaCounters {
     pub recvs: u64,
     /// Times posting stopped because the peer had granted no credit.
     pub credit_stalls: u64,
-    /// Wake-ups of the connection task (which sends; receives are taken without one).
+    /// Wake-ups of the connection task (receives are taken without one, and most Sends are
+    /// posted by whoever queued them: `direct_passes`).
     pub runs: u64,
+    /// Transmit passes run by whoever had something to send (the application, the receive
+    /// handler) instead of the connection task.
+    pub direct_passes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -30,6 +34,7 @@ pub(crate) struct CounterCells {
     pub(crate) recvs: AtomicU64,
     pub(crate) credit_stalls: AtomicU64,
     pub(crate) runs: AtomicU64,
+    pub(crate) direct_passes: AtomicU64,
 }
 
 impl CounterCells {
@@ -46,6 +51,7 @@ impl CounterCells {
             recvs: l(&self.recvs),
             credit_stalls: l(&self.credit_stalls),
             runs: l(&self.runs),
+            direct_passes: l(&self.direct_passes),
         }
     }
 }

@@ -10,10 +10,12 @@
 //! - [`Credits`]: the IB credit flow control.
 //!
 //! The driver (`accept_loop`, `connect_task`, `conn_task`) runs one tokio task per RDMA
-//! connection, which sends: it takes every message the engine has queued and posts all the
-//! Sends that credits allow in one list (one vectored write on soft-iWARP). Receives are taken
-//! in the provider's context by a completion handler ([`rx`]). The engine runs in its `Acked`
-//! mode (h_ack piggybacking, ACK_REQUIRED every 8).
+//! connection. Sends are posted by transmit passes ([`tx`]): each takes every message the
+//! engine has queued and posts all the Sends that credits allow in one list (one vectored write
+//! on soft-iWARP). The application that queued a message runs the pass itself when no other is
+//! running; the connection task runs the others (credits arrived, an ack due). Receives are
+//! taken in the provider's context by a completion handler ([`rx`]). The engine runs in its
+//! `Acked` mode (h_ack piggybacking, ACK_REQUIRED every 8).
 //!
 //! RDMA operations: RDMA Write only. The sink registers an [`RdmaBuffer`] and advertises it
 //! with an RDMA_DEST extension; the source's driver posts the RDMA Write just before the first
@@ -25,7 +27,6 @@
 //! Not done: RDMA Read operations, IPv6 private data, version 4.x; the initial `dp_ack_seq` is
 //! sent but not applied on receive (retransmission with duplicate suppression covers it).
 
-use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -34,7 +35,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
-use verbs::{Access, ConnParams, Connection, Device, QueuePair, RecvWr, SendWr, WcStatus};
+use verbs::{Access, ConnParams, Connection, Device, QueuePair, RecvWr};
 
 use crate::engine::{AcceptOutcome, PathId, Token};
 use crate::tcp::{Inner, pump};
@@ -42,9 +43,11 @@ use crate::wire::{FRAG_SIZE, HEADER_LEN};
 
 mod counters;
 mod rx;
+mod tx;
 
 pub(crate) use counters::CounterCells;
 pub use counters::RdmaCounters;
+pub(crate) use tx::{Tx, transmit};
 
 pub use crate::wire::rdma::{
     CONN_DATA_LEN, ConnData, Fragment, Fragmenter, MINOR_MASK, Reassembler, RxOutput, Splitter,
@@ -150,6 +153,8 @@ const SQ_DEPTH: usize = 64;
 
 pub(crate) struct RdmaLink {
     pub(crate) close: Arc<Notify>,
+    /// The transmit side, for passes run by whoever queued something ([`transmit`]).
+    pub(crate) tx: Arc<Tx>,
 }
 
 fn device(inner: &Inner) -> Option<Device> {
@@ -281,15 +286,6 @@ pub(crate) enum PendingOp {
     Write(u64, Bytes),
     /// Read this many bytes from the tagged offset and hand them over.
     Read(u64, u32, tokio::sync::oneshot::Sender<Bytes>),
-}
-
-/// A Read posted ahead of the Send that must follow it.
-struct HeldRead {
-    wr_id: u64,
-    sink: verbs::MemoryRegion,
-    len: usize,
-    done: Option<tokio::sync::oneshot::Sender<Bytes>>,
-    frag: Fragment,
 }
 
 struct Qp {
@@ -457,254 +453,90 @@ fn start(
 ) {
     let wake = Arc::new(Notify::new());
     let close = Arc::new(Notify::new());
+    let Qp { qp, ring } = q;
+    let ring_n = inner.rdma.recv_bufs;
+    let ctr = Arc::clone(&inner.rdma_counters);
+    let credits = Arc::new(Mutex::new(rx::TxCredits {
+        c: Credits::new(ours, theirs),
+        stalled: false,
+    }));
+    let tx = Arc::new(Tx {
+        st: Mutex::new(tx::TxState::default()),
+        scq: qp.send_cq().clone(),
+        qp: qp.clone(),
+        credits: Arc::clone(&credits),
+        ring_n,
+        ctr: Arc::clone(&ctr),
+        tok,
+        local: Some(inner.cfg.local),
+        wake: Arc::clone(&wake),
+        dead: AtomicBool::new(false),
+    });
+    // Receives are taken in the provider's context (see `rx`).
+    let rx = Arc::new(rx::Rx {
+        inner: Arc::downgrade(inner),
+        tok,
+        qp,
+        ring,
+        ring_n,
+        reasm: Mutex::new(Reassembler::default()),
+        credits,
+        wake: Arc::clone(&wake),
+        dead: AtomicBool::new(false),
+        failed: Notify::new(),
+        ctr,
+        rt: tokio::runtime::Handle::current(),
+    });
     inner.conns.lock().insert(
         tok,
         crate::tcp::ConnHandle {
             link: crate::tcp::Link::Rdma(RdmaLink {
                 close: Arc::clone(&close),
+                tx: Arc::clone(&tx),
             }),
             peer,
             wake: Arc::clone(&wake),
             awaiting_acks: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         },
     );
-    let credits = Credits::new(ours, theirs);
-    let h = tokio::spawn(conn_task(
-        Arc::downgrade(inner),
-        q,
-        c,
-        tok,
-        wake,
-        close,
-        credits,
-    ));
+    let h = tokio::spawn(conn_task(Arc::downgrade(inner), tx, rx, c, wake, close));
     let mut tasks = inner.tasks.lock();
     tasks.retain(|t| !t.is_finished());
     tasks.push(h);
 }
 
+/// The connection's task: runs the transmit passes nobody ran directly (credits arrived, a
+/// pass was busy elsewhere), waits for Send completions when they hold the next Send back, and
+/// ends the connection.
 async fn conn_task(
     inner: Weak<Inner>,
-    q: Qp,
+    tx: Arc<Tx>,
+    rx: Arc<rx::Rx>,
     conn: Connection,
-    tok: Token,
     wake: Arc<Notify>,
     close: Arc<Notify>,
-    credits: Credits,
 ) {
-    let ring_n = inner.upgrade().map_or(64, |i| i.rdma.recv_bufs);
-    let ctr = inner
-        .upgrade()
-        .map(|i| Arc::clone(&i.rdma_counters))
-        .unwrap_or_default();
-    let local = inner.upgrade().map(|i| i.cfg.local);
-    let mut split = Splitter::default();
-    let mut outq: VecDeque<Fragment> = VecDeque::new();
-    let mut in_flight = 0usize;
-    let mut next_wr: u64 = 0;
-    let scq = q.qp.send_cq().clone();
-    let Qp { qp, ring } = q;
-    let credits = Arc::new(Mutex::new(rx::TxCredits {
-        c: credits,
-        stalled: false,
-    }));
-    // Receives are taken in the provider's context (see `rx`).
-    let rx = Arc::new(rx::Rx {
-        inner: inner.clone(),
-        tok,
-        qp: qp.clone(),
-        ring,
-        ring_n,
-        reasm: Mutex::new(Reassembler::default()),
-        credits: Arc::clone(&credits),
-        wake: Arc::clone(&wake),
-        dead: AtomicBool::new(false),
-        failed: Notify::new(),
-        ctr: Arc::clone(&ctr),
-        rt: tokio::runtime::Handle::current(),
-    });
     rx.install();
-    // RDMA Reads: who waits for each (by rkey), and the one whose Send waits for it (the
-    // Send that names the rkey goes out only once the Read completed, like Linux's
-    // RDS_RDMA_FENCE; nothing is posted behind it meanwhile, which keeps RDS's order).
-    let mut read_waiters: HashMap<u32, tokio::sync::oneshot::Sender<Bytes>> = HashMap::new();
-    let mut held: Option<HeldRead> = None;
+    let tok = tx.tok;
     'outer: loop {
         let Some(i) = inner.upgrade() else { return };
-        CounterCells::add(&ctr.runs, 1);
-        // Pull messages from the engine while the queue is short.
-        if outq.len() < SQ_DEPTH {
-            let mut e = i.engine.lock();
-            while outq.len() < SQ_DEPTH {
-                match e.poll_transmit(tok) {
-                    Some(b) => {
-                        split.push_bytes(b);
-                        loop {
-                            match split.next_msg() {
-                                Ok(Some((h, p))) => {
-                                    let mut fr = Fragmenter::fragments(&h, &p);
-                                    // Facts: the RDMA op is posted before the Send that
-                                    // follows it (same QP, so it is placed first).
-                                    for x in &h.ext.items {
-                                        if let crate::wire::Extension::Rdma { rkey } = x
-                                            && let Some(op) = i.rdma_ops.lock().remove(rkey)
-                                            && let Some(f0) = fr.first_mut()
-                                        {
-                                            match op {
-                                                PendingOp::Write(off, data) => {
-                                                    f0.write = Some((*rkey, off, data));
-                                                }
-                                                PendingOp::Read(off, len, tx) => {
-                                                    f0.read = Some((*rkey, off, len));
-                                                    read_waiters.insert(*rkey, tx);
-                                                }
-                                            }
-                                        }
-                                    }
-                                    outq.extend(fr);
-                                }
-                                Ok(None) => break,
-                                Err(err) => {
-                                    tracing::warn!(%err, "rds/rdma: engine stream");
-                                    break 'outer;
-                                }
-                            }
-                        }
-                    }
-                    None => break,
-                }
-            }
-        }
-        pump(&i);
-        drop(i);
-        // Post what credits allow, all in one list: soft-iWARP then frames every Send of this
-        // pass into one vectored write instead of one system call (or one writer-task wake-up)
-        // per Send.
-        let mut wrs: Vec<SendWr> = Vec::new();
-        let mut failed = false;
-        {
-            let mut cr = credits.lock();
-            while in_flight < SQ_DEPTH && held.is_none() {
-                // A standalone credit update (ack-only header carrying h_credit) when at least half
-                // the ring waits to be advertised. Only then: single-credit updates bouncing between
-                // two blocked senders would keep the credits split into 1-credit packets for ever.
-                let front_is_update = outq
-                    .front()
-                    .is_some_and(|f| f.first && f.payload.is_empty() && f.header.is_ack_only());
-                if cr.c.wants_update(ring_n) && !front_is_update {
-                    CounterCells::add(&ctr.credit_updates, 1);
-                    outq.push_front(Fragment {
-                        header: crate::wire::ack_only(0),
-                        payload: Bytes::new(),
-                        first: true,
-                        write: None,
-                        read: None,
-                    });
-                }
-                let Some(f) = outq.front() else { break };
-                let update = f.first
-                    && f.payload.is_empty()
-                    && f.header.is_ack_only()
-                    && cr.c.unadvertised > 0;
-                if !cr.c.can_send(update) {
-                    // The receive handler wakes us when credits arrive.
-                    cr.stalled = true;
-                    CounterCells::add(&ctr.credit_stalls, 1);
-                    break;
-                }
-                let Some(mut f) = outq.pop_front() else { break };
-                if let Some((rkey, off, len)) = f.read.take() {
-                    let Ok(sink) = qp
-                        .pd()
-                        .register_len((len as usize).max(1), Access::LOCAL_WRITE)
-                    else {
-                        failed = true;
-                        break;
-                    };
-                    next_wr += 1;
-                    wrs.push(SendWr::new(
-                        next_wr,
-                        verbs::SendOp::RdmaRead {
-                            remote_addr: off,
-                            rkey,
-                        },
-                        if len == 0 {
-                            Vec::new()
-                        } else {
-                            vec![sink.sge(0, len)]
-                        },
-                    ));
-                    in_flight += 1;
-                    held = Some(HeldRead {
-                        wr_id: next_wr,
-                        sink,
-                        len: len as usize,
-                        done: read_waiters.remove(&rkey),
-                        frag: f,
-                    });
-                    break;
-                }
-                if let Some((rkey, off, data)) = f.write.take() {
-                    next_wr += 1;
-                    wrs.push(SendWr {
-                        wr_id: next_wr,
-                        opcode: verbs::SendOp::RdmaWrite {
-                            remote_addr: off,
-                            rkey,
-                        },
-                        payload: verbs::Payload::Inline(data),
-                        signaled: true,
-                        solicited: false,
-                    });
-                    in_flight += 1;
-                }
-                let c = cr.c.take(f.first);
-                let Ok(bytes) = f.encode(c) else {
-                    failed = true;
-                    break;
-                };
-                tracing::trace!(
-                    ?local,
-                    tok,
-                    len = bytes.len(),
-                    c,
-                    credits = ?cr.c,
-                    "rds/rdma: send"
-                );
-                next_wr += 1;
-                wrs.push(SendWr::send_bytes(next_wr, bytes));
-                CounterCells::add(&ctr.sends, 1);
-                in_flight += 1;
-            }
-        }
-        if !wrs.is_empty() {
-            CounterCells::add(&ctr.post_calls, 1);
-            if qp.post_send_list(wrs).is_err() {
+        CounterCells::add(&tx.ctr.runs, 1);
+        let wait_completions = {
+            let mut st = tx.st.lock();
+            if let Err(tx::Broken(why)) = tx.pass(&mut st, &i) {
+                tracing::debug!(tok, why, "rds/rdma: transmit side ends the connection");
                 break 'outer;
             }
-        }
-        if failed {
+            st.needs_completions()
+        };
+        drop(i);
+        if tx.dead.load(Ordering::Acquire) {
             break 'outer;
         }
         tokio::select! {
-            c = scq.next() => {
-                let mut next = Some(c);
-                while let Some(c) = next.take() {
-                    if c.status != WcStatus::Success {
-                        break 'outer;
-                    }
-                    in_flight = in_flight.saturating_sub(1);
-                    if held.as_ref().is_some_and(|h| h.wr_id == c.wr_id)
-                        && let Some(h) = held.take()
-                    {
-                        // The Read is done: hand its bytes over and let its Send go first.
-                        let Ok(data) = h.sink.take(h.len) else { break 'outer };
-                        if let Some(tx) = h.done {
-                            let _ = tx.send(data);
-                        }
-                        outq.push_front(h.frag);
-                    }
-                    next = scq.try_next();
+            c = tx.scq.next(), if wait_completions => {
+                if tx.completed(&mut tx.st.lock(), &c).is_err() {
+                    break 'outer;
                 }
             }
             _ = wake.notified() => {

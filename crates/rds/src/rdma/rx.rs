@@ -131,7 +131,9 @@ impl Rx {
             }
             // Delivery to the socket, and a wake-up of the connection task if the engine now
             // has something to send (an ack the message asked for).
+            super::tx::IN_RECEIVE_HANDLER.set(true);
             pump(&i);
+            super::tx::IN_RECEIVE_HANDLER.set(false);
         }
         if wake {
             self.wake.notify_one();
