@@ -216,8 +216,9 @@ impl<'a> FsOps<'a> {
     }
 
     /// [`Self::read`] of a file open in the open-file cache. With `nowait`, only from the page
-    /// cache (`preadv2(RWF_NOWAIT)`): `Ok(None)` when that would wait for the disk, so the caller
-    /// can go on to a blocking thread.
+    /// cache (`preadv2(RWF_NOWAIT)`; a file in memory, such as on tmpfs, is read plainly):
+    /// `Ok(None)` when that would wait for the disk, or when the file system cannot tell
+    /// ([`NowaitReads::Never`]), so the caller can go on to a blocking thread.
     pub fn read_open(
         &self,
         cred: &Cred,
