@@ -24,7 +24,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::fs::File;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -254,6 +254,25 @@ impl Resolved {
         match self {
             Resolved::Open(o) => &o.st,
             Resolved::Node(n) => &n.st,
+        }
+    }
+}
+
+/// A directory descriptor from [`Export::open_dir`]: the export root's own (lent), or one
+/// opened below it.
+#[derive(Debug)]
+pub enum DirFd<'a> {
+    /// The export's root.
+    Root(BorrowedFd<'a>),
+    /// A directory below it.
+    Below(OwnedFd),
+}
+
+impl AsFd for DirFd<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            DirFd::Root(b) => *b,
+            DirFd::Below(o) => o.as_fd(),
         }
     }
 }
@@ -502,20 +521,29 @@ impl Export {
     }
 
     /// Open a directory (by relative path) as an O_PATH descriptor, one component at a time,
-    /// never following symbolic links.
-    pub fn open_dir(&self, rel: &Path) -> NfsResult<OwnedFd> {
-        let mut fd = rustix::fs::openat(&self.root_fd, ".", o_path_dir(), Mode::empty())?;
+    /// never following symbolic links. The export's root is its own descriptor, lent: no
+    /// `openat` and `close` for the objects in the root, which is where a flat tree's
+    /// namespace calls all land.
+    pub fn open_dir(&self, rel: &Path) -> NfsResult<DirFd<'_>> {
+        let mut fd: Option<OwnedFd> = None;
         for c in rel.components() {
             let std::path::Component::Normal(name) = c else {
                 return Err(Nfsstat3::Stale);
             };
-            fd = rustix::fs::openat(&fd, name, o_path_dir(), Mode::empty())?;
+            let at = match &fd {
+                Some(f) => f.as_fd(),
+                None => self.root_fd.as_fd(),
+            };
+            fd = Some(rustix::fs::openat(at, name, o_path_dir(), Mode::empty())?);
         }
-        Ok(fd)
+        Ok(match fd {
+            Some(f) => DirFd::Below(f),
+            None => DirFd::Root(self.root_fd.as_fd()),
+        })
     }
 
     /// The parent directory descriptor and final name of a non-root path.
-    pub fn parent_of<'p>(&self, rel: &'p Path) -> NfsResult<(OwnedFd, &'p OsStr)> {
+    pub fn parent_of<'p>(&self, rel: &'p Path) -> NfsResult<(DirFd<'_>, &'p OsStr)> {
         let name = rel.file_name().ok_or(Nfsstat3::Inval)?;
         let parent = rel.parent().unwrap_or(Path::new(""));
         Ok((self.open_dir(parent)?, name))
@@ -541,7 +569,7 @@ impl Export {
     }
 
     /// lstat a name in an open directory.
-    pub fn stat_at(&self, dir: &OwnedFd, name: &OsStr) -> NfsResult<Statx> {
+    pub fn stat_at(&self, dir: impl AsFd, name: &OsStr) -> NfsResult<Statx> {
         Ok(rustix::fs::statx(
             dir,
             name,

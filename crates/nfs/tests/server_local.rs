@@ -748,3 +748,71 @@ fn fs_procedures_and_exclusive_create() {
     assert!(call_sync(&s, &c, proc_::GETATTR, &Bytes::from_static(&[0, 0, 0, 65])).is_err());
     assert!(call_sync(&s, &c, 22, &Bytes::new()).is_err());
 }
+
+/// A new object gets its owner and mode whether or not they differ from what the server's own
+/// create gave it (the server sets only what differs): a root caller giving a set-id file
+/// away (the chown clears the set-id bits, the mode is set after it), a user's file in a
+/// directory below the root, and UNCHECKED on an existing file, which keeps its data.
+#[test]
+fn new_objects_get_the_requested_owner_and_mode() {
+    use std::os::unix::fs::MetadataExt;
+    if !rustix::process::geteuid().is_root() {
+        println!("SKIP: needs root (the server gives objects away with chown)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let s = server(tmp.path());
+    let r = s.export().root_handle().unwrap();
+    let meta = |p: &str| std::fs::symlink_metadata(tmp.path().join(p)).unwrap();
+    // Root gives a set-id file away, in the export's root.
+    let given: NewObjRes = call(
+        &s,
+        &root(),
+        proc_::CREATE,
+        &CreateArgs {
+            where_: dirop(&r, "given"),
+            how: CreateHow3::Guarded(Sattr3 {
+                mode: Some(0o6755),
+                uid: Some(1234),
+                gid: Some(1234),
+                ..Sattr3::default()
+            }),
+        },
+    );
+    let a = given.ok().unwrap().obj_attributes.unwrap();
+    assert_eq!((a.mode, a.uid, a.gid), (0o6755, 1234, 1234));
+    let m = meta("given");
+    assert_eq!((m.mode() & 0o7777, m.uid(), m.gid()), (0o6755, 1234, 1234));
+    // Root's own file with the mode the create gave it: owner and mode as asked.
+    let own = create(&s, &root(), &r, "own", 0o600).ok().unwrap();
+    let a = own.obj_attributes.unwrap();
+    assert_eq!((a.mode, a.uid, a.gid), (0o600, 0, 0));
+    // A user's file below the root.
+    let d = mkdir(&s, &root(), &r, "d", 0o777)
+        .ok()
+        .unwrap()
+        .obj
+        .unwrap();
+    let f = create(&s, &user(1000), &d, "f", 0o640).ok().unwrap();
+    let a = f.obj_attributes.unwrap();
+    assert_eq!((a.mode, a.uid, a.gid), (0o640, 1000, 1000));
+    let m = meta("d/f");
+    assert_eq!((m.mode() & 0o7777, m.uid(), m.gid()), (0o640, 1000, 1000));
+    // UNCHECKED on an existing file: the file and its data stay.
+    std::fs::write(tmp.path().join("d/f"), b"kept").unwrap();
+    let again: NewObjRes = call(
+        &s,
+        &user(1000),
+        proc_::CREATE,
+        &CreateArgs {
+            where_: dirop(&d, "f"),
+            how: CreateHow3::Unchecked(Sattr3 {
+                mode: Some(0o600),
+                ..Sattr3::default()
+            }),
+        },
+    );
+    let a = again.ok().unwrap().obj_attributes.unwrap();
+    assert_eq!((a.size, a.uid), (4, 1000));
+    assert_eq!(std::fs::read(tmp.path().join("d/f")).unwrap(), b"kept");
+}

@@ -10,8 +10,8 @@ use rustix::fs::{AtFlags, Mode, OFlags, Statx};
 use super::{Created, FsOps, timestamps};
 use crate::nfs3::{CreateHow3, MknodData3, Nfsstat3, Nfstime3, Sattr3, SetTime};
 use crate::vfs::{
-    Cred, MAY_EXEC, MAY_WRITE, NfsResult, Node, S_ISGID, check_name, io_to_nfs, is_dir, is_lnk,
-    is_reg, may,
+    Cred, DirFd, MAY_EXEC, MAY_WRITE, NfsResult, Node, S_ISGID, check_name, io_to_nfs, is_dir,
+    is_lnk, is_reg, may,
 };
 
 impl FsOps<'_> {
@@ -39,17 +39,21 @@ impl FsOps<'_> {
     /// Give a new object its owner (the caller, or the directory's group under set-gid) and
     /// the requested attributes; its status after. `attrs` is `None` for an object that
     /// already existed (UNCHECKED or a retransmitted EXCLUSIVE CREATE): it keeps its owner and
-    /// attributes.
+    /// attributes. `dfd` is `dir`, open. An owner or mode the new object already has is not
+    /// set again (a root caller's file is the server's own), nor the status read again after
+    /// nothing changed: under an emulated CPU each system call is a large part of a CREATE.
     pub fn finish_create(
         &self,
         cred: &Cred,
         dir: &Node,
+        dfd: &DirFd<'_>,
         name: &OsStr,
         attrs: Option<&Sattr3>,
     ) -> NfsResult<Statx> {
         let rel = dir.rel.join(name);
-        let dfd = self.export.open_dir(&dir.rel)?;
+        let mut st = self.export.stat_at(dfd, name)?;
         if let Some(s) = attrs {
+            let mut changed = false;
             // Requested owners follow the SETATTR rules: only root gives an object away, and a
             // group must be one of the caller's.
             let uid = s.uid.filter(|_| cred.uid == 0).unwrap_or(cred.uid);
@@ -62,27 +66,34 @@ impl FsOps<'_> {
                 .gid
                 .filter(|g| cred.uid == 0 || cred.in_group(*g))
                 .unwrap_or(default_gid);
-            // Only possible when the server runs as root; otherwise the server's own identity
-            // owns the object.
-            let _ = rustix::fs::chownat(
-                &dfd,
-                name,
-                Some(super::uid(uid)),
-                Some(super::gid(gid)),
-                AtFlags::SYMLINK_NOFOLLOW,
-            );
-        }
-        let st = self.export.stat_at(&dfd, name)?;
-        if let Some(s) = attrs {
+            if st.stx_uid != uid || st.stx_gid != gid {
+                // Only possible when the server runs as root; otherwise the server's own
+                // identity owns the object.
+                changed |= rustix::fs::chownat(
+                    dfd,
+                    name,
+                    Some(super::uid(uid)),
+                    Some(super::gid(gid)),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                )
+                .is_ok();
+                // (A chown clears set-uid and set-gid bits: the mode below is read afresh.)
+                if changed {
+                    st = self.export.stat_at(dfd, name)?;
+                    changed = false;
+                }
+            }
             if let Some(mode) = s.mode
                 && !is_lnk(&st)
+                && u32::from(st.stx_mode) & 0o7777 != mode & 0o7777
             {
                 rustix::fs::chmodat(
-                    &dfd,
+                    dfd,
                     name,
                     Mode::from_raw_mode(mode & 0o7777),
                     AtFlags::empty(),
                 )?;
+                changed = true;
             }
             if let Some(size) = s.size
                 && is_reg(&st)
@@ -91,12 +102,16 @@ impl FsOps<'_> {
                     .open_file(&rel, true)?
                     .set_len(size)
                     .map_err(|e| io_to_nfs(&e))?;
+                changed = true;
             }
             if let Some(ts) = timestamps(s) {
-                rustix::fs::utimensat(&dfd, name, &ts, AtFlags::SYMLINK_NOFOLLOW)?;
+                rustix::fs::utimensat(dfd, name, &ts, AtFlags::SYMLINK_NOFOLLOW)?;
+                changed = true;
+            }
+            if changed {
+                st = self.export.stat_at(dfd, name)?;
             }
         }
-        let st = self.export.stat_at(&dfd, name)?;
         self.export.remember(st.stx_ino, &rel);
         Ok(st)
     }
@@ -117,11 +132,14 @@ impl FsOps<'_> {
         match how {
             CreateHow3::Unchecked(s) | CreateHow3::Guarded(s) => {
                 let excl = matches!(how, CreateHow3::Guarded(_));
-                let flags = if excl { base | OFlags::EXCL } else { base };
                 let mode = Mode::from_raw_mode(s.mode.unwrap_or(0o644) & 0o7777);
                 // RFC 1813 §3.3.8: UNCHECKED on an existing file applies the attributes only.
-                let existed = !excl && self.export.stat_at(&dfd, name).is_ok();
-                rustix::fs::openat(&dfd, name, flags, mode)?;
+                // Both try an exclusive create first: one system call when the name is new.
+                let existed = match rustix::fs::openat(&dfd, name, base | OFlags::EXCL, mode) {
+                    Ok(_) => false,
+                    Err(rustix::io::Errno::EXIST) if !excl => true,
+                    Err(e) => return Err(e.into()),
+                };
                 if existed {
                     let rel = dir.rel.join(name);
                     let st = self.export.stat_rel(&rel)?;
@@ -131,10 +149,10 @@ impl FsOps<'_> {
                         ..s.clone()
                     };
                     self.setattr(cred, &node, &s, None)?;
-                    let st = self.finish_create(cred, dir, name, None)?;
+                    let st = self.finish_create(cred, dir, &dfd, name, None)?;
                     return Ok(Created { st, created: false });
                 }
-                let st = self.finish_create(cred, dir, name, Some(s))?;
+                let st = self.finish_create(cred, dir, &dfd, name, Some(s))?;
                 Ok(Created { st, created: true })
             }
             CreateHow3::Exclusive(verf) => {
@@ -161,7 +179,7 @@ impl FsOps<'_> {
                     Mode::from_raw_mode(0o600),
                 ) {
                     Ok(_) => {
-                        let st = self.finish_create(cred, dir, name, Some(&ts))?;
+                        let st = self.finish_create(cred, dir, &dfd, name, Some(&ts))?;
                         Ok(Created { st, created: true })
                     }
                     Err(rustix::io::Errno::EXIST) => match self.export.stat_at(&dfd, name) {
@@ -170,7 +188,7 @@ impl FsOps<'_> {
                                 && st.stx_atime.tv_sec == i64::from(va)
                                 && st.stx_mtime.tv_sec == i64::from(vm) =>
                         {
-                            let st = self.finish_create(cred, dir, name, None)?;
+                            let st = self.finish_create(cred, dir, &dfd, name, None)?;
                             Ok(Created { st, created: false })
                         }
                         _ => Err(Nfsstat3::Exist),
@@ -187,7 +205,7 @@ impl FsOps<'_> {
         let mode = Mode::from_raw_mode(attrs.mode.unwrap_or(0o755) & 0o7777);
         let dfd = self.export.open_dir(&dir.rel)?;
         rustix::fs::mkdirat(&dfd, name, mode)?;
-        self.finish_create(cred, dir, name, Some(attrs))
+        self.finish_create(cred, dir, &dfd, name, Some(attrs))
     }
 
     /// SYMLINK to `target` (not empty, no NUL byte); the link's mode is not settable.
@@ -209,7 +227,7 @@ impl FsOps<'_> {
             mode: None,
             ..attrs.clone()
         };
-        self.finish_create(cred, dir, name, Some(&attrs))
+        self.finish_create(cred, dir, &dfd, name, Some(&attrs))
     }
 
     /// MKNOD of a device, socket or FIFO (BADTYPE for the other types, RFC 1813 §3.3.11);
@@ -237,6 +255,6 @@ impl FsOps<'_> {
         let mode = Mode::from_raw_mode(attrs.mode.unwrap_or(0o644) & 0o7777);
         let dfd = self.export.open_dir(&dir.rel)?;
         rustix::fs::mknodat(&dfd, name, ft, mode, rdev)?;
-        self.finish_create(cred, dir, name, Some(attrs))
+        self.finish_create(cred, dir, &dfd, name, Some(attrs))
     }
 }

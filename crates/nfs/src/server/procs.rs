@@ -10,7 +10,7 @@ use xdr::XdrEncode;
 use super::{DTPREF, INLINE_WRITE_MAX, MAX_IO, NfsServer};
 use crate::fsops::{ReadOut, RemoveKind};
 use crate::nfs3::*;
-use crate::vfs::{Cred, Export, NAME_MAX, NfsResult, Node, Opened, Resolved};
+use crate::vfs::{Cred, Export, NAME_MAX, NfsResult, Node, Opened, Resolved, io_to_nfs};
 use crate::xdr_util::Void;
 
 impl NfsServer {
@@ -560,11 +560,32 @@ impl NfsServer {
     }
 
     pub(super) fn commit(&self, a: CommitArgs) -> CommitRes {
-        let n = match self.export.resolve(&a.file) {
-            Ok(n) => n,
+        // Through the open-file cache: the descriptor WRITE used, no path walk and open.
+        let (n, r) = match self.export.resolve_open(&a.file, false) {
+            Ok(Resolved::Open(o)) => {
+                let r = o.file.file().sync_data().map_err(|e| io_to_nfs(&e));
+                let wcc = WccData {
+                    before: Some(Export::wcc_attr(&o.st)),
+                    after: self
+                        .export
+                        .stat_open(&o.file)
+                        .ok()
+                        .map(|st| self.export.fattr(&st)),
+                };
+                return match r {
+                    Ok(()) => Res::Ok(CommitOk {
+                        file_wcc: wcc,
+                        verf: self.write_verf,
+                    }),
+                    Err(s) => Res::Err(s, WccOnly { wcc }),
+                };
+            }
+            Ok(Resolved::Node(n)) => {
+                let r = self.fs().commit(&n);
+                (n, r)
+            }
             Err(s) => return Res::Err(s, WccOnly { wcc: WccData::NONE }),
         };
-        let r = self.fs().commit(&n);
         let wcc = self.wcc(&n.st, &n.rel);
         match r {
             Ok(()) => Res::Ok(CommitOk {

@@ -434,7 +434,7 @@ impl Nfs4Server {
     fn entry_attrs_real(
         &self,
         o: &Obj,
-        dfd: &std::os::fd::OwnedFd,
+        dfd: &crate::vfs::DirFd<'_>,
         name: &[u8],
         mask: &Bitmap4,
         vfs: Option<&StatVfs>,
