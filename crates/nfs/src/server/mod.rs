@@ -18,7 +18,7 @@ use xdr::{Encoder, XdrEncode};
 use crate::drc::{DrcConfig, DrcStats, SharedCache};
 use crate::fsops::{FsOps, RemoveKind};
 use crate::nfs3::*;
-use crate::vfs::{Cred, Export, NfsResult, Node, is_dir};
+use crate::vfs::{Cred, Export, NfsResult, Node, Opened, is_dir};
 
 mod mountd;
 mod procs;
@@ -149,6 +149,19 @@ impl NfsServer {
         WccData {
             before: Some(Export::wcc_attr(before)),
             after: self.post(rel),
+        }
+    }
+
+    /// [`Self::wcc`] of a file open in the open-file cache: after-attributes from its
+    /// descriptor, with no path walk.
+    fn wcc_open(&self, o: &Opened) -> WccData {
+        WccData {
+            before: Some(Export::wcc_attr(&o.st)),
+            after: self
+                .export
+                .stat_open(&o.file)
+                .ok()
+                .map(|st| self.export.fattr(&st)),
         }
     }
 

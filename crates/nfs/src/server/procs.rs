@@ -143,12 +143,11 @@ impl NfsServer {
         }
     }
 
-    /// An UNSTABLE WRITE of at most [`INLINE_WRITE_MAX`] bytes through a file the open-file
-    /// cache holds open for writing: a copy into the page cache, done on the calling task.
-    /// `None` for anything else (the caller runs [`Self::write`] on a blocking thread).
-    /// WRITE on the calling task: a small UNSTABLE one into the page cache, or, for a call
-    /// alone on its connection, one of up to [`MAX_IO`] to a file in memory (tmpfs: neither
-    /// the copy nor a sync waits for a disk). `None`: the caller runs it on a blocking thread.
+    /// WRITE on the calling task, through a file the open-file cache holds open for writing:
+    /// an UNSTABLE one of at most [`INLINE_WRITE_MAX`] bytes (a copy into the page cache), or,
+    /// for a call alone on its connection, one of up to [`MAX_IO`] to a file in memory (tmpfs:
+    /// neither the copy nor a sync waits for a disk). `None` for anything else (the caller runs
+    /// [`Self::write`] on a blocking thread).
     pub(super) fn write_inline(&self, cred: &Cred, a: &WriteArgs, alone: bool) -> Option<WriteRes> {
         let len = (a.count as usize).min(a.data.len());
         let small = a.stable == StableHow::Unstable && len <= INLINE_WRITE_MAX;
@@ -171,15 +170,7 @@ impl NfsServer {
         let r = self
             .fs()
             .write_open(cred, o, a.offset, &a.data.0[..len], a.stable);
-        let wcc = WccData {
-            before: Some(Export::wcc_attr(&o.st)),
-            after: self
-                .export
-                .stat_open(&o.file)
-                .ok()
-                .map(|st| self.export.fattr(&st)),
-        };
-        self.write_res(r, wcc, a.stable)
+        self.write_res(r, self.wcc_open(o), a.stable)
     }
 
     fn write_res(&self, r: NfsResult<u32>, wcc: WccData, stable: StableHow) -> WriteRes {
@@ -561,32 +552,14 @@ impl NfsServer {
 
     pub(super) fn commit(&self, a: CommitArgs) -> CommitRes {
         // Through the open-file cache: the descriptor WRITE used, no path walk and open.
-        let (n, r) = match self.export.resolve_open(&a.file, false) {
+        let (r, wcc) = match self.export.resolve_open(&a.file, false) {
             Ok(Resolved::Open(o)) => {
                 let r = o.file.file().sync_data().map_err(|e| io_to_nfs(&e));
-                let wcc = WccData {
-                    before: Some(Export::wcc_attr(&o.st)),
-                    after: self
-                        .export
-                        .stat_open(&o.file)
-                        .ok()
-                        .map(|st| self.export.fattr(&st)),
-                };
-                return match r {
-                    Ok(()) => Res::Ok(CommitOk {
-                        file_wcc: wcc,
-                        verf: self.write_verf,
-                    }),
-                    Err(s) => Res::Err(s, WccOnly { wcc }),
-                };
+                (r, self.wcc_open(&o))
             }
-            Ok(Resolved::Node(n)) => {
-                let r = self.fs().commit(&n);
-                (n, r)
-            }
+            Ok(Resolved::Node(n)) => (self.fs().commit(&n), self.wcc(&n.st, &n.rel)),
             Err(s) => return Res::Err(s, WccOnly { wcc: WccData::NONE }),
         };
-        let wcc = self.wcc(&n.st, &n.rel);
         match r {
             Ok(()) => Res::Ok(CommitOk {
                 file_wcc: wcc,

@@ -468,7 +468,7 @@ fn start(
         ring_n,
         ctr: Arc::clone(&ctr),
         tok,
-        local: Some(inner.cfg.local),
+        local: inner.cfg.local,
         wake: Arc::clone(&wake),
         dead: AtomicBool::new(false),
     });

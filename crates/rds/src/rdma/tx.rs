@@ -73,7 +73,7 @@ pub(crate) struct Tx {
     pub(super) ring_n: u32,
     pub(super) ctr: Arc<CounterCells>,
     pub(super) tok: Token,
-    pub(super) local: Option<Ipv4Addr>,
+    pub(super) local: Ipv4Addr,
     /// The connection task's wake-up.
     pub(super) wake: Arc<Notify>,
     /// A pass found the connection broken: its task ends it.
@@ -290,7 +290,7 @@ impl Tx {
                     break;
                 };
                 tracing::trace!(
-                    local = ?self.local,
+                    local = %self.local,
                     tok = self.tok,
                     len = bytes.len(),
                     c,
