@@ -393,17 +393,26 @@ impl SharedCache {
     /// Look a call up (see [`ReplyCache::begin`]); a duplicate of a call in progress waits
     /// for it up to [`DrcConfig::in_progress_wait`].
     pub async fn admit(self: &Arc<Self>, key: Key) -> Admit {
+        // One clock read serves the look-up and, for a duplicate that must wait, its deadline
+        // (a clock read is a system call where the clock source has no vDSO).
+        let now = Instant::now();
         let deadline = {
             let c = self.cache.lock();
-            tokio::time::Instant::now() + c.config().in_progress_wait
+            tokio::time::Instant::from_std(now) + c.config().in_progress_wait
         };
+        let mut first = true;
         loop {
             // Registered before looking, so a completion between the look-up and the wait
             // is not missed.
             let settled = self.settled.notified();
             tokio::pin!(settled);
             settled.as_mut().enable();
-            let begun = self.cache.lock().begin(key, Instant::now());
+            let at = if std::mem::take(&mut first) {
+                now
+            } else {
+                Instant::now()
+            };
+            let begun = self.cache.lock().begin(key, at);
             match begun {
                 Begin::Run => {
                     return Admit::Run(Some(Ticket {

@@ -202,20 +202,26 @@ impl FileCache {
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+        self.ms_at(Instant::now())
+    }
+
+    fn ms_at(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
     }
 
     /// The entry of `ino`, if there is one the path walk confirmed less than `recheck` ago.
     pub fn get(&self, ino: u64) -> Option<Arc<OpenFile>> {
+        // One clock read per look-up (a system call where the clock source has no vDSO).
+        let now = Instant::now();
         let found = {
             let map = self.map.lock();
             map.get(&ino)
-                .filter(|e| e.confirmed.elapsed() < self.cfg.recheck)
+                .filter(|e| now.saturating_duration_since(e.confirmed) < self.cfg.recheck)
                 .cloned()
         };
         match &found {
             Some(e) => {
-                e.last_use.store(self.now_ms(), Ordering::Relaxed);
+                e.last_use.store(self.ms_at(now), Ordering::Relaxed);
                 self.hits.fetch_add(1, Ordering::Relaxed);
             }
             None => {
