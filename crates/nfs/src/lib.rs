@@ -64,6 +64,7 @@ mod xdr_util;
 
 pub mod client;
 pub mod control;
+pub mod dircache;
 pub mod drc;
 pub mod exports;
 pub mod filecache;

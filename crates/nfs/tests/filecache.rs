@@ -1,12 +1,15 @@
 //! The open-file cache (issue 23): correct across REMOVE, RENAME (over a target too), writes
 //! and removals by another process, a file moved out of the export, and bounded. Driven
 //! in-process through the blocking path (`call_sync`) and over TCP, where READ and small
-//! UNSTABLE WRITEs run on the calling task.
+//! UNSTABLE WRITEs run on the calling task. And the directory-descriptor cache beside it
+//! (`nfs::dircache`): correct across directories renamed, replaced and removed by another
+//! process or by the server.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use nfs::dircache::DirCacheConfig;
 use nfs::filecache::FileCacheConfig;
 use nfs::nfs3::*;
 use nfs::server::{ExportOptions, NfsServer, call_sync};
@@ -54,6 +57,29 @@ fn create(s: &NfsServer, dir: &Fh3, n: &str) -> Fh3 {
         },
     );
     r.ok().unwrap().obj.unwrap()
+}
+
+/// A server (default caches) of a fresh directory holding the directories `rel`, and the
+/// root's handle.
+fn served_with_dirs(rel: &str) -> (tempfile::TempDir, Arc<NfsServer>, Fh3) {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(tmp.path().join(rel)).unwrap();
+    let s = server(tmp.path());
+    let root = s.export().root_handle().unwrap();
+    (tmp, s, root)
+}
+
+/// The status of an UNCHECKED CREATE of `n` in `dir`.
+fn create_status(s: &NfsServer, dir: &Fh3, n: &str) -> Nfsstat3 {
+    let r: NewObjRes = call(
+        s,
+        proc_::CREATE,
+        &CreateArgs {
+            where_: dirop(dir, n),
+            how: CreateHow3::Unchecked(Sattr3::default()),
+        },
+    );
+    r.status()
 }
 
 fn write(s: &NfsServer, fh: &Fh3, off: u64, data: &[u8]) -> WriteRes {
@@ -107,6 +133,16 @@ fn rename(s: &NfsServer, dir: &Fh3, from: &str, to: &str) -> RenameRes {
         &RenameArgs {
             from: dirop(dir, from),
             to: dirop(dir, to),
+        },
+    )
+}
+
+fn lookup(s: &NfsServer, dir: &Fh3, n: &str) -> LookupRes {
+    call(
+        s,
+        proc_::LOOKUP,
+        &LookupArgs {
+            what: dirop(dir, n),
         },
     )
 }
@@ -273,6 +309,109 @@ fn a_file_moved_out_of_the_export_is_not_served_after_the_recheck() {
     }
     assert_eq!(read(&s, &fh, 0, 10).status(), Nfsstat3::Stale);
     assert_eq!(getattr(&s, &fh).status(), Nfsstat3::Stale);
+}
+
+#[test]
+fn a_directory_moved_out_of_the_export_is_not_served_after_the_recheck() {
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let export = Export::open(tmp.path())
+        .unwrap()
+        .with_dir_cache(DirCacheConfig {
+            recheck: Duration::ZERO,
+            ..DirCacheConfig::default()
+        });
+    let s = NfsServer::from_export(
+        export,
+        ExportOptions {
+            read_only: false,
+            name: "/export".into(),
+        },
+        None,
+    );
+    let root = s.export().root_handle().unwrap();
+    std::fs::create_dir(tmp.path().join("d")).unwrap();
+    let d = lookup(&s, &root, "d").ok().unwrap().object;
+    let x = create(&s, &d, "x");
+    assert_eq!(getattr(&s, &x).status(), Nfsstat3::Ok);
+    if std::fs::rename(tmp.path().join("d"), outside.path().join("d")).is_err() {
+        eprintln!("skipped: the two temporary directories are on different file systems");
+        return;
+    }
+    // The file is found through its directory's path, which no longer leads to it.
+    assert_eq!(getattr(&s, &x).status(), Nfsstat3::Stale);
+    assert_ne!(lookup(&s, &d, "x").status(), Nfsstat3::Ok);
+    assert_ne!(create_status(&s, &d, "y"), Nfsstat3::Ok);
+    assert!(!outside.path().join("d/y").exists());
+}
+
+#[test]
+fn a_directory_replaced_by_another_process_is_not_taken_for_the_new_one() {
+    let (tmp, s, root) = served_with_dirs("d");
+    let old = lookup(&s, &root, "d").ok().unwrap().object;
+    // The server opens "d" (and keeps its descriptor) for these.
+    create(&s, &old, "a");
+    assert_eq!(lookup(&s, &old, "a").status(), Nfsstat3::Ok);
+    let before = s.export().dir_cache_stats();
+    assert!(before.entries >= 1 && before.hits >= 1, "{before:?}");
+    // Another process moves "d" away and makes a new directory under its name.
+    std::fs::rename(tmp.path().join("d"), tmp.path().join("e")).unwrap();
+    std::fs::create_dir(tmp.path().join("d")).unwrap();
+    std::fs::write(tmp.path().join("d/only-new"), b"x").unwrap();
+    let new = lookup(&s, &root, "d").ok().unwrap().object;
+    assert_ne!(new, old);
+    // The new directory's handle finds its own entries, not the old directory's.
+    assert_eq!(lookup(&s, &new, "only-new").status(), Nfsstat3::Ok);
+    assert_eq!(lookup(&s, &new, "a").status(), Nfsstat3::NoEnt);
+    create(&s, &new, "b");
+    assert!(tmp.path().join("d/b").exists());
+    assert!(!tmp.path().join("e/b").exists());
+    // The old handle names the moved directory (found again by the index rebuild), never the
+    // new one under its old name.
+    match lookup(&s, &old, "a") {
+        Res::Ok(_) => {
+            create(&s, &old, "c");
+            assert!(tmp.path().join("e/c").exists());
+            assert!(!tmp.path().join("d/c").exists());
+        }
+        Res::Err(st, _) => assert_eq!(st, Nfsstat3::Stale),
+    }
+    // Removed by another process: its handle gets no new entries anywhere.
+    std::fs::remove_file(tmp.path().join("d/only-new")).unwrap();
+    std::fs::remove_file(tmp.path().join("d/b")).unwrap();
+    std::fs::remove_dir(tmp.path().join("d")).unwrap();
+    assert_ne!(create_status(&s, &new, "z"), Nfsstat3::Ok);
+    assert!(!tmp.path().join("d").exists());
+}
+
+#[test]
+fn a_directory_renamed_or_removed_by_the_server_is_looked_up_afresh() {
+    let (tmp, s, root) = served_with_dirs("d/sub");
+    let d = lookup(&s, &root, "d").ok().unwrap().object;
+    let sub = lookup(&s, &d, "sub").ok().unwrap().object;
+    create(&s, &sub, "f");
+    assert_eq!(rename(&s, &root, "d", "e").status(), Nfsstat3::Ok);
+    // The same handles, now below "e": creates land there, and a new "d" is a new directory.
+    create(&s, &sub, "g");
+    assert!(tmp.path().join("e/sub/g").exists());
+    std::fs::create_dir(tmp.path().join("d")).unwrap();
+    let d2 = lookup(&s, &root, "d").ok().unwrap().object;
+    assert_eq!(lookup(&s, &d2, "sub").status(), Nfsstat3::NoEnt);
+    // RMDIR by the server, then a directory of the same name made again.
+    for n in ["f", "g"] {
+        assert_eq!(remove(&s, &sub, n).status(), Nfsstat3::Ok);
+    }
+    let r: RemoveRes = call(
+        &s,
+        proc_::RMDIR,
+        &RemoveArgs {
+            object: dirop(&lookup(&s, &root, "e").ok().unwrap().object, "sub"),
+        },
+    );
+    assert_eq!(r.status(), Nfsstat3::Ok);
+    std::fs::create_dir(tmp.path().join("e/sub")).unwrap();
+    assert_ne!(create_status(&s, &sub, "h"), Nfsstat3::Ok);
+    assert!(!tmp.path().join("e/sub/h").exists());
 }
 
 #[test]

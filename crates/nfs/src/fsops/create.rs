@@ -126,7 +126,7 @@ impl FsOps<'_> {
         how: &CreateHow3,
     ) -> NfsResult<Created> {
         let name = self.prepare_create(cred, dir, name)?;
-        let dfd = self.export.open_dir(&dir.rel)?;
+        let dfd = self.export.open_dir_of(dir)?;
         let base =
             OFlags::CREATE | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
         match how {
@@ -203,7 +203,7 @@ impl FsOps<'_> {
     pub fn mkdir(&self, cred: &Cred, dir: &Node, name: &[u8], attrs: &Sattr3) -> NfsResult<Statx> {
         let name = self.prepare_create(cred, dir, name)?;
         let mode = Mode::from_raw_mode(attrs.mode.unwrap_or(0o755) & 0o7777);
-        let dfd = self.export.open_dir(&dir.rel)?;
+        let dfd = self.export.open_dir_of(dir)?;
         rustix::fs::mkdirat(&dfd, name, mode)?;
         self.finish_create(cred, dir, &dfd, name, Some(attrs))
     }
@@ -221,7 +221,7 @@ impl FsOps<'_> {
         if target.is_empty() || target.contains(&0) {
             return Err(Nfsstat3::Inval);
         }
-        let dfd = self.export.open_dir(&dir.rel)?;
+        let dfd = self.export.open_dir_of(dir)?;
         rustix::fs::symlinkat(OsStr::from_bytes(target), &dfd, name)?;
         let attrs = Sattr3 {
             mode: None,
@@ -253,7 +253,7 @@ impl FsOps<'_> {
         }
         let rdev = dev.map_or(0, |d| rustix::fs::makedev(d.specdata1, d.specdata2));
         let mode = Mode::from_raw_mode(attrs.mode.unwrap_or(0o644) & 0o7777);
-        let dfd = self.export.open_dir(&dir.rel)?;
+        let dfd = self.export.open_dir_of(dir)?;
         rustix::fs::mknodat(&dfd, name, ft, mode, rdev)?;
         self.finish_create(cred, dir, &dfd, name, Some(attrs))
     }

@@ -130,8 +130,11 @@ impl<'a> FsOps<'a> {
                         e
                     }
                 })?;
+                // The name is looked up in the directory the handle named (its descriptor
+                // usually cached, crate::dircache), not by walking its path again.
+                let dfd = self.export.open_dir_of(dir)?;
+                let st = self.export.stat_at(&dfd, name)?;
                 let rel = dir.rel.join(name);
-                let st = self.export.stat_rel(&rel)?;
                 self.export.remember(st.stx_ino, &rel);
                 Ok(Node { rel, st })
             }
@@ -389,7 +392,7 @@ impl<'a> FsOps<'a> {
         if !may(&dir.st, cred, MAY_WRITE | MAY_EXEC) {
             return Err(Nfsstat3::Acces);
         }
-        let dfd = self.export.open_dir(&dir.rel)?;
+        let dfd = self.export.open_dir_of(dir)?;
         let victim = self.export.stat_at(&dfd, name)?;
         if !Self::sticky_ok(cred, &dir.st, &victim) {
             return Err(Nfsstat3::Acces);
@@ -434,8 +437,8 @@ impl<'a> FsOps<'a> {
         if !may(&from.st, cred, MAY_WRITE | MAY_EXEC) || !may(&to.st, cred, MAY_WRITE | MAY_EXEC) {
             return Err(Nfsstat3::Acces);
         }
-        let ffd = self.export.open_dir(&from.rel)?;
-        let tfd = self.export.open_dir(&to.rel)?;
+        let ffd = self.export.open_dir_of(from)?;
+        let tfd = self.export.open_dir_of(to)?;
         let victim = self.export.stat_at(&ffd, fname)?;
         if !Self::sticky_ok(cred, &from.st, &victim) {
             return Err(Nfsstat3::Acces);
@@ -486,7 +489,7 @@ impl<'a> FsOps<'a> {
             return Err(Nfsstat3::Acces);
         }
         let (sfd, sname) = self.export.parent_of(&file.rel)?;
-        let dfd = self.export.open_dir(&dir.rel)?;
+        let dfd = self.export.open_dir_of(dir)?;
         rustix::fs::linkat(&sfd, sname, &dfd, name, AtFlags::empty())?;
         Ok(())
     }

@@ -416,7 +416,7 @@ impl NfsServer {
             Ok(x) => x,
             Err((s, attributes)) => return Res::Err(s, AttrOnly { attributes }),
         };
-        let dfd = match self.export.open_dir(&dir.rel) {
+        let dfd = match self.export.open_dir_of(&dir) {
             Ok(d) => d,
             Err(s) => {
                 return Res::Err(

@@ -1,5 +1,6 @@
 //! The exported directory: file handles, confined path resolution, attributes and permission
-//! checks. Blocking; the RPC program runs it on tokio's blocking pool.
+//! checks (`vfs/perm.rs`). Blocking system calls: the RPC program makes them on the calling task
+//! when they cannot wait for a disk (`server::program`), on tokio's blocking pool otherwise.
 //!
 //! ## File handles (decision)
 //! Handles are stateless and 32 bytes long:
@@ -20,6 +21,9 @@
 //! and `.`/`..` are resolved by the server, never by the host filesystem (`..` at the root is
 //! the root). The remaining window: `chmod` of the final component follows a symbolic link
 //! that replaces a regular file between the type check and the call (Linux has no `lchmod`).
+//! A walk's result is kept for a second by the directory-descriptor cache
+//! ([`crate::dircache`]), which serves a directory a handle names only as that same directory;
+//! regular files stay open in the open-file cache ([`crate::filecache`]) on the same terms.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
@@ -31,6 +35,7 @@ use std::sync::Mutex;
 
 use rustix::fs::{AtFlags, Mode, OFlags, Statx, StatxFlags};
 
+use crate::dircache::{DirCache, DirCacheConfig, DirCacheStats, DirId};
 use crate::filecache::{FileCache, FileCacheConfig, FileCacheStats, OpenFile};
 use crate::nfs3::{Fattr3, Fh3, Ftype3, Nfsstat3, Nfstime3, Specdata3, WccAttr};
 
@@ -46,141 +51,9 @@ const MAX_WALK: usize = 4_000_000;
 /// Result of a file-system operation, failing with the NFS status to return.
 pub type NfsResult<T> = Result<T, Nfsstat3>;
 
-/// The identity a call runs as (AUTH_SYS; AUTH_NONE maps to nobody).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cred {
-    pub uid: u32,
-    pub gid: u32,
-    pub gids: Vec<u32>,
-}
-
-impl Cred {
-    /// uid/gid 65534.
-    pub fn nobody() -> Self {
-        Cred {
-            uid: 65534,
-            gid: 65534,
-            gids: Vec::new(),
-        }
-    }
-    /// uid/gid 0.
-    pub fn root() -> Self {
-        Cred {
-            uid: 0,
-            gid: 0,
-            gids: Vec::new(),
-        }
-    }
-    /// Whether the identity is a member of `gid`.
-    pub fn in_group(&self, gid: u32) -> bool {
-        self.gid == gid || self.gids.contains(&gid)
-    }
-}
-
-/// Permission bits asked of [`may`].
-pub const MAY_READ: u32 = 4;
-pub const MAY_WRITE: u32 = 2;
-pub const MAY_EXEC: u32 = 1;
-
-const S_IFMT: u32 = 0o170000;
-const S_IFDIR: u32 = 0o040000;
-const S_IFREG: u32 = 0o100000;
-const S_IFLNK: u32 = 0o120000;
-const S_IFBLK: u32 = 0o060000;
-const S_IFCHR: u32 = 0o020000;
-const S_IFIFO: u32 = 0o010000;
-pub const S_ISGID: u32 = 0o2000;
-pub const S_ISVTX: u32 = 0o1000;
-
-/// File type bits of a stat.
-pub fn fmt(st: &Statx) -> u32 {
-    u32::from(st.stx_mode) & S_IFMT
-}
-/// Whether a stat is a directory.
-pub fn is_dir(st: &Statx) -> bool {
-    fmt(st) == S_IFDIR
-}
-/// Whether a stat is a regular file.
-pub fn is_reg(st: &Statx) -> bool {
-    fmt(st) == S_IFREG
-}
-/// Whether a stat is a symbolic link.
-pub fn is_lnk(st: &Statx) -> bool {
-    fmt(st) == S_IFLNK
-}
-
-/// Classic UNIX permission check (owner, group, other), the way knfsd checks an AUTH_SYS caller
-/// with `no_root_squash`: uid 0 may read and write anything and execute anything with an x bit
-/// (directories are always searchable by root).
-pub fn may(st: &Statx, cred: &Cred, want: u32) -> bool {
-    let mode = u32::from(st.stx_mode);
-    if cred.uid == 0 {
-        return want & MAY_EXEC == 0 || is_dir(st) || mode & 0o111 != 0;
-    }
-    let bits = if st.stx_uid == cred.uid {
-        (mode >> 6) & 7
-    } else if cred.in_group(st.stx_gid) {
-        (mode >> 3) & 7
-    } else {
-        mode & 7
-    };
-    bits & want == want
-}
-
-/// Map an OS error to `nfsstat3` (RFC 1813 §2.6).
-pub fn errno_to_nfs(e: rustix::io::Errno) -> Nfsstat3 {
-    use rustix::io::Errno as E;
-    match e {
-        E::PERM => Nfsstat3::Perm,
-        E::NOENT => Nfsstat3::NoEnt,
-        E::NXIO => Nfsstat3::Nxio,
-        E::ACCESS => Nfsstat3::Acces,
-        E::EXIST => Nfsstat3::Exist,
-        E::XDEV => Nfsstat3::Xdev,
-        E::NODEV => Nfsstat3::NoDev,
-        E::NOTDIR => Nfsstat3::NotDir,
-        E::ISDIR => Nfsstat3::IsDir,
-        E::INVAL => Nfsstat3::Inval,
-        E::FBIG => Nfsstat3::FBig,
-        E::NOSPC => Nfsstat3::NoSpc,
-        E::ROFS => Nfsstat3::Rofs,
-        E::MLINK => Nfsstat3::MLink,
-        E::NAMETOOLONG => Nfsstat3::NameTooLong,
-        E::NOTEMPTY => Nfsstat3::NotEmpty,
-        E::DQUOT => Nfsstat3::DQuot,
-        E::STALE => Nfsstat3::Stale,
-        E::LOOP => Nfsstat3::Acces,
-        E::OPNOTSUPP | E::NOSYS => Nfsstat3::NotSupp,
-        E::AGAIN | E::BUSY | E::TXTBSY => Nfsstat3::Jukebox,
-        _ => Nfsstat3::Io,
-    }
-}
-
-/// Map a std I/O error to `nfsstat3`.
-pub fn io_to_nfs(e: &std::io::Error) -> Nfsstat3 {
-    match e.raw_os_error() {
-        Some(n) => errno_to_nfs(rustix::io::Errno::from_raw_os_error(n)),
-        None => Nfsstat3::Io,
-    }
-}
-
-impl From<rustix::io::Errno> for Nfsstat3 {
-    fn from(e: rustix::io::Errno) -> Self {
-        errno_to_nfs(e)
-    }
-}
-
-/// Check a name for a new or looked-up directory entry: no `/`, no NUL, at most NAME_MAX bytes.
-/// `.` and `..` are handled by the callers.
-pub fn check_name(name: &[u8]) -> NfsResult<&OsStr> {
-    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
-        return Err(Nfsstat3::Acces);
-    }
-    if name.len() > NAME_MAX {
-        return Err(Nfsstat3::NameTooLong);
-    }
-    Ok(OsStr::from_bytes(name))
-}
+mod perm;
+pub use perm::*;
+use perm::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK};
 
 /// A decoded file handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,13 +132,13 @@ impl Resolved {
 }
 
 /// A directory descriptor from [`Export::open_dir`]: the export root's own (lent), or one
-/// opened below it.
+/// below it, shared with the directory-descriptor cache ([`crate::dircache`]).
 #[derive(Debug)]
 pub enum DirFd<'a> {
     /// The export's root.
     Root(BorrowedFd<'a>),
     /// A directory below it.
-    Below(OwnedFd),
+    Below(std::sync::Arc<OwnedFd>),
 }
 
 impl AsFd for DirFd<'_> {
@@ -291,6 +164,8 @@ pub struct Export {
     failed_walk: Mutex<Option<std::time::Instant>>,
     /// Open regular files by inode number ([`crate::filecache`]).
     files: FileCache,
+    /// Open directories below the root by path ([`crate::dircache`]).
+    dirs: DirCache,
 }
 
 /// See [`Export`]'s `failed_walk`.
@@ -303,6 +178,14 @@ fn mix(mut h: u64, v: u64) -> u64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
+}
+
+/// A directory's identity for [`crate::dircache`].
+fn dir_id(st: &Statx) -> DirId {
+    DirId {
+        ino: st.stx_ino,
+        btime: (st.stx_btime.tv_sec, st.stx_btime.tv_nsec),
+    }
 }
 
 fn statx_flags() -> StatxFlags {
@@ -346,6 +229,7 @@ impl Export {
             index: Mutex::new(index),
             failed_walk: Mutex::new(None),
             files: FileCache::new(FileCacheConfig::default()),
+            dirs: DirCache::new(DirCacheConfig::default()),
         })
     }
 
@@ -353,6 +237,17 @@ impl Export {
     pub fn with_file_cache(mut self, cfg: FileCacheConfig) -> Self {
         self.files = FileCache::new(cfg);
         self
+    }
+
+    /// The same export with a directory-descriptor cache of these bounds.
+    pub fn with_dir_cache(mut self, cfg: DirCacheConfig) -> Self {
+        self.dirs = DirCache::new(cfg);
+        self
+    }
+
+    /// The directory-descriptor cache's counters.
+    pub fn dir_cache_stats(&self) -> DirCacheStats {
+        self.dirs.stats()
     }
 
     /// The open-file cache's counters.
@@ -427,6 +322,7 @@ impl Export {
     /// Forget an object (after REMOVE/RMDIR when its last name is gone).
     pub fn forget(&self, ino: u64) {
         self.files.remove(ino);
+        self.dirs.forget_ino(ino);
         if ino != self.root_ino {
             self.index().remove(&ino);
         }
@@ -512,6 +408,8 @@ impl Export {
 
     /// After a directory rename, re-point the index entries beneath it.
     pub fn renamed(&self, from: &Path, to: &Path) {
+        self.dirs.forget_under(from);
+        self.dirs.forget_under(to);
         let mut idx = self.index();
         for p in idx.values_mut() {
             if let Ok(rest) = p.strip_prefix(from) {
@@ -523,8 +421,45 @@ impl Export {
     /// Open a directory (by relative path) as an O_PATH descriptor, one component at a time,
     /// never following symbolic links. The export's root is its own descriptor, lent: no
     /// `openat` and `close` for the objects in the root, which is where a flat tree's
-    /// namespace calls all land.
+    /// namespace calls all land. A directory below it comes from the directory-descriptor
+    /// cache while its entry is fresh ([`crate::dircache`]): whatever is found through it by
+    /// name is checked against its handle by the caller.
     pub fn open_dir(&self, rel: &Path) -> NfsResult<DirFd<'_>> {
+        self.open_dir_as(rel, None)
+    }
+
+    /// [`Export::open_dir`] of the directory `dir` a handle resolved to: only that directory
+    /// (by inode number and birth time) is served from the cache, and STALE when the walk of
+    /// its path finds another one (it was replaced meanwhile).
+    pub fn open_dir_of(&self, dir: &Node) -> NfsResult<DirFd<'_>> {
+        self.open_dir_as(&dir.rel, Some(dir_id(&dir.st)))
+    }
+
+    fn open_dir_as(&self, rel: &Path, want: Option<DirId>) -> NfsResult<DirFd<'_>> {
+        if rel.as_os_str().is_empty() {
+            return Ok(DirFd::Root(self.root_fd.as_fd()));
+        }
+        let now = std::time::Instant::now();
+        if let Some((fd, _)) = self.dirs.get(rel, want, now) {
+            return Ok(DirFd::Below(fd));
+        }
+        let Some(fd) = self.walk_dir(rel)? else {
+            return Ok(DirFd::Root(self.root_fd.as_fd()));
+        };
+        if want.is_none() && self.dirs.config().capacity == 0 {
+            return Ok(DirFd::Below(std::sync::Arc::new(fd)));
+        }
+        let st = rustix::fs::statx(&fd, "", AtFlags::EMPTY_PATH, statx_flags())?;
+        let id = dir_id(&st);
+        if want.is_some_and(|w| w != id) {
+            return Err(Nfsstat3::Stale);
+        }
+        Ok(DirFd::Below(self.dirs.insert(rel, fd, id, now)))
+    }
+
+    /// The walk itself, one `openat` per component from the root's descriptor (`None`: the
+    /// root).
+    fn walk_dir(&self, rel: &Path) -> NfsResult<Option<OwnedFd>> {
         let mut fd: Option<OwnedFd> = None;
         for c in rel.components() {
             let std::path::Component::Normal(name) = c else {
@@ -536,10 +471,7 @@ impl Export {
             };
             fd = Some(rustix::fs::openat(at, name, o_path_dir(), Mode::empty())?);
         }
-        Ok(match fd {
-            Some(f) => DirFd::Below(f),
-            None => DirFd::Root(self.root_fd.as_fd()),
-        })
+        Ok(fd)
     }
 
     /// The parent directory descriptor and final name of a non-root path.

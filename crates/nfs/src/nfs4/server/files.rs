@@ -385,7 +385,7 @@ impl Nfs4Server {
             Cur::Real(o) => Some(
                 o.x.server
                     .export()
-                    .open_dir(&o.node.rel)
+                    .open_dir_of(&o.node)
                     .map_err(v4_status)?,
             ),
             Cur::Pseudo(_) => None,
