@@ -42,6 +42,8 @@ impl FsOps<'_> {
     /// attributes. `dfd` is `dir`, open. An owner or mode the new object already has is not
     /// set again (a root caller's file is the server's own), nor the status read again after
     /// nothing changed: under an emulated CPU each system call is a large part of a CREATE.
+    /// Times with no size change are set before the status is first read (neither a chown nor
+    /// a chmod changes them), so an EXCLUSIVE CREATE reads it once.
     pub fn finish_create(
         &self,
         cred: &Cred,
@@ -51,6 +53,11 @@ impl FsOps<'_> {
         attrs: Option<&Sattr3>,
     ) -> NfsResult<Statx> {
         let rel = dir.rel.join(name);
+        // (A size change comes first when there is one: a truncation sets the modify time.)
+        let times_first = attrs.filter(|s| s.size.is_none()).and_then(timestamps);
+        if let Some(ts) = &times_first {
+            rustix::fs::utimensat(dfd, name, ts, AtFlags::SYMLINK_NOFOLLOW)?;
+        }
         let mut st = self.export.stat_at(dfd, name)?;
         if let Some(s) = attrs {
             let mut changed = false;
@@ -104,7 +111,9 @@ impl FsOps<'_> {
                     .map_err(|e| io_to_nfs(&e))?;
                 changed = true;
             }
-            if let Some(ts) = timestamps(s) {
+            if times_first.is_none()
+                && let Some(ts) = timestamps(s)
+            {
                 rustix::fs::utimensat(dfd, name, &ts, AtFlags::SYMLINK_NOFOLLOW)?;
                 changed = true;
             }
