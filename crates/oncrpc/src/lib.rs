@@ -22,6 +22,8 @@
 //!   to reply, as `mountstats` reports RTT apart from execute time).
 //! - [`budget`]: per-server and per-connection memory budgets that every transport's server
 //!   side draws from before it allocates what a peer asked for.
+//! - `testing` (feature `testing`): a program that reports the hints a call came with, and the
+//!   scenario every transport's server must pass with it.
 //!
 //! What it does not do: RPC-over-RDMA (crate `rpcrdma` implements the same traits over RDMA),
 //! RPCSEC_GSS context establishment or wrapping, UDP, a duplicate request cache, and portmap
@@ -38,6 +40,8 @@ pub mod record;
 pub mod rtt;
 pub mod service;
 pub mod tcp;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use auth::{AuthSys, Credential, OpaqueAuth};
 pub use backchannel::{BackCall, BackChannel, BackHandle};
