@@ -473,7 +473,7 @@ fn nfs_reply_bound(record: &bytes::Bytes) -> Option<usize> {
 
 /// The TCP server settings of the NFS port: records up to a 1 MiB WRITE with room to spare,
 /// and with `budget`, every call's reply reserved before it runs at the bound its arguments
-/// give ([`nfs_reply_bound`]), or [`NFS_REPLY_ESTIMATE`].
+/// give (`nfs_reply_bound`), or [`NFS_REPLY_ESTIMATE`].
 pub fn nfs_tcp_config(
     budget: Option<Arc<MemoryBudget>>,
     send_timeout: Option<Duration>,

@@ -43,7 +43,7 @@ pub struct ServerConfig {
     pub max_queued_reply_bytes: usize,
     /// The server's memory budget, shared with its other transports; `None`: connections are
     /// bounded by the limits above only. With one, each connection takes a share
-    /// ([`ConnBudget`]) and reserves from it before it holds what its peer sends or asks
+    /// ([`ConnBudget`](crate::budget::ConnBudget)) and reserves from it before it holds what its peer sends or asks
     /// for: its receive buffer (64 KiB at least, and the whole of a larger record
     /// before its bytes are read), each call's record while the call runs, and each call's
     /// reply from before the call runs until its last byte is written. A connection that
