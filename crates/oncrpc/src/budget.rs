@@ -215,19 +215,6 @@ impl ConnBudget {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Whether `bytes` would fit in both limits at this moment (nothing is reserved, nothing
-    /// counted; another reservation may take the room first).
-    fn looks_free(&self, bytes: usize) -> bool {
-        let fits = |used: &AtomicUsize, limit: usize| {
-            used.load(Ordering::Relaxed)
-                .checked_add(bytes)
-                .is_some_and(|v| v <= limit)
-        };
-        !self.is_closed()
-            && fits(&self.used, self.limit())
-            && fits(&self.server.used, self.server.limit)
-    }
-
     /// Reserve `bytes`, or say which limit refuses them. Nothing is reserved on refusal.
     pub fn try_reserve(self: &Arc<Self>, bytes: usize) -> Result<Reservation, BudgetError> {
         if self.is_closed() {
@@ -271,15 +258,9 @@ impl ConnBudget {
         bytes: usize,
         wait: std::time::Duration,
     ) -> Result<Reservation, BudgetError> {
-        // The common case first, with no clock read and no waiter registered (a clock read is
-        // a system call where the clock source has no vDSO, as the lab guest's HPET). Only
-        // tried when it looks as if it fits, so a refusal is counted once, in the loop.
-        if self.looks_free(bytes)
-            && let Ok(r) = self.try_reserve(bytes)
-        {
-            return Ok(r);
-        }
-        let deadline = tokio::time::Instant::now() + wait;
+        // The deadline runs from the first refusal: a reservation that succeeds at once reads
+        // no clock (a system call where the clock source has no vDSO, as the lab guest's HPET).
+        let mut deadline = None;
         loop {
             // Register for the wake-up before trying, so a release between the failed try and
             // the wait is not missed.
@@ -290,7 +271,8 @@ impl ConnBudget {
                 Ok(r) => return Ok(r),
                 Err(e) if self.never_satisfiable(&e, bytes) => return Err(e),
                 Err(e) => {
-                    if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                    let until = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + wait);
+                    if tokio::time::timeout_at(until, freed).await.is_err() {
                         return Err(e);
                     }
                 }
