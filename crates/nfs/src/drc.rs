@@ -393,25 +393,19 @@ impl SharedCache {
     /// Look a call up (see [`ReplyCache::begin`]); a duplicate of a call in progress waits
     /// for it up to [`DrcConfig::in_progress_wait`].
     pub async fn admit(self: &Arc<Self>, key: Key) -> Admit {
-        // One clock read serves the look-up and, for a duplicate that must wait, its deadline
-        // (a clock read is a system call where the clock source has no vDSO).
-        let now = Instant::now();
+        // One clock read serves the first look-up and, for a duplicate that must wait, its
+        // deadline (a clock read is a system call where the clock source has no vDSO).
+        let mut at = Instant::now();
         let deadline = {
             let c = self.cache.lock();
-            tokio::time::Instant::from_std(now) + c.config().in_progress_wait
+            tokio::time::Instant::from_std(at) + c.config().in_progress_wait
         };
-        let mut first = true;
         loop {
             // Registered before looking, so a completion between the look-up and the wait
             // is not missed.
             let settled = self.settled.notified();
             tokio::pin!(settled);
             settled.as_mut().enable();
-            let at = if std::mem::take(&mut first) {
-                now
-            } else {
-                Instant::now()
-            };
             let begun = self.cache.lock().begin(key, at);
             match begun {
                 Begin::Run => {
@@ -429,6 +423,7 @@ impl SharedCache {
                 self.cache.lock().note_in_progress_drop();
                 return Admit::Drop;
             }
+            at = Instant::now();
         }
     }
 }

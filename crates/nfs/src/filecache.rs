@@ -212,28 +212,23 @@ impl FileCache {
     /// The entry of `ino`, if there is one the path walk confirmed less than `recheck` ago.
     pub fn get(&self, ino: u64) -> Option<Arc<OpenFile>> {
         // One clock read per look-up that finds an entry, none for a miss (a clock read is a
-        // system call where the clock source has no vDSO).
-        let mut now = None;
-        let found = {
-            let map = self.map.lock();
-            map.get(&ino)
-                .filter(|e| {
-                    let t = *now.get_or_insert_with(Instant::now);
-                    t.saturating_duration_since(e.confirmed) < self.cfg.recheck
-                })
-                .cloned()
-        };
-        match &found {
-            Some(e) => {
-                let now = now.unwrap_or_else(Instant::now);
+        // system call where the clock source has no vDSO), and not under the lock.
+        let entry = self.map.lock().get(&ino).cloned();
+        let found = entry.and_then(|e| {
+            let now = Instant::now();
+            (now.saturating_duration_since(e.confirmed) < self.cfg.recheck).then_some((e, now))
+        });
+        match found {
+            Some((e, now)) => {
                 e.last_use.store(self.ms_at(now), Ordering::Relaxed);
                 self.hits.fetch_add(1, Ordering::Relaxed);
+                Some(e)
             }
             None => {
                 self.misses.fetch_add(1, Ordering::Relaxed);
+                None
             }
         }
-        found
     }
 
     /// Keep `f` (replacing any entry of its inode); with a capacity of 0 nothing is kept.

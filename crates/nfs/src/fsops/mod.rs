@@ -412,7 +412,7 @@ impl<'a> FsOps<'a> {
         // The open-file cache must not keep the removed file's blocks (crate::filecache).
         self.export.close_cached(victim.stx_ino);
         if rmdir || victim.stx_nlink <= 1 {
-            self.export.forget(victim.stx_ino);
+            self.export.forget(&victim);
         }
         Ok(())
     }

@@ -319,10 +319,15 @@ impl Export {
         }
     }
 
-    /// Forget an object (after REMOVE/RMDIR when its last name is gone).
-    pub fn forget(&self, ino: u64) {
+    /// Forget an object, `st` its status before (after REMOVE/RMDIR when its last name is
+    /// gone).
+    pub fn forget(&self, st: &Statx) {
+        let ino = st.stx_ino;
         self.files.remove(ino);
-        self.dirs.forget_ino(ino);
+        // Only directories are in the directory-descriptor cache: a file's REMOVE skips it.
+        if is_dir(st) {
+            self.dirs.forget_ino(ino);
+        }
         if ino != self.root_ino {
             self.index().remove(&ino);
         }
