@@ -189,6 +189,24 @@ fn remove_closes_the_file_and_its_handle_goes_stale() {
 }
 
 #[test]
+fn remove_of_one_of_two_links_closes_the_file_and_the_other_link_still_serves_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = server(tmp.path());
+    let root = s.export().root_handle().unwrap();
+    let fh = create(&s, &root, "a");
+    write(&s, &fh, 0, b"data");
+    std::fs::hard_link(tmp.path().join("a"), tmp.path().join("b")).unwrap();
+    assert_eq!(s.export().file_cache_len(), 1);
+    assert_eq!(remove(&s, &root, "a").status(), Nfsstat3::Ok);
+    // The name went, the inode stays (under "b"): the descriptor is closed all the same.
+    assert_eq!(s.export().file_cache_len(), 0);
+    let b = lookup(&s, &root, "b").ok().unwrap().object;
+    assert_eq!(&read_bytes(&s, &b)[..4], b"data");
+    assert_eq!(write(&s, &b, 4, b"!").status(), Nfsstat3::Ok);
+    assert_eq!(std::fs::read(tmp.path().join("b")).unwrap(), b"data!");
+}
+
+#[test]
 fn a_file_removed_by_another_process_goes_stale() {
     let tmp = tempfile::tempdir().unwrap();
     let s = server(tmp.path());

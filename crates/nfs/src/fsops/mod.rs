@@ -409,10 +409,13 @@ impl<'a> FsOps<'a> {
             AtFlags::empty()
         };
         rustix::fs::unlinkat(&dfd, name, flags)?;
-        // The open-file cache must not keep the removed file's blocks (crate::filecache).
-        self.export.close_cached(victim.stx_ino);
+        // The open-file cache must not keep the removed file's blocks (crate::filecache):
+        // `forget` drops its descriptor along with the rest when the last name went,
+        // `close_cached` alone when other links remain.
         if rmdir || victim.stx_nlink <= 1 {
             self.export.forget(&victim);
+        } else {
+            self.export.close_cached(victim.stx_ino);
         }
         Ok(())
     }
