@@ -2,8 +2,7 @@
 //! OPEN_CONFIRM, the seqid ordering and reply cache of open- and lock-owners, RENEW,
 //! RELEASE_LOCKOWNER, and the operations of one minor version refused in the other.
 
-mod nfs4_util;
-
+use crate::nfs4_util::*;
 use bytes::Bytes;
 use nfs::nfs4::Nfsstat4;
 use nfs::nfs4::args::{Locker, OpArgs};
@@ -12,7 +11,6 @@ use nfs::nfs4::consts::{access, attr, lock_type, op, open_result, share};
 use nfs::nfs4::res::OpRes;
 use nfs::nfs4::types::{Bitmap4, StateOwner4, Stateid4};
 use nfs::nfs4::v40::{Args40, CbClient4, NfsClientId4, Res40};
-use nfs4_util::*;
 use oncrpc::RpcClient;
 
 /// A 4.0 client: its RPC client, clientid and the next seqid of its one open-owner.

@@ -4,11 +4,12 @@
 //! denied once the conflicting lock is released. The client side answers the callbacks with
 //! `nfs::nfs4::callback::program::CallbackProgram` on the connection it opened.
 
-mod nfs4_util;
+use crate::nfs4_util;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::nfs4_util::{Client, compound_reply, fh_of, fore, me, owner, stateid_of};
 use bytes::Bytes;
 use nfs::nfs4::Nfsstat4;
 use nfs::nfs4::args::{CreateSessionArgs, OpArgs};
@@ -18,7 +19,6 @@ use nfs::nfs4::res::OpRes;
 use nfs::nfs4::server::Nfs4Config;
 use nfs::nfs4::types::{AuthSysParms, CallbackSecParms4, ClientOwner4, StateProtectA};
 use nfs::serve::{ServeConfig, Served, start};
-use nfs4_util::{Client, compound_reply, fh_of, fore, me, owner, stateid_of};
 use oncrpc::auth::{AuthSys, OpaqueAuth};
 use oncrpc::{ClientConfig, Dispatcher, RpcClient, RpcTransport, TcpClient};
 use tokio::sync::mpsc;

@@ -3,7 +3,7 @@
 //! committed, read back and compared, closed and removed; a session destroyed), and
 //! concurrent READs on the session's slots.
 
-mod nfs4_util;
+use crate::nfs4_util;
 
 use std::sync::Arc;
 use std::time::Duration;

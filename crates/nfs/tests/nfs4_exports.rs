@@ -3,8 +3,7 @@
 //! `ro` as NFS4ERR_ROFS, a refused client's handle as NFS4ERR_ACCESS, and the pseudo
 //! directories read-only.
 
-mod nfs4_util;
-
+use crate::nfs4_util::*;
 use nfs::exports::Exports;
 use nfs::nfs4::Nfsstat4;
 use nfs::nfs4::args::{CreateHow, OpArgs, OpenArgs, OpenClaim};
@@ -13,7 +12,6 @@ use nfs::nfs4::res::OpRes;
 use nfs::nfs4::server::Nfs4Config;
 use nfs::nfs4::types::{Fh4, StateOwner4};
 use nfs::serve::{ServeConfig, start};
-use nfs4_util::*;
 
 fn create(file: &str) -> OpArgs {
     OpArgs::Open(Box::new(OpenArgs {

@@ -2,17 +2,15 @@
 //! calls, SETATTR/VERIFY/NVERIFY, CREATE/READLINK/LINK/RENAME/REMOVE and the name rules, and
 //! NFSv4.2's SEEK, ALLOCATE and DEALLOCATE.
 
-mod nfs4_util;
-
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 
+use crate::nfs4_util::*;
 use nfs::nfs4::Nfsstat4;
 use nfs::nfs4::args::{CreateType, OpArgs};
 use nfs::nfs4::consts::{attr, content, op, share};
 use nfs::nfs4::res::OpRes;
 use nfs::nfs4::types::{Fattr4, Linktext4, Stateid4};
-use nfs4_util::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readdir_of_a_thousand_entries_in_several_calls() {

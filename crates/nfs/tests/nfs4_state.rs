@@ -2,17 +2,15 @@
 //! clients, the current stateid, TEST_STATEID/FREE_STATEID, the OPEN create modes, truncation
 //! refused under a deny, lease expiry and the grace period.
 
-mod nfs4_util;
-
 use std::os::unix::fs::MetadataExt;
 
+use crate::nfs4_util::*;
 use bytes::Bytes;
 use nfs::nfs4::Nfsstat4;
 use nfs::nfs4::args::{CreateHow, OpArgs, OpenArgs, OpenClaim};
 use nfs::nfs4::consts::{attr, lock_type, op, share};
 use nfs::nfs4::res::OpRes;
 use nfs::nfs4::types::{Fattr4, StateOwner4, Stateid4};
-use nfs4_util::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn share_reservations_and_locks_between_two_clients() {

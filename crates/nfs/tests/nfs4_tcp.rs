@@ -3,8 +3,7 @@
 //! COMPOUND rules (minor versions, OP_ILLEGAL, NOTSUPP, BADXDR, TOO_MANY_OPS, SEQUENCE
 //! placement), the reply cache, and replies kept within the session's limits.
 
-mod nfs4_util;
-
+use crate::nfs4_util::*;
 use bytes::Bytes;
 use nfs::client::Nfs3Client;
 use nfs::nfs3::{Fh3, Nfsstat3};
@@ -15,7 +14,6 @@ use nfs::nfs4::compound::CompoundReply;
 use nfs::nfs4::consts::{attr, op, share, stable};
 use nfs::nfs4::res::OpRes;
 use nfs::nfs4::types::Stateid4;
-use nfs4_util::*;
 use oncrpc::{AcceptStat, RpcError};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

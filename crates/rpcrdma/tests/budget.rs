@@ -4,14 +4,12 @@
 //! client on another connection keeps being served, and a closed connection gives its memory
 //! back at once. Over soft-iWARP on 127.0.0.1; assertions read the budget's own counters.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use oncrpc::{CallRequest, MemoryBudget, ReplyExpectation, RpcError, RpcTransport};
 use rpcrdma::engine::Config;
 use rpcrdma::ulb::UpperLayerBinding;

@@ -1,11 +1,9 @@
 //! Deterministic tests of the Requester and Responder engines back to back.
 
-mod common;
-
 use std::sync::Arc;
 
+use crate::common::*;
 use bytes::{Bytes, BytesMut};
-use common::*;
 use oncrpc::{AcceptStat, OpaqueAuth, ReplyExpectation, RpcError};
 use rpcrdma::engine::Config;
 use rpcrdma::header::{Body, Chunks, ErrorBody, Header, ReadSegment, Segment};

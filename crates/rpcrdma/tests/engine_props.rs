@@ -1,12 +1,10 @@
 //! Property tests: the engines never panic on arbitrary input, answer with well-formed headers,
 //! and fence memory before completing a call.
 
-mod common;
-
 use std::collections::HashSet;
 
+use crate::common::*;
 use bytes::{Bytes, BytesMut};
-use common::*;
 use oncrpc::OpaqueAuth;
 use proptest::prelude::*;
 use rpcrdma::engine::{Config, MemRegistrar, Params};

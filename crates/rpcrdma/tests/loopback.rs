@@ -1,13 +1,11 @@
 //! The drivers over real verbs: the in-memory loopback provider and soft-iWARP on 127.0.0.1.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use oncrpc::{AcceptStat, CallRequest, ReplyExpectation, RpcError, RpcTransport};
 use rpcrdma::engine::Config;
 use rpcrdma::ulb::{InlineBinding, UpperLayerBinding};

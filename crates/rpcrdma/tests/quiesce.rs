@@ -4,10 +4,8 @@
 //! and a reply sent as a responder-provided Read chunk is waited for until its client says it
 //! pulled it.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use oncrpc::{OpaqueAuth, ReplyExpectation};
 use rpcrdma::engine::Config;
 use rpcrdma::responder::{BackError, Incoming, Unfinished};

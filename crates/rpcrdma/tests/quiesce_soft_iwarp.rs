@@ -2,14 +2,12 @@
 //! when it begins are answered before their connection closes, calls sent after it began are
 //! dropped unanswered and counted, and the report says so.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use oncrpc::{CallRequest, ReplyExpectation, RpcTransport};
 use rpcrdma::{RdmaClient, RdmaServer, TransportConfig};
 use verbs::Device;

@@ -2,12 +2,10 @@
 //! the backward-direction calls (RFC 8167). Sans-IO, with an explicit `now`: a driver sleeps
 //! until `next_deadline` and calls `handle_timeout`.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use oncrpc::{OpaqueAuth, ReplyExpectation};
 use rpcrdma::engine::Config;
 use rpcrdma::responder::{Action, BackError, Incoming, PendingCall, TimedOut};

@@ -2,12 +2,10 @@
 //! `rpcrdma::rrc` reads it): the Requester and the Responder back to back, in memory, the
 //! Responder's memory in a `MemRegistrar` whose counters say what is still registered.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use oncrpc::{OpaqueAuth, ReplyExpectation, RpcError};
 use rpcrdma::engine::Config;
 use rpcrdma::header::{Chunks, ReadChunk, Segment};

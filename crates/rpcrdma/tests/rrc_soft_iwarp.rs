@@ -3,14 +3,12 @@
 //! large replies as Position-Zero Read chunks, the client pulls them with RDMA Read, and its
 //! pull-completion notification (by Send With Invalidate) lets the server invalidate them.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use oncrpc::{CallRequest, ReplyExpectation, RpcTransport};
 use rpcrdma::engine::Config;
 use rpcrdma::rrc::{ReplyMode, RrcConfig};

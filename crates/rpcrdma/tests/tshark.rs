@@ -9,15 +9,13 @@
 //! the RPC XID equals the RPC-over-RDMA XID, and indexes chunk segments by their handle
 //! (R_key) to find the RDMA Read / Write data. Every segment we advertise has its own STag.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use oncrpc::{CallRequest, ReplyExpectation, RpcTransport};
 use rpcrdma::ulb::UpperLayerBinding;
 use rpcrdma::{RdmaClient, RdmaServer, TransportConfig};

@@ -3,10 +3,8 @@
 //! (cel-05 §8.2), remote invalidation offered through rdma_inv_handle and used, and a
 //! version 1 Requester against the version 2 Responder.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use oncrpc::{OpaqueAuth, ReplyExpectation, RpcError};
 use rpcrdma::engine::Config;
 use rpcrdma::header_v2::{Body2, Direction, Header2, peek_version};

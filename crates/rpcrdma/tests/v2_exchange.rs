@@ -4,14 +4,12 @@
 //! handled by the Requester (§7.2.4, with its SHOULD retries), and the backward direction with
 //! the direction field both ways (§7.2.2).
 
-mod common;
-
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::common::*;
 use bytes::{Bytes, BytesMut};
-use common::*;
 use oncrpc::{AcceptStat, OpaqueAuth, ReplyExpectation, RpcError};
 use rpcrdma::engine::Config;
 use rpcrdma::header_v2::{Body2, ChunkLists, Direction, ErrorBody2, Header2, peek_version};

@@ -3,10 +3,8 @@
 //! (§7.2.2), remote invalidation through rdma_inv_handle (§7.2.3), the new errors where their
 //! conditions occur (§7.2.4), OPTIONAL and the transport property messages (§5.1, §6.3).
 
-mod common;
-
+use crate::common::*;
 use bytes::{Bytes, BytesMut};
-use common::*;
 use oncrpc::OpaqueAuth;
 use rpcrdma::engine::Config;
 use rpcrdma::header::{Chunks, Segment};

@@ -6,15 +6,13 @@
 //! server hand-made version 2 messages (properties with unknown and malformed lists, unknown
 //! procedures and OPTIONAL types, rdma_inv_handle) and checks each answer.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::{Bytes, BytesMut};
-use common::*;
 use oncrpc::{CallRequest, OpaqueAuth, ReplyExpectation, RpcError, RpcTransport};
 use rpcrdma::engine::Config;
 use rpcrdma::header::{Chunks, Segment};

@@ -3,14 +3,11 @@
 //! Response) ending in a Terminate, captured with and without CRCs; then one byte of an FPDU
 //! flipped, which the CRC check must report.
 
-// The verbs tests' helpers (two ends of a soft-iWARP connection on loopback).
-#[path = "../../verbs/tests/common/mod.rs"]
-mod common;
-
 use std::path::{Path, PathBuf};
 
+// The verbs tests' helpers (two ends of a soft-iWARP connection on loopback).
+use crate::verbs_common::*;
 use bytes::Bytes;
-use common::*;
 use tools::decode::{self, Body};
 use verbs::{Access, ConnParams, RecvWr, SendOp, SendWr, WcStatus};
 

@@ -1,12 +1,10 @@
 //! Capture a session covering every RDMAP opcode to pcap and check it with tshark.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use verbs::{Access, ConnParams, RecvWr, SendOp, SendWr, WcStatus};
 
 fn tshark(args: &[&str]) -> Option<String> {

@@ -4,14 +4,12 @@
 //! close. The soft-iWARP engine completes a Send when its last segment is handed to the
 //! connection's transmit queue, so the close path must write that queue out before the FIN.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use verbs::{Access, RecvWr, SendWr, WcStatus};
 
 const N: usize = 64;

@@ -1,9 +1,7 @@
 //! Connection manager: private data, reject, IRD/ORD, RTR in both roles, MPA revisions.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use verbs::{Access, CmEvent, ConnParams, RecvWr, SendOp, SendWr, VerbsError, WcStatus};
 
 #[tokio::test]

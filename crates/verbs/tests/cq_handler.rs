@@ -1,12 +1,10 @@
 //! Completion queue handlers (`CompletionQueue::set_handler`): completions handed over in
 //! order, in the provider's context, with the queue pair free for new work requests.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use verbs::{Access, Completion, RecvWr, SendWr, WcOpcode, WcStatus};
 
 /// The server echoes every received message from inside its receive handler: it reposts the

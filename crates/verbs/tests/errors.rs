@@ -1,9 +1,7 @@
 //! Remote access violations and protocol errors: Terminate, no placement, flush, teardown.
 
-mod common;
-
+use crate::common::*;
 use bytes::{Bytes, BytesMut};
-use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use verbs::wire::ddp::{BufferModel, DdpHeader, Opcode, Terminate};
 use verbs::wire::mpa::{self, FrameKind, IrdOrd, MpaFrame};

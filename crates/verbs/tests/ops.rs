@@ -1,9 +1,7 @@
 //! Every opcode over both providers.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use verbs::{Access, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
