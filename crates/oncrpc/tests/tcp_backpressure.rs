@@ -166,17 +166,14 @@ async fn with_a_budget_unread_replies_stay_in_it_and_all_arrive_once_read() {
     // Its replies fill the budget; then its reader waits for memory.
     eventually("the reader waits for memory", || budget.refusals() > 0).await;
     assert!(budget.peak() <= budget.limit());
-    // No room left for another connection's receive buffer? Then it is refused (closed at
-    // once); otherwise it is served. Either way the first connection is untouched.
-    let mut other = TcpStream::connect(server.local_addr()).await.unwrap();
-    if budget.used() + (64 << 10) > budget.limit() {
-        let mut b = [0u8; 1];
-        let n = tokio::time::timeout(Duration::from_secs(30), other.read(&mut b))
-            .await
-            .expect("a refused connection is closed")
-            .unwrap_or(0);
-        assert_eq!(n, 0);
-    }
+    // Another connection comes and goes while the budget is full. Whether the server refuses
+    // it or serves it depends on how much of the replies the socket has taken at that moment,
+    // which moves while the writer drains into the socket: an earlier version of this test read
+    // `budget.used()` after connecting (with the new connection's own receive buffer already in
+    // it, when served) and waited 30 s for a close that never came (stop 35's CI run). The
+    // refusal is `a_connection_without_room_for_its_receive_buffer_is_refused`'s subject; here
+    // the point is that either way the first connection is untouched.
+    let other = TcpStream::connect(server.local_addr()).await.unwrap();
     drop(other);
     // The hostile client reads at last: every reply comes.
     let mut dec = RecordDecoder::default();

@@ -182,6 +182,11 @@ async fn exactly_once_across_forced_disconnects() {
             .expect("progress within 20 s")
             .unwrap();
         kills += a.kill_transports(B).min(1);
+        // A kill only signals the connection's task; wait (bounded) until the path has seen its
+        // transport go down, so each kill lands while the batch is in flight and none of them
+        // coalesces with the next (stop 35's CI run: all 400 delivered, in order, before any of
+        // four kills was acted on, and the path had never reconnected).
+        wait_for_resets(&a, kills).await;
     }
     let got = tokio::time::timeout(Duration::from_secs(30), recv)
         .await
@@ -192,6 +197,26 @@ async fn exactly_once_across_forced_disconnects() {
     let info = a.info();
     assert!(info.conns[0].paths[0].connects >= 2, "{info:?}");
     a.shutdown();
+}
+
+/// Wait (bounded: 20 s) until the path to B has gone down `n` times.
+async fn wait_for_resets(a: &RdsStack, n: usize) {
+    for _ in 0..2000 {
+        let info = a.info();
+        if info
+            .conns
+            .first()
+            .and_then(|c| c.paths.first())
+            .is_some_and(|p| p.resets as usize >= n)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "the path did not go down {n} times within 20 s: {:?}",
+        a.info()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
