@@ -25,6 +25,13 @@ ix_recipe_hash() {
 
 ix_image_ok() { [ -r "$VMLAB_OUT/vmlinux" ] && [ -r "$VMLAB_OUT/initrd.cpio" ]; }
 
+# ix_image_current: the cached image exists and was built from this recipe (or IX_REBUILD=never).
+ix_image_current() {
+    local have
+    have=$(cat "$VMLAB_OUT/.recipe-hash" 2>/dev/null || true)
+    ix_image_ok && { [ "$(ix_recipe_hash)" = "$have" ] || [ "${IX_REBUILD:-auto}" = never ]; }
+}
+
 # ix_ensure_image BUDGET_SECS: reuse the cached image or build it within BUDGET_SECS.
 # Prints nothing on success; on failure sets IX_SKIP_REASON and returns 1.
 ix_ensure_image() {
@@ -35,8 +42,7 @@ ix_ensure_image() {
         IX_SKIP_REASON="qemu-system-x86_64 missing and not root to install it"; return 1
     fi
     want=$(ix_recipe_hash)
-    have=$(cat "$VMLAB_OUT/.recipe-hash" 2>/dev/null || true)
-    if ix_image_ok && { [ "$want" = "$have" ] || [ "${IX_REBUILD:-auto}" = never ]; }; then
+    if ix_image_current; then
         command -v qemu-system-x86_64 >/dev/null || { IX_SKIP_REASON="image present but qemu-system-x86_64 missing"; return 1; }
         return 0
     fi
