@@ -35,7 +35,7 @@ ix_image_current() {
 # ix_ensure_image BUDGET_SECS: reuse the cached image or build it within BUDGET_SECS.
 # Prints nothing on success; on failure sets IX_SKIP_REASON and returns 1.
 ix_ensure_image() {
-    local budget=${1:-900} want have
+    local budget=${1:-900} want
     IX_SKIP_REASON=
     if [ ! -x "$VMLAB/run.sh" ]; then IX_SKIP_REASON="vmlab recipe not found at $VMLAB"; return 1; fi
     if ! command -v qemu-system-x86_64 >/dev/null && [ "$(id -u)" != 0 ]; then

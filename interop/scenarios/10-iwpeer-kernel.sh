@@ -2,7 +2,7 @@
 # iwpeer (C, librdmacm) <-> kernel siw inside the guest: validates the C peer itself and records
 # what kernel siw puts on the wire (stock, CRC, P2P/RTR, CRC+P2P) as captures for WIRE-NOTES.md.
 # limit: 600
-# ci: no (kernel siw against kernel siw: its cells check the lab, never oxrdma, and cannot fail CI; its ~4 min let the NFS scenarios finish in the budget)
+# ci: no (kernel siw against kernel siw: its cells check the lab, never oxrdma, and cannot fail CI; its ~4 min go to the NFS scenarios instead)
 . "$(dirname "$0")/../lib/common.sh"
 [ -x "$IX_SHARE/bin/iwpeer" ] || { cell "-" skip "iwpeer not built (needs gcc + librdmacm-dev/libibverbs-dev)"; exit 0; }
 vars="stock"
