@@ -16,11 +16,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(f.map(|f| f.proc_), Some(4));
     }
     let _ = msg::describe(data);
-    if let Ok((_, payload)) = msg::decode_v1(&b) {
-        if let Ok((_, res)) = msg::rpc_reply(&payload, f.map_or(0, |f| f.xid)) {
-            let _ = nfs3::read_res(&res);
-            let _ = nfs3::lookup_res(&res);
-        }
+    if let Ok((_, payload)) = msg::decode_v1(&b)
+        && let Ok((_, res)) = msg::rpc_reply(&payload, f.map_or(0, |f| f.xid))
+    {
+        let _ = nfs3::read_res(&res);
+        let _ = nfs3::lookup_res(&res);
     }
     let _ = msg::decode_v2(&b);
     if let Ok(r) = nfs3::read_res(data) {

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use nfs::nfs4::args::{CreateSessionArgs, OpArgs, SequenceArgs};
 use nfs::nfs4::Nfsstat4;
+use nfs::nfs4::args::{CreateSessionArgs, OpArgs, SequenceArgs};
 use nfs::nfs4::res::OpRes;
 use nfs::nfs4::server::{Nfs4Config, Nfs4Server, Request};
 use nfs::nfs4::types::{ChannelAttrs4, ClientOwner4, Opaque1024, StateProtectA};
@@ -32,7 +32,11 @@ struct World {
     runs: Mutex<u64>,
 }
 
-fn call(server: &Nfs4Server, cred: &Credential, args: Bytes) -> Option<nfs::nfs4::compound::CompoundReply> {
+fn call(
+    server: &Nfs4Server,
+    cred: &Credential,
+    args: Bytes,
+) -> Option<nfs::nfs4::compound::CompoundReply> {
     server
         .compound(&Request {
             args: &args,
@@ -171,10 +175,7 @@ fuzz_target!(|data: &[u8]| {
             ..AuthSys::default()
         })
     } else {
-        let (uid, gid) = (
-            rustix_ids().0,
-            rustix_ids().1,
-        );
+        let (uid, gid) = (rustix_ids().0, rustix_ids().1);
         Credential::Sys(AuthSys {
             uid,
             gid,
@@ -186,9 +187,7 @@ fuzz_target!(|data: &[u8]| {
         reply.encode(&mut enc);
         assert_eq!(enc.into_bytes().len(), reply.encoded_len());
         // A SEQUENCE that failed left the slot's sequence id where it was.
-        if flags & 1 != 0
-            && !matches!(reply.results.first(), Some(OpRes::Sequence(_)))
-        {
+        if flags & 1 != 0 && !matches!(reply.results.first(), Some(OpRes::Sequence(_))) {
             let mut seq = w.seq.lock().unwrap_or_else(|p| p.into_inner());
             *seq = seq.wrapping_sub(1);
         }
@@ -196,7 +195,7 @@ fuzz_target!(|data: &[u8]| {
     // Keep the scratch export small (see scratch.rs).
     let mut runs = w.runs.lock().unwrap_or_else(|p| p.into_inner());
     *runs += 1;
-    if *runs % 2_000 == 0 {
+    if runs.is_multiple_of(2_000) {
         scratch::wipe(w.dir.path());
     }
 });

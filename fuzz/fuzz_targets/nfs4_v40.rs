@@ -19,12 +19,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
+use nfs::nfs4::Nfsstat4;
 use nfs::nfs4::args::OpArgs;
 use nfs::nfs4::res::OpRes;
 use nfs::nfs4::server::{Nfs4Config, Nfs4Server, Request};
-use nfs::nfs4::v40::{Args40, CbClient4, NfsClientId4, Res40};
 use nfs::nfs4::types::Opaque1024;
-use nfs::nfs4::Nfsstat4;
+use nfs::nfs4::v40::{Args40, CbClient4, NfsClientId4, Res40};
 use oncrpc::{AuthSys, Credential};
 
 struct World {
@@ -34,7 +34,11 @@ struct World {
     runs: Mutex<u64>,
 }
 
-fn call(server: &Nfs4Server, cred: &Credential, args: Bytes) -> Option<nfs::nfs4::compound::CompoundReply> {
+fn call(
+    server: &Nfs4Server,
+    cred: &Credential,
+    args: Bytes,
+) -> Option<nfs::nfs4::compound::CompoundReply> {
     server
         .compound(&Request {
             args: &args,
@@ -175,7 +179,7 @@ fuzz_target!(|data: &[u8]| {
     // Keep the client's lease alive and the scratch export small (see scratch.rs).
     let mut runs = w.runs.lock().unwrap_or_else(|p| p.into_inner());
     *runs += 1;
-    if *runs % 2_000 == 0 {
+    if runs.is_multiple_of(2_000) {
         scratch::wipe(w.dir.path());
         let (uid, gid) = ids();
         let cred = Credential::Sys(AuthSys {

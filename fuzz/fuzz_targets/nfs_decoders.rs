@@ -99,10 +99,10 @@ fuzz_target!(|data: &[u8]| {
             consistent::<nfs::nfsacl::Acl>(&b);
         }
         _ => {
-            if let Ok(s) = std::str::from_utf8(rest) {
-                if let Some(a) = nfs::portmap::parse_uaddr(s) {
-                    assert_eq!(nfs::portmap::parse_uaddr(&nfs::portmap::uaddr(a)), Some(a));
-                }
+            if let Ok(s) = std::str::from_utf8(rest)
+                && let Some(a) = nfs::portmap::parse_uaddr(s)
+            {
+                assert_eq!(nfs::portmap::parse_uaddr(&nfs::portmap::uaddr(a)), Some(a));
             }
             let _ = nfs::vfs::HandleData::from_fh(&Fh3(b.clone()));
         }

@@ -119,7 +119,7 @@ fuzz_target!(|data: &[u8]| {
     // Keep the scratch export small (see scratch.rs).
     let mut runs = w.runs.lock().unwrap_or_else(|p| p.into_inner());
     *runs += 1;
-    if *runs % 2_000 == 0 {
+    if runs.is_multiple_of(2_000) {
         scratch::wipe(w._dir.path());
     }
 });

@@ -27,9 +27,12 @@ impl UpperLayerBinding for Toy {
         7
     }
     fn call_ddp_items(&self, _v: u32, _p: u32, args: &[u8]) -> Result<Vec<Range<usize>>, UlbError> {
-        let w = args.get(0..4).ok_or_else(|| UlbError::Garbage("short".into()))?;
+        let w = args
+            .get(0..4)
+            .ok_or_else(|| UlbError::Garbage("short".into()))?;
         let n = u32::from_be_bytes([w[0], w[1], w[2], w[3]]) as usize;
-        Ok(vec![4..4usize.saturating_add(n)])
+        let item = 4..4usize.saturating_add(n);
+        Ok(vec![item])
     }
     fn max_reply_size(&self, _v: u32, _p: u32, _a: &[u8]) -> Option<usize> {
         None
@@ -63,13 +66,23 @@ fn check(actions: &[Action]) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&split, rest)) = data.split_first() else { return };
+    let Some((&split, rest)) = data.split_first() else {
+        return;
+    };
     let cut = (usize::from(split) * 4).min(rest.len());
     let (msg, mut reads) = rest.split_at(rest.len() - cut);
     let mut ulbs: HashMap<u32, Arc<dyn UpperLayerBinding>> = HashMap::new();
     ulbs.insert(7, Arc::new(Toy));
-    let params = Params { inline_send: 1024, inline_recv: 1024, reply_inline: 1024, peer_remote_invalidate: split & 1 == 1 };
-    let cfg = Config { max_call_size: 1 << 16, ..Config::default() };
+    let params = Params {
+        inline_send: 1024,
+        inline_recv: 1024,
+        reply_inline: 1024,
+        peer_remote_invalidate: split & 1 == 1,
+    };
+    let cfg = Config {
+        max_call_size: 1 << 16,
+        ..Config::default()
+    };
     let mut r = Responder::new(cfg, params, Arc::new(ulbs), HashSet::new());
     let mut inc = r.on_receive(Bytes::copy_from_slice(msg));
     for _ in 0..2 {
@@ -77,7 +90,9 @@ fuzz_target!(|data: &[u8]| {
             Incoming::NeedReads(p) if split & 2 == 2 && p.frame().is_some() => {
                 // The driver's framed pull: the rest of the call around the chunk's bytes (of
                 // whatever length the input gives, so mismatches are exercised too).
-                let Some((_, pre, post)) = p.frame() else { return };
+                let Some((_, pre, post)) = p.frame() else {
+                    return;
+                };
                 let n = (p.reads[0].len() as usize).min(reads.len());
                 let mut v = pre.to_vec();
                 v.extend_from_slice(&reads[..n]);
@@ -101,7 +116,11 @@ fuzz_target!(|data: &[u8]| {
                 let n = usize::from(split) * 37;
                 e.put_ddp_opaque(Bytes::from(vec![0xa5; n]));
                 e.put_u32(1);
-                let reply = oncrpc::service::accepted(call.token.xid, AcceptStat::Success, Some(e.finish()));
+                let reply = oncrpc::service::accepted(
+                    call.token.xid,
+                    AcceptStat::Success,
+                    Some(e.finish()),
+                );
                 let a = r.reply(call.token, Some(reply));
                 check(&a);
                 return;

@@ -202,7 +202,8 @@ fn responder_side(s: &mut Script<'_>) {
                 if let Incoming::Call(c) = r.on_receive(m.freeze()) {
                     let mut e = Encoder::new();
                     e.put_opaque(&vec![0xa5; size]);
-                    let reply = oncrpc::service::accepted(xid, AcceptStat::Success, Some(e.finish()));
+                    let reply =
+                        oncrpc::service::accepted(xid, AcceptStat::Success, Some(e.finish()));
                     let a = r.reply_at(c.token, Some(reply), t0);
                     check_sends(&a);
                     for act in &a {
@@ -225,13 +226,21 @@ fn responder_side(s: &mut Script<'_>) {
                         1 => handles.get(&xid).copied(),
                         _ => Some(s.u32()),
                     };
-                    (xid, inv, Bytes::copy_from_slice(&u32::from(s.u8() % 5).to_be_bytes()))
+                    (
+                        xid,
+                        inv,
+                        Bytes::copy_from_slice(&u32::from(s.u8() % 5).to_be_bytes()),
+                    )
                 } else {
                     let n = usize::from(s.u8() % 9);
                     (s.u32(), None, s.bytes(n))
                 };
                 let o = Optional {
-                    direction: if s.u8() & 1 == 0 { Direction::Call } else { Direction::Reply },
+                    direction: if s.u8() & 1 == 0 {
+                        Direction::Call
+                    } else {
+                        Direction::Reply
+                    },
                     opttype: OPTTYPE_PULL_DONE,
                     optinfo,
                 };
@@ -255,14 +264,25 @@ fn responder_side(s: &mut Script<'_>) {
             }
             _ => {
                 r.connection_closed();
-                assert_eq!(sreg.lock().live(), 0, "chunks left registered after the end");
+                assert_eq!(
+                    sreg.lock().live(),
+                    0,
+                    "chunks left registered after the end"
+                );
                 return;
             }
         }
         let (n, bytes) = r.rrc_waiting();
-        assert!(n <= max_chunks && bytes <= max_bytes, "table over its bounds");
+        assert!(
+            n <= max_chunks && bytes <= max_bytes,
+            "table over its bounds"
+        );
         assert!(r.rrc_parked() <= 4, "more parked replies than credits");
-        assert_eq!(sreg.lock().live(), n, "registered memory is exactly the table's");
+        assert_eq!(
+            sreg.lock().live(),
+            n,
+            "registered memory is exactly the table's"
+        );
     }
     r.connection_closed();
     assert_eq!(sreg.lock().live(), 0);
@@ -282,8 +302,16 @@ fn absorb(a: Vec<requester::Action>, seen: &mut Seen, done: &mut HashSet<u32>) {
                 Header2::decode(&data).expect("undecodable notification");
                 seen.notifies += 1;
             }
-            requester::Action::Pull { xid, pull, len, segments } => {
-                assert_eq!(segments.iter().map(|s| s.length as usize).sum::<usize>(), len);
+            requester::Action::Pull {
+                xid,
+                pull,
+                len,
+                segments,
+            } => {
+                assert_eq!(
+                    segments.iter().map(|s| s.length as usize).sum::<usize>(),
+                    len
+                );
                 seen.pulls.push((pull, len, xid));
             }
             requester::Action::Complete { xid, .. } => {
@@ -319,7 +347,10 @@ fn requester_side(s: &mut Script<'_>) {
                 vers: 1,
                 proc_: 1,
                 message: rpc_call(xid),
-                reply: ReplyExpectation { max_len: Some(256), ddp_items: vec![] },
+                reply: ReplyExpectation {
+                    max_len: Some(256),
+                    ddp_items: vec![],
+                },
                 no_reduction: false,
                 deadline: None,
             },
@@ -330,13 +361,22 @@ fn requester_side(s: &mut Script<'_>) {
     let _ = submit(&mut q, &mut reg, 1);
     let _ = q.on_receive(connprop_with_rrc(1), None, &mut reg);
     let mut m = BytesMut::new();
-    Header2::new(1, 8, Body2::Msg(ChunkLists::new(Direction::Reply, Chunks::default()))).encode(&mut m);
+    Header2::new(
+        1,
+        8,
+        Body2::Msg(ChunkLists::new(Direction::Reply, Chunks::default())),
+    )
+    .encode(&mut m);
     m.extend_from_slice(&rpc_reply(1, 24));
-    absorb(q.on_receive(m.freeze(), None, &mut reg), &mut seen, &mut done);
+    absorb(
+        q.on_receive(m.freeze(), None, &mut reg),
+        &mut seen,
+        &mut done,
+    );
     assert!(q.rrc_agreed(), "the capability was not agreed");
     let mut next_xid = 100u32;
     let mut live_pulls: HashSet<u64> = HashSet::new();
-    for _ in 0..3 {
+    while next_xid < 103 {
         absorb(submit(&mut q, &mut reg, next_xid), &mut seen, &mut done);
         next_xid += 1;
     }
@@ -347,7 +387,11 @@ fn requester_side(s: &mut Script<'_>) {
         match s.u8() % 6 {
             0 | 1 => {
                 // A Read-chunk reply, for an outstanding XID or any.
-                let xid = if s.u8() & 1 == 0 { 100 + u32::from(s.u8() % 4) } else { s.u32() };
+                let xid = if s.u8() & 1 == 0 {
+                    100 + u32::from(s.u8() % 4)
+                } else {
+                    s.u32()
+                };
                 let nseg = usize::from(s.u8() % 6);
                 let segs: Vec<Segment> = (0..nseg)
                     .map(|_| Segment {
@@ -358,28 +402,46 @@ fn requester_side(s: &mut Script<'_>) {
                     .collect();
                 let mut chunks = Chunks::default();
                 let position = if s.u8() & 7 == 0 { 4 } else { 0 };
-                let mut rcs = vec![ReadChunk { position, segments: segs }];
+                let mut rcs = vec![ReadChunk {
+                    position,
+                    segments: segs,
+                }];
                 if s.u8() & 7 == 0 {
-                    rcs.push(ReadChunk { position: 8, segments: vec![] });
+                    rcs.push(ReadChunk {
+                        position: 8,
+                        segments: vec![],
+                    });
                 }
                 chunks.set_read_chunks(&rcs);
                 if chunks.reads.is_empty() {
                     // No segment at all: not a Read-chunk reply; give it one.
                     chunks.set_read_chunks(&[ReadChunk {
                         position: 0,
-                        segments: vec![Segment { handle: 1, length: 64, offset: 0 }],
+                        segments: vec![Segment {
+                            handle: 1,
+                            length: 64,
+                            offset: 0,
+                        }],
                     }]);
                 }
                 let mut l = ChunkLists::new(Direction::Reply, chunks);
                 l.inv_handle = if s.u8() & 1 == 0 { 0 } else { s.u32() & 0xff };
                 let before = (seen.notifies, seen.pulls.len());
                 absorb(
-                    q.on_receive(Header2::new(xid, 8, Body2::NoMsg(l)).to_bytes(), None, &mut reg),
+                    q.on_receive(
+                        Header2::new(xid, 8, Body2::NoMsg(l)).to_bytes(),
+                        None,
+                        &mut reg,
+                    ),
                     &mut seen,
                     &mut done,
                 );
                 let (n, p) = (seen.notifies - before.0, seen.pulls.len() - before.1);
-                assert_eq!(n + p, 1, "a Read-chunk reply must be pulled or notified, once");
+                assert_eq!(
+                    n + p,
+                    1,
+                    "a Read-chunk reply must be pulled or notified, once"
+                );
                 if p == 1 {
                     live_pulls.insert(seen.pulls[seen.pulls.len() - 1].0);
                 }
@@ -401,7 +463,11 @@ fn requester_side(s: &mut Script<'_>) {
                 let before = seen.notifies;
                 absorb(q.pull_done(id, data, &mut reg), &mut seen, &mut done);
                 let live = live_pulls.remove(&id);
-                assert_eq!(seen.notifies - before, usize::from(live), "one notification per live pull");
+                assert_eq!(
+                    seen.notifies - before,
+                    usize::from(live),
+                    "one notification per live pull"
+                );
             }
             3 => {
                 let n = usize::from(s.u8());
@@ -410,7 +476,11 @@ fn requester_side(s: &mut Script<'_>) {
             }
             4 => {
                 let xid = 100 + u32::from(s.u8() % 4);
-                absorb(q.cancel(xid, oncrpc::RpcError::Timeout, &mut reg), &mut seen, &mut done);
+                absorb(
+                    q.cancel(xid, oncrpc::RpcError::Timeout, &mut reg),
+                    &mut seen,
+                    &mut done,
+                );
             }
             _ => {
                 // Reconnect: pulls under way are forgotten (their responder invalidates).
@@ -423,7 +493,9 @@ fn requester_side(s: &mut Script<'_>) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&which, rest)) = data.split_first() else { return };
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
     let mut s = Script(rest);
     if which & 1 == 0 {
         responder_side(&mut s);

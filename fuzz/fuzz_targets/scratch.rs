@@ -42,7 +42,10 @@ pub fn wipe(root: &Path) {
             }
         }
     }
-    if let Ok(f) = std::fs::OpenOptions::new().write(true).open(root.join("sub/file")) {
+    if let Ok(f) = std::fs::OpenOptions::new()
+        .write(true)
+        .open(root.join("sub/file"))
+    {
         let _ = f.set_len(10);
     }
 }

@@ -7,7 +7,9 @@ use verbs::engine::RxHarness;
 use verbs::wire::mpa::MpaFrame;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else { return };
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
     let _ = MpaFrame::decode(rest);
     let mut h = RxHarness::new(mode & 1 != 0, mode & 2 != 0);
     if mode & 4 != 0 {

@@ -7,7 +7,9 @@ use libfuzzer_sys::fuzz_target;
 use xdr::Decoder;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&script, rest)) = data.split_first() else { return };
+    let Some((&script, rest)) = data.split_first() else {
+        return;
+    };
     let buf = Bytes::copy_from_slice(rest);
     let mut dec = Decoder::from_bytes(&buf).strict_padding(script & 1 == 1);
     let mut op = script;
