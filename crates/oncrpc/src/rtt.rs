@@ -106,6 +106,27 @@ impl RttSnapshot {
         }
     }
 
+    /// The calls of this snapshot and of `other` together (two windows of the same or of
+    /// different tables, for example one measurement taken in rounds).
+    pub fn merged(&self, other: &RttSnapshot) -> RttSnapshot {
+        let mut procs = self.procs.clone();
+        for (k, h) in &other.procs {
+            match procs.get_mut(k) {
+                // Same bounds and precision (`new_hist`): adding cannot fail.
+                Some(mine) => {
+                    let _ = mine.add(h);
+                }
+                None => {
+                    procs.insert(*k, h.clone());
+                }
+            }
+        }
+        RttSnapshot {
+            procs,
+            unrecorded: self.unrecorded.saturating_add(other.unrecorded),
+        }
+    }
+
     /// Calls timed, over every procedure.
     pub fn count(&self) -> u64 {
         self.procs.values().map(Histogram::len).sum()
@@ -168,6 +189,27 @@ mod tests {
         near(d.quantile_us(0.5), 200.0);
         near(before.quantile_us_of((100003, 3, 1), 0.5), 20.0);
         assert_eq!(before.quantile_us_of((100003, 3, 6), 0.5), None);
+    }
+
+    #[test]
+    fn merged_snapshots_hold_the_calls_of_both() {
+        let (a, b) = (RttTable::new(), RttTable::new());
+        for _ in 0..3 {
+            a.record((100003, 3, 1), Duration::from_micros(10));
+        }
+        for _ in 0..5 {
+            b.record((100003, 3, 1), Duration::from_micros(1000));
+        }
+        b.record((100003, 3, 6), Duration::from_micros(50));
+        let m = a.snapshot().merged(&b.snapshot());
+        assert_eq!(m.count(), 9);
+        assert_eq!(m.count_of((100003, 3, 1)), 8);
+        assert_eq!(m.count_of((100003, 3, 6)), 1);
+        // Five of the eight GETATTRs took 1 ms: the median of the merged histogram is one.
+        let p50 = m.quantile_us_of((100003, 3, 1), 0.5).expect("a value");
+        assert!((1000.0..=1010.0).contains(&p50), "{p50}");
+        // The other way round is the same set of calls.
+        assert_eq!(b.snapshot().merged(&a.snapshot()).count(), 9);
     }
 
     #[test]

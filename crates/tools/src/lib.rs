@@ -37,6 +37,7 @@
 //! What it does not do: implement any of the real protocols (those stay in `xdr`, `oncrpc`,
 //! `verbs`, `rpcrdma`, `rds` and `nfs`), parse command lines or print (the CLI does).
 
+mod bench_rows;
 pub mod conform;
 pub mod decode;
 pub mod hostile;

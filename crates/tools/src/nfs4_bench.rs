@@ -131,7 +131,7 @@ pub(crate) async fn bench_nfs4(
             name,
             version,
             "GETATTR",
-            a.getattrs,
+            a.round_getattrs(),
             c.transport(),
             || async {
                 c.getattr(&root, &[attr::TYPE, attr::CHANGE, attr::SIZE, attr::MODE])

@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use nfs::client::{ClientError, Nfs3Client};
 use nfs::serve::ServeConfig;
-use oncrpc::rtt::{RttSnapshot, RttTable};
 
 pub use crate::raw_tcp::RAW_RUNS;
 use crate::raw_tcp::{bench_raw_tcp, raw_bytes};
@@ -27,6 +26,8 @@ use rpcrdma::TransportConfig;
 use rpcrdma::rrc::ReplyMode;
 use serde::Serialize;
 
+pub use crate::bench_rows::Row;
+pub(crate) use crate::bench_rows::{RttWindow, add_up_rounds, hist, row};
 pub use crate::nfs_connect::{NFS_PORT, connect_client, connect_client_with, rdma_client_config};
 
 /// Why a bench or a mount failed.
@@ -156,6 +157,13 @@ pub struct BenchConfig {
     /// once per mode, in this order (rows `rdma`, `rdma-rc`, `rdma-so`). With a mode other
     /// than write-chunk the server announces responder-provided Read chunks.
     pub reply_modes: Vec<ReplyMode>,
+    /// Rounds each measurement is split into (at least 1). Every round runs every transport
+    /// with its share of the bytes and GETATTRs, in the given order on even rounds and the
+    /// reverse on odd ones (A B B A …), and each row adds its rounds up. A stall of the
+    /// machine (a VM descheduled by its host for hundreds of milliseconds, see
+    /// docs/performance.md) then falls on every transport alike instead of on whichever ran
+    /// at the time.
+    pub rounds: u32,
 }
 
 /// The row name of the `rdma` transport measured in `mode`.
@@ -168,14 +176,23 @@ pub fn rdma_row_name(mode: ReplyMode) -> &'static str {
 }
 
 impl BenchConfig {
-    /// Bytes moved at I/O size `io` per pass.
+    fn rounds(&self) -> u64 {
+        u64::from(self.rounds.max(1))
+    }
+
+    /// Bytes moved at I/O size `io` per pass of one round.
     pub(crate) fn pass_bytes(&self, io: u32) -> u64 {
         let t = if io == 4096 {
             (self.size_mb << 20).min(16 << 20)
         } else {
             self.size_mb << 20
         };
-        t.div_ceil(u64::from(io)) * u64::from(io)
+        (t / self.rounds()).max(1).div_ceil(u64::from(io)) * u64::from(io)
+    }
+
+    /// GETATTRs per transport in one round.
+    pub(crate) fn round_getattrs(&self) -> u64 {
+        (self.getattrs / self.rounds()).max(1)
     }
 
     /// Bytes the whole run moves through [`Progress::inc`].
@@ -190,73 +207,8 @@ impl BenchConfig {
         // NFSv4 runs once per transport (with Write chunks), NFSv3 once per reply mode.
         let v3 = self.versions.iter().filter(|v| v.minor().is_none()).count() as u64;
         let v4 = self.versions.len() as u64 - v3;
-        (runs * v3 + self.transports.len() as u64 * v4) * per_nfs
+        self.rounds() * (runs * v3 + self.transports.len() as u64 * v4) * per_nfs
             + RAW_RUNS * raw_bytes(self.size_mb << 20)
-    }
-}
-
-/// One measurement.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Row {
-    /// `rdma`, `tcp` or `raw-tcp`.
-    pub transport: &'static str,
-    /// The NFS version (`3`, `4.1`, `4.2`; none for the raw TCP stream).
-    pub nfs: Option<NfsVersion>,
-    /// `WRITE`, `READ`, `GETATTR` or `STREAM`.
-    pub op: &'static str,
-    /// I/O size, bytes (none for GETATTR).
-    pub io: Option<u32>,
-    /// MB/s (10^6 bytes), for data ops.
-    #[serde(rename = "mb_per_s", serialize_with = "crate::json::opt3")]
-    pub mbs: Option<f64>,
-    /// Calls per second.
-    #[serde(rename = "ops_per_s", serialize_with = "crate::json::f3")]
-    pub ops: f64,
-    /// Median call latency, microseconds.
-    #[serde(serialize_with = "crate::json::opt3")]
-    pub p50_us: Option<f64>,
-    /// 99th percentile call latency, microseconds.
-    #[serde(serialize_with = "crate::json::opt3")]
-    pub p99_us: Option<f64>,
-    /// Median round-trip time, microseconds: from each call's transmission to its reply's
-    /// arrival at the transport (`oncrpc::rtt`; what a capture on the wire sees, and what
-    /// `mountstats` calls RTT), where `p50_us` is the caller's whole wait (its execute time).
-    /// None when the transport does not measure it.
-    #[serde(serialize_with = "crate::json::opt3")]
-    pub rtt_p50_us: Option<f64>,
-    /// 99th percentile round-trip time, microseconds.
-    #[serde(serialize_with = "crate::json::opt3")]
-    pub rtt_p99_us: Option<f64>,
-}
-
-impl Row {
-    /// This row with the round-trip times of the calls in `rtt` (one pass's calls).
-    pub(crate) fn with_rtt(mut self, rtt: Option<&RttSnapshot>) -> Self {
-        if let Some(r) = rtt {
-            self.rtt_p50_us = r.quantile_us(0.5);
-            self.rtt_p99_us = r.quantile_us(0.99);
-        }
-        self
-    }
-}
-
-/// The round-trip times a transport recorded during one pass.
-pub(crate) struct RttWindow {
-    table: Option<Arc<RttTable>>,
-    before: Option<RttSnapshot>,
-}
-
-impl RttWindow {
-    /// Start counting `transport`'s calls from now.
-    pub(crate) fn open(transport: &Arc<dyn oncrpc::RpcTransport>) -> Self {
-        let table = transport.rtt();
-        let before = table.as_ref().map(|t| t.snapshot());
-        RttWindow { table, before }
-    }
-
-    /// The calls answered since [`RttWindow::open`].
-    pub(crate) fn close(&self) -> Option<RttSnapshot> {
-        Some(self.table.as_ref()?.snapshot().since(self.before.as_ref()?))
     }
 }
 
@@ -295,39 +247,6 @@ pub struct BenchReport {
 
 pub(crate) fn localhost(port: u16) -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
-}
-
-pub(crate) fn hist() -> hdrhistogram::Histogram<u64> {
-    // 1 ns .. 100 s, 3 significant digits.
-    hdrhistogram::Histogram::new_with_bounds(1, 100_000_000_000, 3).unwrap_or_else(|_| {
-        hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!("3 digits is valid"))
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn row(
-    transport: &'static str,
-    version: NfsVersion,
-    op: &'static str,
-    io: Option<u32>,
-    bytes: Option<u64>,
-    n: u64,
-    el: Duration,
-    h: &hdrhistogram::Histogram<u64>,
-) -> Row {
-    let secs = el.as_secs_f64().max(1e-9);
-    Row {
-        transport,
-        nfs: Some(version),
-        op,
-        io,
-        mbs: bytes.map(|b| b as f64 / 1e6 / secs),
-        ops: n as f64 / secs,
-        p50_us: Some(h.value_at_quantile(0.5) as f64 / 1e3),
-        p99_us: Some(h.value_at_quantile(0.99) as f64 / 1e3),
-        rtt_p50_us: None,
-        rtt_p99_us: None,
-    }
 }
 
 /// One measured sequential pass over a file: `total` bytes in calls of `io`, `depth` at a time.
@@ -461,7 +380,7 @@ async fn bench_nfs(
             name,
             NfsVersion::V3,
             "GETATTR",
-            a.getattrs,
+            a.round_getattrs(),
             c.transport(),
             || async {
                 c.getattr(root).await?.into_result()?;
@@ -613,45 +532,57 @@ pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, Benc
         } else {
             a.reply_modes.clone()
         };
-        for tr in &a.transports {
-            let runs: Vec<(
-                Option<SocketAddr>,
-                Option<SocketAddr>,
-                &'static str,
-                ReplyMode,
-            )> = match tr {
-                Transport::Rdma => modes
-                    .iter()
-                    .map(|m| (Some(rdma), None, rdma_row_name(*m), *m))
-                    .collect(),
-                Transport::Tcp => vec![(None, Some(tcp), tr.name(), ReplyMode::WriteChunk)],
-            };
-            for (r, t, name, mode) in runs {
-                for &v in &a.versions {
-                    match v.minor() {
-                        None => {
-                            let (c, root, _) =
-                                connect_client_with(r, t, Some(tcp.port()), "/", 0, 0, mode)
-                                    .await?;
-                            rows.extend(bench_nfs(name, &c, &root, a, pb).await?);
-                        }
-                        // The NFSv4 client asks for large replies with Write chunks only.
-                        Some(_) if mode != ReplyMode::WriteChunk => {}
-                        Some(minor) => {
-                            let (c, _) =
-                                crate::nfs4_bench::connect_client4(r, t, minor, 0, 0).await?;
-                            let c = Arc::new(c);
-                            rows.extend(
-                                crate::nfs4_bench::bench_nfs4(name, v, c.clone(), a, pb).await?,
-                            );
-                            if let Ok(c) = Arc::try_unwrap(c) {
-                                c.destroy().await.map_err(|e| e.to_string())?;
+        let mut measured = Vec::new();
+        for round in 0..a.rounds() {
+            let mut order = a.transports.clone();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            if a.rounds() > 1 {
+                pb.set_message(format!("round {} of {}", round + 1, a.rounds()));
+            }
+            for tr in &order {
+                let runs: Vec<(
+                    Option<SocketAddr>,
+                    Option<SocketAddr>,
+                    &'static str,
+                    ReplyMode,
+                )> = match tr {
+                    Transport::Rdma => modes
+                        .iter()
+                        .map(|m| (Some(rdma), None, rdma_row_name(*m), *m))
+                        .collect(),
+                    Transport::Tcp => vec![(None, Some(tcp), tr.name(), ReplyMode::WriteChunk)],
+                };
+                for (r, t, name, mode) in runs {
+                    for &v in &a.versions {
+                        match v.minor() {
+                            None => {
+                                let (c, root, _) =
+                                    connect_client_with(r, t, Some(tcp.port()), "/", 0, 0, mode)
+                                        .await?;
+                                measured.extend(bench_nfs(name, &c, &root, a, pb).await?);
+                            }
+                            // The NFSv4 client asks for large replies with Write chunks only.
+                            Some(_) if mode != ReplyMode::WriteChunk => {}
+                            Some(minor) => {
+                                let (c, _) =
+                                    crate::nfs4_bench::connect_client4(r, t, minor, 0, 0).await?;
+                                let c = Arc::new(c);
+                                measured.extend(
+                                    crate::nfs4_bench::bench_nfs4(name, v, c.clone(), a, pb)
+                                        .await?,
+                                );
+                                if let Ok(c) = Arc::try_unwrap(c) {
+                                    c.destroy().await.map_err(|e| e.to_string())?;
+                                }
                             }
                         }
                     }
                 }
             }
         }
+        rows.extend(add_up_rounds(measured));
         rows.push(bench_raw_tcp(raw_bytes(a.size_mb << 20), pb).await?);
         Ok::<_, BoxErr>(rows)
     }
@@ -703,6 +634,8 @@ mod tests {
                     p99_us: Some(f64::NAN),
                     rtt_p50_us: Some(790.04),
                     rtt_p99_us: None,
+                    ops_median_round: None,
+                    sample: None,
                 },
                 Row {
                     transport: "tcp",
@@ -715,6 +648,8 @@ mod tests {
                     p99_us: Some(61.0),
                     rtt_p50_us: None,
                     rtt_p99_us: None,
+                    ops_median_round: None,
+                    sample: None,
                 },
             ],
             ratio_raw: Some(0.81234),
@@ -749,9 +684,16 @@ mod tests {
             versions: vec![NfsVersion::V3, NfsVersion::V41],
             inline: None,
             reply_modes: vec![ReplyMode::WriteChunk],
+            rounds: 1,
         };
         // 4 KiB moves at most 16 MiB; each transport and version WRITEs and READs.
         let per_nfs = 2 * (16 << 20) + 2 * (64 << 20);
         assert_eq!(c.progress_total(), 4 * per_nfs + RAW_RUNS * (1 << 30));
+        // In rounds: the same bytes, split.
+        let c4 = BenchConfig { rounds: 4, ..c };
+        assert_eq!(c4.pass_bytes(1 << 20), 16 << 20);
+        assert_eq!(c4.pass_bytes(4096), 4 << 20);
+        assert_eq!(c4.progress_total(), 4 * per_nfs + RAW_RUNS * (1 << 30));
+        assert_eq!(BenchConfig { getattrs: 10, ..c4 }.round_getattrs(), 2);
     }
 }

@@ -33,6 +33,8 @@ pub(crate) async fn bench_raw_tcp(total: u64, pb: &dyn Progress) -> Result<Row, 
         p99_us: None,
         rtt_p50_us: None,
         rtt_p99_us: None,
+        ops_median_round: None,
+        sample: None,
     })
 }
 

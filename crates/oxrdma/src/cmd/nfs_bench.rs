@@ -45,6 +45,12 @@ pub struct BenchArgs {
     /// announced as RFC 8797 private data and, to version 2 clients, as RBSIZ) [default: 8192].
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1024..=1048576))]
     inline: Option<u32>,
+    /// Split every measurement into this many rounds, the transports alternating between
+    /// them (A B B A …); each row adds its rounds up, and also gives the median of the rounds'
+    /// own call rates (JSON `ops_per_s_median_round`). On a machine that stalls (a busy VM
+    /// host), a stall then falls on every transport alike.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    rounds: u32,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -183,6 +189,7 @@ pub async fn bench(a: BenchArgs) -> CmdResult {
         versions: a.nfs_version.iter().map(|v| v.bench()).collect(),
         reply_modes: a.reply_mode.clone(),
         inline: a.inline,
+        rounds: a.rounds,
     };
     let pb = Bar::new(cfg.progress_total());
     let report = nfs_bench::run(&cfg, &pb).await;
@@ -194,17 +201,35 @@ pub async fn bench(a: BenchArgs) -> CmdResult {
         return Ok(());
     }
     println!(
-        "NFS sequential I/O, {} MiB per READ/WRITE run (4 KiB: at most 16 MiB), {} READ/WRITE call(s) in flight, {} GETATTRs one at a time",
-        a.size_mb, a.depth, a.getattrs
+        "NFS sequential I/O, {} MiB per READ/WRITE run (4 KiB: at most 16 MiB), {} READ/WRITE call(s) in flight, {} GETATTRs one at a time{}",
+        a.size_mb,
+        a.depth,
+        a.getattrs,
+        if a.rounds > 1 {
+            format!(", in {} rounds alternating the transports", a.rounds)
+        } else {
+            String::new()
+        }
     );
+    let rounds = a.rounds > 1;
     println!(
-        "{:<9} {:<4} {:<8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "transport", "nfs", "op", "io", "MB/s", "ops/s", "p50[us]", "p99[us]", "rtt-p50", "rtt-p99"
+        "{:<9} {:<4} {:<8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}{}",
+        "transport",
+        "nfs",
+        "op",
+        "io",
+        "MB/s",
+        "ops/s",
+        "p50[us]",
+        "p99[us]",
+        "rtt-p50",
+        "rtt-p99",
+        if rounds { "  med-round-ops/s" } else { "" }
     );
     let opt = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |v| format!("{v:.p$}"));
     for r in rows {
         println!(
-            "{:<9} {:<4} {:<8} {:>8} {:>10} {:>10.0} {:>10} {:>10} {:>10} {:>10}",
+            "{:<9} {:<4} {:<8} {:>8} {:>10} {:>10.0} {:>10} {:>10} {:>10} {:>10}{}",
             r.transport,
             r.nfs.map_or("-", |v| v.name()),
             r.op,
@@ -215,6 +240,11 @@ pub async fn bench(a: BenchArgs) -> CmdResult {
             opt(r.p99_us, 1),
             opt(r.rtt_p50_us, 1),
             opt(r.rtt_p99_us, 1),
+            if rounds {
+                format!("  {:>15}", opt(r.ops_median_round, 0))
+            } else {
+                String::new()
+            },
         );
     }
     println!(
