@@ -112,7 +112,11 @@ impl Row {
             (a, b) => a.or_else(|| b.cloned()),
         };
         let s = mine.clone();
-        let r = row_of(self.transport, self.nfs, self.op, self.io, s.clone());
+        let latencies = self.p50_us.is_some();
+        let mut r = row_of(self.transport, self.nfs, self.op, self.io, s.clone());
+        if !latencies {
+            (r.p50_us, r.p99_us) = (None, None);
+        }
         *self = r.with_rtt(s.rtt.as_ref());
     }
 }
@@ -203,6 +207,22 @@ fn row_of(
     }
 }
 
+/// A raw TCP stream of `bytes` in 1 MiB writes that took `el`: a `raw-tcp` `STREAM` row
+/// (no latencies: the stream's writes are not calls).
+pub(crate) fn stream_row(bytes: u64, el: Duration) -> Row {
+    let sample = Sample {
+        calls: bytes >> 20,
+        bytes: Some(bytes),
+        el,
+        hist: hist(),
+        rtt: None,
+        round_rates: vec![(bytes >> 20) as f64 / el.as_secs_f64().max(1e-9)],
+    };
+    let mut r = row_of("raw-tcp", None, "STREAM", Some(1 << 20), sample);
+    (r.p50_us, r.p99_us) = (None, None);
+    r
+}
+
 /// The median of two or more rates (the mean of the middle two for an even count).
 fn median(v: &[f64]) -> Option<f64> {
     if v.len() < 2 {
@@ -266,5 +286,15 @@ mod tests {
         assert!((med - (3.0 + 5.0 / 3.0) / 2.0).abs() < 1e-9, "{med}");
         assert_eq!(rows[1].ops_median_round, None);
         assert_eq!(median(&[5.0, 1.0, 100.0]), Some(5.0));
+        // Raw TCP rounds: 2 MiB in 1 s, then 6 MiB in 1 s; no latencies either way.
+        let raw = add_up_rounds(vec![
+            stream_row(2 << 20, Duration::from_secs(1)),
+            stream_row(6 << 20, Duration::from_secs(1)),
+        ]);
+        assert_eq!(raw.len(), 1);
+        let mbs = raw[0].mbs.expect("bytes");
+        assert!((mbs - 8.0 * 1048576.0 / 2.0 / 1e6).abs() < 1e-9, "{mbs}");
+        assert_eq!(raw[0].ops_median_round, Some(4.0));
+        assert_eq!((raw[0].p50_us, raw[0].p99_us), (None, None));
     }
 }

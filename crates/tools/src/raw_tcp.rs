@@ -38,6 +38,16 @@ pub(crate) async fn bench_raw_tcp(total: u64, pb: &dyn Progress) -> Result<Row, 
     })
 }
 
+/// One round's raw TCP stream of `total` bytes (rounded up to whole 1 MiB writes), as a row
+/// that adds up with the other rounds' (`nfs bench --rounds`).
+pub(crate) async fn raw_tcp_round(total: u64, pb: &dyn Progress) -> Result<Row, BoxErr> {
+    pb.set_message("raw TCP stream 1 MiB".to_string());
+    let total = total.div_ceil(1 << 20).max(1) << 20;
+    let rate = raw_tcp_once(total, pb).await?;
+    let el = std::time::Duration::from_secs_f64(total as f64 / rate.max(1.0));
+    Ok(crate::bench_rows::stream_row(total, el))
+}
+
 /// One raw TCP stream of `total` bytes; returns bytes per second.
 async fn raw_tcp_once(total: u64, pb: &dyn Progress) -> Result<f64, BoxErr> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

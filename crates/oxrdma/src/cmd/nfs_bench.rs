@@ -45,10 +45,11 @@ pub struct BenchArgs {
     /// announced as RFC 8797 private data and, to version 2 clients, as RBSIZ) [default: 8192].
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1024..=1048576))]
     inline: Option<u32>,
-    /// Split every measurement into this many rounds, the transports alternating between
-    /// them (A B B A …); each row adds its rounds up, and also gives the median of the rounds'
-    /// own call rates (JSON `ops_per_s_median_round`). On a machine that stalls (a busy VM
-    /// host), a stall then falls on every transport alike.
+    /// Split every measurement into this many rounds, the transports and the raw TCP stream
+    /// alternating between them (A B B A …); each row adds its rounds up, and also gives the
+    /// median of the rounds' own call rates (JSON `ops_per_s_median_round`), which the ratio
+    /// lines then use. On a machine that stalls (a busy VM host), a stall moves a sum by its
+    /// whole length but a median by one round at most.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     rounds: u32,
     /// Print one JSON object instead of a table.
