@@ -6,6 +6,11 @@
 //! [`RAW_RUNS`] streams). Rows carry MB/s, ops/s and per-call p50/p99; the report also carries
 //! the READ 1 MiB ratios RDMA ÷ raw TCP and RDMA ÷ NFS over TCP.
 //!
+//! In rounds ([`BenchConfig::rounds`]) all of that is split N ways: each round runs every
+//! transport with its share, the order reversed every other round, then its share of one raw
+//! TCP stream; rows add their rounds up (`bench_rows`) and the ratios come from the
+//! median rounds.
+//!
 //! RFC 8267 §5.1: only NFS itself goes over RPC-over-RDMA; MOUNT stays on TCP (the server
 //! answers MOUNT on its NFS TCP port).
 //!
