@@ -51,8 +51,8 @@ pub struct Row {
         skip_serializing_if = "Option::is_none"
     )]
     pub ops_median_round: Option<f64>,
-    /// What the figures were computed from, so that rounds can be added up (none for the raw
-    /// TCP stream, which is not measured in rounds).
+    /// What the figures were computed from, so that rounds can be added up (none for the best
+    /// of the raw TCP streams of a run without rounds).
     #[serde(skip)]
     pub(crate) sample: Option<Sample>,
 }
@@ -63,10 +63,52 @@ pub(crate) struct Sample {
     calls: u64,
     bytes: Option<u64>,
     el: Duration,
-    hist: hdrhistogram::Histogram<u64>,
+    /// The calls' latencies; none for a raw TCP stream, whose writes are not calls.
+    hist: Option<hdrhistogram::Histogram<u64>>,
     rtt: Option<RttSnapshot>,
     /// Calls per second of each round added up into this sample.
     round_rates: Vec<f64>,
+}
+
+impl Sample {
+    /// One round: `calls` calls (moving `bytes`, for data) in `el`.
+    fn new(
+        calls: u64,
+        bytes: Option<u64>,
+        el: Duration,
+        hist: Option<hdrhistogram::Histogram<u64>>,
+    ) -> Self {
+        Sample {
+            calls,
+            bytes,
+            el,
+            hist,
+            rtt: None,
+            round_rates: vec![calls as f64 / secs(el)],
+        }
+    }
+
+    /// `other` (another round of the same cell) added to this one: calls, bytes and times
+    /// summed, latencies and round-trip times from both histograms.
+    fn add(&mut self, other: &Sample) {
+        self.calls += other.calls;
+        self.bytes = self.bytes.zip(other.bytes).map(|(a, b)| a + b);
+        self.el += other.el;
+        self.round_rates.extend_from_slice(&other.round_rates);
+        if let (Some(mine), Some(theirs)) = (self.hist.as_mut(), other.hist.as_ref()) {
+            // Both from `hist()`: same bounds and precision, so adding cannot fail.
+            let _ = mine.add(theirs);
+        }
+        self.rtt = match (self.rtt.take(), other.rtt.as_ref()) {
+            (Some(a), Some(b)) => Some(a.merged(b)),
+            (a, b) => a.or_else(|| b.cloned()),
+        };
+    }
+}
+
+/// Seconds of `el`, never zero (a rate's divisor).
+fn secs(el: Duration) -> f64 {
+    el.as_secs_f64().max(1e-9)
 }
 
 impl PartialEq for Sample {
@@ -95,29 +137,17 @@ impl Row {
             == (other.transport, other.nfs, other.op, other.io)
     }
 
-    /// This row and `other` (another round of the same cell) as one measurement: calls,
-    /// bytes and times added, latencies from the two histograms together.
+    /// This row and `other` (another round of the same cell) as one measurement
+    /// ([`Sample::add`]), its figures computed again.
     fn absorb(&mut self, other: &Row) {
-        let (Some(mine), Some(theirs)) = (self.sample.as_mut(), other.sample.as_ref()) else {
+        let Some(theirs) = other.sample.as_ref() else {
             return;
         };
-        mine.calls += theirs.calls;
-        mine.bytes = mine.bytes.zip(theirs.bytes).map(|(a, b)| a + b);
-        mine.el += theirs.el;
-        mine.round_rates.extend_from_slice(&theirs.round_rates);
-        // Both from `hist()`: same bounds and precision, so adding cannot fail.
-        let _ = mine.hist.add(&theirs.hist);
-        mine.rtt = match (mine.rtt.take(), theirs.rtt.as_ref()) {
-            (Some(a), Some(b)) => Some(a.merged(b)),
-            (a, b) => a.or_else(|| b.cloned()),
+        let Some(mut s) = self.sample.take() else {
+            return;
         };
-        let s = mine.clone();
-        let latencies = self.p50_us.is_some();
-        let mut r = row_of(self.transport, self.nfs, self.op, self.io, s.clone());
-        if !latencies {
-            (r.p50_us, r.p99_us) = (None, None);
-        }
-        *self = r.with_rtt(s.rtt.as_ref());
+        s.add(theirs);
+        *self = row_of(self.transport, self.nfs, self.op, self.io, s);
     }
 }
 
@@ -172,14 +202,7 @@ pub(crate) fn row(
     el: Duration,
     h: &hdrhistogram::Histogram<u64>,
 ) -> Row {
-    let sample = Sample {
-        calls: n,
-        bytes,
-        el,
-        hist: h.clone(),
-        rtt: None,
-        round_rates: vec![n as f64 / el.as_secs_f64().max(1e-9)],
-    };
+    let sample = Sample::new(n, bytes, el, Some(h.clone()));
     row_of(transport, Some(version), op, io, sample)
 }
 
@@ -190,7 +213,9 @@ fn row_of(
     io: Option<u32>,
     s: Sample,
 ) -> Row {
-    let secs = s.el.as_secs_f64().max(1e-9);
+    let secs = secs(s.el);
+    let latency = |q| s.hist.as_ref().map(|h| h.value_at_quantile(q) as f64 / 1e3);
+    let rtt = |q| s.rtt.as_ref().and_then(|r| r.quantile_us(q));
     Row {
         transport,
         nfs,
@@ -198,10 +223,10 @@ fn row_of(
         io,
         mbs: s.bytes.map(|b| b as f64 / 1e6 / secs),
         ops: s.calls as f64 / secs,
-        p50_us: Some(s.hist.value_at_quantile(0.5) as f64 / 1e3),
-        p99_us: Some(s.hist.value_at_quantile(0.99) as f64 / 1e3),
-        rtt_p50_us: None,
-        rtt_p99_us: None,
+        p50_us: latency(0.5),
+        p99_us: latency(0.99),
+        rtt_p50_us: rtt(0.5),
+        rtt_p99_us: rtt(0.99),
         ops_median_round: median(&s.round_rates),
         sample: Some(s),
     }
@@ -210,17 +235,8 @@ fn row_of(
 /// A raw TCP stream of `bytes` in 1 MiB writes that took `el`: a `raw-tcp` `STREAM` row
 /// (no latencies: the stream's writes are not calls).
 pub(crate) fn stream_row(bytes: u64, el: Duration) -> Row {
-    let sample = Sample {
-        calls: bytes >> 20,
-        bytes: Some(bytes),
-        el,
-        hist: hist(),
-        rtt: None,
-        round_rates: vec![(bytes >> 20) as f64 / el.as_secs_f64().max(1e-9)],
-    };
-    let mut r = row_of("raw-tcp", None, "STREAM", Some(1 << 20), sample);
-    (r.p50_us, r.p99_us) = (None, None);
-    r
+    let sample = Sample::new(bytes >> 20, Some(bytes), el, None);
+    row_of("raw-tcp", None, "STREAM", Some(1 << 20), sample)
 }
 
 /// The median of two or more rates (the mean of the middle two for an even count).

@@ -516,6 +516,53 @@ fn find(rows: &[Row], t: &str, v: Option<NfsVersion>, op: &str, io: Option<u32>)
         })
 }
 
+/// Every measurement of transport `tr` in one round: once per reply mode (RDMA), and per NFS
+/// version, each on a connection of its own.
+async fn bench_transport(
+    tr: Transport,
+    modes: &[ReplyMode],
+    rdma: SocketAddr,
+    tcp: SocketAddr,
+    a: &BenchConfig,
+    pb: &dyn Progress,
+) -> Result<Vec<Row>, BoxErr> {
+    let mut rows = Vec::new();
+    let runs: Vec<(
+        Option<SocketAddr>,
+        Option<SocketAddr>,
+        &'static str,
+        ReplyMode,
+    )> = match tr {
+        Transport::Rdma => modes
+            .iter()
+            .map(|m| (Some(rdma), None, rdma_row_name(*m), *m))
+            .collect(),
+        Transport::Tcp => vec![(None, Some(tcp), tr.name(), ReplyMode::WriteChunk)],
+    };
+    for (r, t, name, mode) in runs {
+        for &v in &a.versions {
+            match v.minor() {
+                None => {
+                    let (c, root, _) =
+                        connect_client_with(r, t, Some(tcp.port()), "/", 0, 0, mode).await?;
+                    rows.extend(bench_nfs(name, &c, &root, a, pb).await?);
+                }
+                // The NFSv4 client asks for large replies with Write chunks only.
+                Some(_) if mode != ReplyMode::WriteChunk => {}
+                Some(minor) => {
+                    let (c, _) = crate::nfs4_bench::connect_client4(r, t, minor, 0, 0).await?;
+                    let c = Arc::new(c);
+                    rows.extend(crate::nfs4_bench::bench_nfs4(name, v, c.clone(), a, pb).await?);
+                    if let Ok(c) = Arc::try_unwrap(c) {
+                        c.destroy().await.map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
 /// Run the bench: a fresh server over a temporary directory under `a.dir`, every transport of
 /// `a`, then the raw TCP ceiling.
 pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, BenchError> {
@@ -565,45 +612,8 @@ pub async fn run(a: &BenchConfig, pb: &dyn Progress) -> Result<BenchReport, Benc
             if a.rounds() > 1 {
                 pb.set_message(format!("round {} of {}", round + 1, a.rounds()));
             }
-            for tr in &order {
-                let runs: Vec<(
-                    Option<SocketAddr>,
-                    Option<SocketAddr>,
-                    &'static str,
-                    ReplyMode,
-                )> = match tr {
-                    Transport::Rdma => modes
-                        .iter()
-                        .map(|m| (Some(rdma), None, rdma_row_name(*m), *m))
-                        .collect(),
-                    Transport::Tcp => vec![(None, Some(tcp), tr.name(), ReplyMode::WriteChunk)],
-                };
-                for (r, t, name, mode) in runs {
-                    for &v in &a.versions {
-                        match v.minor() {
-                            None => {
-                                let (c, root, _) =
-                                    connect_client_with(r, t, Some(tcp.port()), "/", 0, 0, mode)
-                                        .await?;
-                                measured.extend(bench_nfs(name, &c, &root, a, pb).await?);
-                            }
-                            // The NFSv4 client asks for large replies with Write chunks only.
-                            Some(_) if mode != ReplyMode::WriteChunk => {}
-                            Some(minor) => {
-                                let (c, _) =
-                                    crate::nfs4_bench::connect_client4(r, t, minor, 0, 0).await?;
-                                let c = Arc::new(c);
-                                measured.extend(
-                                    crate::nfs4_bench::bench_nfs4(name, v, c.clone(), a, pb)
-                                        .await?,
-                                );
-                                if let Ok(c) = Arc::try_unwrap(c) {
-                                    c.destroy().await.map_err(|e| e.to_string())?;
-                                }
-                            }
-                        }
-                    }
-                }
+            for &tr in &order {
+                measured.extend(bench_transport(tr, &modes, rdma, tcp, a, pb).await?);
             }
             if a.rounds() > 1 {
                 // The ceiling in the same rounds, one stream's share each.

@@ -2,6 +2,7 @@
 //! writing 1 MiB buffers to a sink as fast as it takes them.
 
 use std::io;
+use std::time::Duration;
 
 use crate::nfs_bench::{BenchError as BoxErr, Progress, Row, localhost};
 
@@ -18,38 +19,23 @@ pub(crate) fn raw_bytes(size: u64) -> u64 {
 /// connection each, in 1 MiB writes.
 pub(crate) async fn bench_raw_tcp(total: u64, pb: &dyn Progress) -> Result<Row, BoxErr> {
     pb.set_message("raw TCP stream 1 MiB".to_string());
-    let mut best = 0f64;
+    let mut best = Duration::MAX;
     for _ in 0..RAW_RUNS {
-        best = best.max(raw_tcp_once(total, pb).await?);
+        best = best.min(raw_tcp_once(total, pb).await?);
     }
-    Ok(Row {
-        transport: "raw-tcp",
-        nfs: None,
-        op: "STREAM",
-        io: Some(1 << 20),
-        mbs: Some(best / 1e6),
-        ops: best / f64::from(1u32 << 20),
-        p50_us: None,
-        p99_us: None,
-        rtt_p50_us: None,
-        rtt_p99_us: None,
-        ops_median_round: None,
-        sample: None,
-    })
+    Ok(crate::bench_rows::stream_row(total, best))
 }
 
-/// One round's raw TCP stream of `total` bytes (rounded up to whole 1 MiB writes), as a row
-/// that adds up with the other rounds' (`nfs bench --rounds`).
+/// One round's raw TCP stream of `total` bytes (whole MiB: `BenchConfig::raw_round_bytes`),
+/// as a row that adds up with the other rounds' (`nfs bench --rounds`).
 pub(crate) async fn raw_tcp_round(total: u64, pb: &dyn Progress) -> Result<Row, BoxErr> {
     pb.set_message("raw TCP stream 1 MiB".to_string());
-    let total = total.div_ceil(1 << 20).max(1) << 20;
-    let rate = raw_tcp_once(total, pb).await?;
-    let el = std::time::Duration::from_secs_f64(total as f64 / rate.max(1.0));
+    let el = raw_tcp_once(total, pb).await?;
     Ok(crate::bench_rows::stream_row(total, el))
 }
 
-/// One raw TCP stream of `total` bytes; returns bytes per second.
-async fn raw_tcp_once(total: u64, pb: &dyn Progress) -> Result<f64, BoxErr> {
+/// One raw TCP stream of `total` bytes, in 1 MiB writes; returns how long it took.
+async fn raw_tcp_once(total: u64, pb: &dyn Progress) -> Result<Duration, BoxErr> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let l = tokio::net::TcpListener::bind(localhost(0)).await?;
     let at = l.local_addr()?;
@@ -82,5 +68,5 @@ async fn raw_tcp_once(total: u64, pb: &dyn Progress) -> Result<f64, BoxErr> {
     if got != sent {
         return Err(format!("raw TCP: {got} of {sent} bytes arrived").into());
     }
-    Ok(sent as f64 / el.as_secs_f64().max(1e-9))
+    Ok(el)
 }
