@@ -5,7 +5,7 @@
 //! Responder speaks versions 1 and 2, so version 2 messages reach its version 2 path.
 #![no_main]
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ use rpcrdma::engine::{Config, Params};
 use rpcrdma::header::Header;
 use rpcrdma::header_v2::{Header2, peek_version};
 use rpcrdma::responder::{Action, Incoming, Responder};
-use rpcrdma::ulb::{UlbError, UpperLayerBinding};
+use rpcrdma::ulb::{Bindings, UlbError, UpperLayerBinding};
 use xdr::{DdpPolicy, Encoder};
 
 /// Program 7: the first argument is an opaque, DDP-eligible.
@@ -71,7 +71,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let cut = (usize::from(split) * 4).min(rest.len());
     let (msg, mut reads) = rest.split_at(rest.len() - cut);
-    let mut ulbs: HashMap<u32, Arc<dyn UpperLayerBinding>> = HashMap::new();
+    let mut ulbs: Bindings = Bindings::default();
     ulbs.insert(7, Arc::new(Toy));
     let params = Params {
         inline_send: 1024,

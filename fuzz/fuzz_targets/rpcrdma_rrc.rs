@@ -31,7 +31,7 @@ use rpcrdma::props::{ConnProp, PropSet, PropSubset, PropVal};
 use rpcrdma::requester::{self, OutCall, Requester};
 use rpcrdma::responder::{self, Incoming, Responder};
 use rpcrdma::rrc::{OPTTYPE_PULL_DONE, PROPID_RRC, ReplyMode, RrcConfig};
-use rpcrdma::ulb::{UlbError, UpperLayerBinding};
+use rpcrdma::ulb::{Bindings, UlbError, UpperLayerBinding};
 use rpcrdma::version::{Version, VersionPolicy};
 use xdr::{Encoded, Encoder};
 
@@ -81,13 +81,13 @@ impl Script<'_> {
     }
 }
 
-type Ulbs = Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>;
+type Ulbs = Arc<Bindings>;
 
 /// Built once: the engines only read it.
 fn ulbs() -> Ulbs {
     static ULBS: std::sync::OnceLock<Ulbs> = std::sync::OnceLock::new();
     ULBS.get_or_init(|| {
-        let mut m: HashMap<u32, Arc<dyn UpperLayerBinding>> = HashMap::new();
+        let mut m: Bindings = Bindings::default();
         m.insert(PROG, Arc::new(Toy));
         Arc::new(m)
     })

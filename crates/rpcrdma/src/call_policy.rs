@@ -10,14 +10,14 @@
 //! [`crate::requester::Requester::call_policy`] hands one to the driver, which consults it
 //! without taking the Requester's lock.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use oncrpc::{CallRequest, Credential};
 use xdr::{DdpPolicy, Encoder};
 
 use crate::engine::Config;
-use crate::ulb::UpperLayerBinding;
+use crate::ulb::Bindings;
 
 /// How one call is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,10 +31,10 @@ pub struct CallEncoding {
 
 /// A Requester's per-call decisions (see the module documentation).
 pub struct CallPolicy {
-    ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
+    ulbs: Arc<Bindings>,
     /// Programs whose Upper-Layer Binding makes some item DDP-eligible: only their calls are
     /// encoded with reduction (RFC 8166 §6.1).
-    reducing: HashSet<u32>,
+    reducing: HashSet<u32, std::hash::BuildHasherDefault<verbs::mem::IdHasher>>,
     ddp_min: usize,
     max_read_chunks: usize,
     default_reply_chunk: usize,
@@ -52,7 +52,7 @@ impl std::fmt::Debug for CallPolicy {
 
 impl CallPolicy {
     /// The policy of a Requester with settings `cfg` and bindings `ulbs` (by program).
-    pub fn new(cfg: &Config, ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>) -> Self {
+    pub fn new(cfg: &Config, ulbs: Arc<Bindings>) -> Self {
         let reducing = ulbs
             .values()
             .filter(|u| u.has_ddp_items())
@@ -124,7 +124,7 @@ mod tests {
     use oncrpc::OpaqueAuth;
 
     use super::*;
-    use crate::ulb::{InlineBinding, UlbError};
+    use crate::ulb::{InlineBinding, UlbError, UpperLayerBinding};
 
     /// Program 7: every call may be reduced; procedure 1 may be retried twice, doubling.
     struct Retrying;

@@ -440,6 +440,60 @@ impl Registrar for MemRegistrar {
 /// collision flooding to defend against; lookups of a peer's XID that is not there stay cheap.
 pub(crate) type XidMap<V> = HashMap<u32, V, BuildHasherDefault<verbs::mem::IdHasher>>;
 
+/// A set keyed by this endpoint's own counters (XIDs it sent, ids of calls it tracks).
+pub(crate) type IdSet<K> = std::collections::HashSet<K, BuildHasherDefault<verbs::mem::IdHasher>>;
+
+/// A set of the peer's XIDs (the calls a Responder is executing). The peer chooses these, so
+/// the hash takes a key drawn once per process and a peer cannot aim its XIDs at one bucket
+/// without knowing it; the set is also bounded by the credits granted
+/// ([`crate::responder::Responder`] refuses a call beyond them), so even a full collision
+/// costs a lookup no more than a walk of that many entries. One multiplication instead of
+/// SipHash's hundred-odd instructions, twice per call.
+pub(crate) type PeerXidSet = std::collections::HashSet<u32, PeerKeyed>;
+
+/// The keyed builder of [`PeerXidSet`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerKeyed(u64);
+
+impl Default for PeerKeyed {
+    fn default() -> Self {
+        static KEY: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        PeerKeyed(*KEY.get_or_init(|| {
+            use std::hash::BuildHasher;
+            std::collections::hash_map::RandomState::new().hash_one(0x7270_6364_6d61_u64)
+        }))
+    }
+}
+
+impl std::hash::BuildHasher for PeerKeyed {
+    type Hasher = PeerKeyedHasher;
+    fn build_hasher(&self) -> PeerKeyedHasher {
+        PeerKeyedHasher(self.0)
+    }
+}
+
+/// [`PeerKeyed`]'s hasher: the key mixed in, one multiplication per word, and the high half
+/// folded into the low one (the table picks buckets with the low bits).
+#[derive(Debug)]
+pub(crate) struct PeerKeyedHasher(u64);
+
+impl std::hash::Hasher for PeerKeyedHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(29) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,8 @@
 //! - 9: `typedef rpcrdma2_propid uint32` is read as `typedef uint32 rpcrdma2_propid`, the
 //!   trailing comma after RDMA2_ERR_SYSTEM is ignored.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
+use xdr::PutWords;
 use xdr::{Decoder, XdrError};
 
 use crate::header::{ChunkListError, Chunks, DecodeLimits, decode_chunk_lists};

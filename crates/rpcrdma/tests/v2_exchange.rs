@@ -4,7 +4,6 @@
 //! handled by the Requester (§7.2.4, with its SHOULD retries), and the backward direction with
 //! the direction field both ways (§7.2.2).
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -14,7 +13,7 @@ use oncrpc::{AcceptStat, OpaqueAuth, ReplyExpectation, RpcError};
 use rpcrdma::engine::Config;
 use rpcrdma::header_v2::{Body2, ChunkLists, Direction, ErrorBody2, Header2, peek_version};
 use rpcrdma::props::{BackwardSupport, ConnProp, PropSet, PropSubset, PropVal, ReqProp};
-use rpcrdma::ulb::{ChunkLimits, UlbError, UpperLayerBinding};
+use rpcrdma::ulb::{Bindings, ChunkLimits, UlbError, UpperLayerBinding};
 use rpcrdma::version::{Version, VersionPolicy};
 use xdr::DdpPolicy;
 
@@ -100,7 +99,7 @@ impl UpperLayerBinding for Limited {
 /// A harness whose Responder applies `lim` to the echo program.
 fn limited(lim: ChunkLimits, client: Config) -> Harness {
     let mut h = Harness::new(client, server());
-    let mut m: HashMap<u32, Arc<dyn UpperLayerBinding>> = HashMap::new();
+    let mut m: Bindings = Bindings::default();
     m.insert(PROG, Arc::new(Limited(lim)));
     h.resp =
         rpcrdma::responder::Responder::new(server(), h.params, Arc::new(m), Default::default());

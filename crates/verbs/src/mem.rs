@@ -124,6 +124,9 @@ impl Hasher for IdHasher {
     fn write_u32(&mut self, n: u32) {
         self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 /// Device-wide STag table (RFC 5040 §5: STag = 24-bit index and 8-bit key). Looked up on every

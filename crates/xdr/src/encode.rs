@@ -1,6 +1,7 @@
 //! The XDR encoder: gather-list output and RPC-over-RDMA reduction.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
 
 use crate::{UNIT, pad_len};
 
@@ -46,11 +47,16 @@ impl ReducedItem {
     }
 }
 
+/// An encoded stream's parts: most messages are one or two (a header, a payload by
+/// reference), kept inside the [`Encoded`] instead of in an allocation of their own (stop 38:
+/// three of a GETATTR's allocations over RPC-over-RDMA).
+pub type Parts = SmallVec<[Bytes; 2]>;
+
 /// A finished XDR stream as a gather list, plus the items reduction removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Encoded {
     /// The Payload stream, in order. Concatenated, these are the XDR bytes to send.
-    pub parts: Vec<Bytes>,
+    pub parts: Parts,
     /// Items removed by reduction, in stream order.
     pub reduced: Vec<ReducedItem>,
     len: usize,
@@ -127,7 +133,7 @@ impl Encoded {
     pub fn whole(stream: Bytes) -> Self {
         let len = stream.len();
         Encoded {
-            parts: vec![stream],
+            parts: smallvec::smallvec![stream],
             reduced: Vec::new(),
             len,
         }
@@ -156,7 +162,7 @@ impl Encoded {
 #[derive(Debug)]
 pub struct Encoder {
     head: BytesMut,
-    parts: Vec<Bytes>,
+    parts: Parts,
     frozen_len: usize,
     policy: DdpPolicy,
     reduced: Vec<ReducedItem>,
@@ -179,7 +185,7 @@ impl Encoder {
     pub fn with_capacity(cap: usize) -> Self {
         Encoder {
             head: BytesMut::with_capacity(cap),
-            parts: Vec::new(),
+            parts: Parts::new(),
             frozen_len: 0,
             policy: DdpPolicy::Inline,
             reduced: Vec::new(),
@@ -214,44 +220,55 @@ impl Encoder {
         &self.reduced
     }
 
+    // The fixed-size items go through `extend_from_slice`, which inlines: a 4- or 8-byte store
+    // after a capacity check. `BufMut::put_u32` and its kin call `BytesMut::put_slice`, which
+    // does not, so every word cost a call and a `memcpy` call of unknown length: about 30 of a
+    // GETATTR's 46,000 user-space instructions per word over RPC-over-RDMA (callgrind, stop 38).
+
     /// `unsigned int`.
+    #[inline]
     pub fn put_u32(&mut self, v: u32) {
-        self.head.put_u32(v);
+        self.head.extend_from_slice(&v.to_be_bytes());
     }
 
     /// `int`.
+    #[inline]
     pub fn put_i32(&mut self, v: i32) {
-        self.head.put_i32(v);
+        self.head.extend_from_slice(&v.to_be_bytes());
     }
 
     /// `unsigned hyper`.
+    #[inline]
     pub fn put_u64(&mut self, v: u64) {
-        self.head.put_u64(v);
+        self.head.extend_from_slice(&v.to_be_bytes());
     }
 
     /// `hyper`.
+    #[inline]
     pub fn put_i64(&mut self, v: i64) {
-        self.head.put_i64(v);
+        self.head.extend_from_slice(&v.to_be_bytes());
     }
 
     /// `float`.
     pub fn put_f32(&mut self, v: f32) {
-        self.head.put_f32(v);
+        self.head.extend_from_slice(&v.to_be_bytes());
     }
 
     /// `double`.
     pub fn put_f64(&mut self, v: f64) {
-        self.head.put_f64(v);
+        self.head.extend_from_slice(&v.to_be_bytes());
     }
 
     /// `bool`.
+    #[inline]
     pub fn put_bool(&mut self, v: bool) {
-        self.head.put_u32(u32::from(v));
+        self.put_u32(u32::from(v));
     }
 
     /// An enum or union discriminant.
+    #[inline]
     pub fn put_enum(&mut self, v: i32) {
-        self.head.put_i32(v);
+        self.put_i32(v);
     }
 
     /// Raw bytes, already XDR-aligned by the caller (for splicing pre-encoded streams).
@@ -395,6 +412,29 @@ impl Encoder {
     /// use [`Encoder::finish`] to keep them).
     pub fn into_bytes(self) -> Bytes {
         self.finish().to_bytes()
+    }
+}
+
+/// Big-endian `put_u32` and `put_u64` on a `BytesMut` that inline to one store after a
+/// capacity check. `bytes::BufMut`'s own go through `BytesMut::put_slice`, which does not
+/// inline: a call and a `memcpy` call of unknown length per word. A module that writes
+/// headers word by word imports this instead of `BufMut` (the two together would be
+/// ambiguous).
+pub trait PutWords {
+    /// Append `v`, big-endian.
+    fn put_u32(&mut self, v: u32);
+    /// Append `v`, big-endian.
+    fn put_u64(&mut self, v: u64);
+}
+
+impl PutWords for BytesMut {
+    #[inline]
+    fn put_u32(&mut self, v: u32) {
+        self.extend_from_slice(&v.to_be_bytes());
+    }
+    #[inline]
+    fn put_u64(&mut self, v: u64) {
+        self.extend_from_slice(&v.to_be_bytes());
     }
 }
 

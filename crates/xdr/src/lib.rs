@@ -28,7 +28,7 @@ mod decode;
 mod encode;
 
 pub use decode::Decoder;
-pub use encode::{DdpPolicy, Encoded, Encoder, ReducedItem};
+pub use encode::{DdpPolicy, Encoded, Encoder, Parts, PutWords, ReducedItem};
 
 use bytes::Bytes;
 use thiserror::Error;

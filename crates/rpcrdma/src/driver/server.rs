@@ -23,7 +23,7 @@ use crate::engine::Params;
 use crate::lost::LostReplies;
 use crate::privdata::PrivateData;
 use crate::responder::{self, Incoming, Responder};
-use crate::ulb::UpperLayerBinding;
+use crate::ulb::{Bindings, UpperLayerBinding};
 
 /// Counters over all connections of a server.
 #[derive(Debug, Default)]
@@ -38,7 +38,7 @@ pub struct ServerCounters {
 
 struct ServerShared {
     dispatcher: Dispatcher,
-    ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
+    ulbs: Arc<Bindings>,
     cfg: TransportConfig,
     /// XIDs whose replies were lost, per peer host (RFC 8166 §4.5.3): stored here between
     /// connections, handed to each connection's Responder.

@@ -4,7 +4,8 @@
 //! panics and reports every failure as a [`HeaderError`] that says how the receiver must answer
 //! ([`HeaderError::response`]); [`Header::encode`] writes exactly [`Header::encoded_len`] bytes.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
+use xdr::PutWords;
 use xdr::{Decoder, XdrError};
 
 /// The only RPC-over-RDMA version this crate speaks (RFC 8166 §4.2.2).

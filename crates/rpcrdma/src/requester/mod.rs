@@ -26,7 +26,7 @@ use xdr::Encoded;
 use crate::call_policy::CallPolicy;
 use crate::engine::{Config, Params, Region, Registrar, XidMap};
 use crate::props::BackwardSupport;
-use crate::ulb::UpperLayerBinding;
+use crate::ulb::Bindings;
 use crate::version::{Reason, RequesterVersion, SharedVersionMemory, V2Properties, Version};
 
 mod calls;
@@ -179,7 +179,7 @@ pub struct RequesterStats {
 pub struct Requester {
     cfg: Config,
     params: Params,
-    ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
+    ulbs: Arc<Bindings>,
     granted: u32,
     connected: bool,
     calls: XidMap<Outstanding>,
@@ -222,7 +222,7 @@ impl std::fmt::Debug for Requester {
 
 impl Requester {
     /// A Requester; connect it with [`Requester::on_connect`].
-    pub fn new(cfg: Config, ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>) -> Self {
+    pub fn new(cfg: Config, ulbs: Arc<Bindings>) -> Self {
         Requester {
             params: Params::default(),
             granted: 1,

@@ -32,7 +32,7 @@ mod timers;
 
 pub use quiesce::Unfinished;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -43,7 +43,7 @@ use crate::engine::{Config, Params};
 use crate::header::{Body, Chunks, Header, ReadChunk, Segment, WriteChunk};
 use crate::header_v2::{Body2, ChunkLists, Direction, Header2};
 use crate::props::BackwardSupport;
-use crate::ulb::UpperLayerBinding;
+use crate::ulb::Bindings;
 use crate::version::{ResponderVersion, V2Properties, Version};
 
 /// Something the driver does for the Responder.
@@ -214,19 +214,19 @@ pub enum BackError {
 pub struct Responder {
     cfg: Config,
     params: Params,
-    ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
+    ulbs: Arc<Bindings>,
     /// XIDs whose reply was lost to an RDMA operational error on an earlier connection.
     lost: HashSet<u32>,
-    in_progress: HashSet<u32>,
+    in_progress: crate::engine::PeerXidSet,
     /// Calls accepted whose Read chunks are being pulled, by [`PendingCall`] id.
-    pulling: HashSet<u64>,
+    pulling: crate::engine::IdSet<u64>,
     /// [`Responder::quiesce`] was called: new calls are dropped.
     quiescing: bool,
     stats: ResponderStats,
     // Backward direction (we are its Requester).
     back_ready: bool,
     back_granted: u32,
-    back_outstanding: HashSet<u32>,
+    back_outstanding: crate::engine::IdSet<u32>,
     back_queue: VecDeque<(u32, Bytes)>,
     /// Which version the connection speaks, locked at its first valid call (cel-05 §8.3).
     version: ResponderVersion,
@@ -284,23 +284,18 @@ fn rpc_xid(payload: &[u8]) -> Option<u32> {
 impl Responder {
     /// A Responder for a new connection. `lost` carries XIDs whose replies were lost on
     /// earlier connections (see [`Responder::take_lost`]).
-    pub fn new(
-        cfg: Config,
-        params: Params,
-        ulbs: Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>>,
-        lost: HashSet<u32>,
-    ) -> Self {
+    pub fn new(cfg: Config, params: Params, ulbs: Arc<Bindings>, lost: HashSet<u32>) -> Self {
         Responder {
             params,
             ulbs,
             lost,
-            in_progress: HashSet::new(),
-            pulling: HashSet::new(),
+            in_progress: Default::default(),
+            pulling: Default::default(),
             quiescing: false,
             stats: ResponderStats::default(),
             back_ready: false,
             back_granted: 1,
-            back_outstanding: HashSet::new(),
+            back_outstanding: Default::default(),
             back_queue: VecDeque::new(),
             version: ResponderVersion::new(Version::V1, cfg.max_version),
             // RBSIZ announces the receive buffers the driver posts (`params.inline_recv`).

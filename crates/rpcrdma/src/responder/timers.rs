@@ -14,10 +14,10 @@ pub(super) struct Deadlines {
     /// How long the peer may take to answer the RDMA Reads of one call; `None`: no bound.
     pub(super) read_timeout: Option<Duration>,
     /// Calls whose Read chunks are being pulled, by [`super::PendingCall`] id.
-    reads: HashMap<u64, Instant>,
+    reads: HashMap<u64, Instant, std::hash::BuildHasherDefault<verbs::mem::IdHasher>>,
     next_read: u64,
     /// Backward calls (queued or sent) by XID.
-    back: HashMap<u32, Instant>,
+    back: crate::engine::XidMap<Instant>,
     /// The connection is closing or closed: no RDMA Reads start any more.
     closed: bool,
 }

@@ -13,7 +13,7 @@ use oncrpc::{Call, CallHeader, Dispatcher, OpaqueAuth, Outcome, Program, ReplyEx
 use rpcrdma::engine::{Config, MemRegistrar, Params};
 use rpcrdma::requester::{self, OutCall, Requester};
 use rpcrdma::responder::{self, Incoming, Responder};
-use rpcrdma::ulb::{UlbError, UpperLayerBinding};
+use rpcrdma::ulb::{Bindings, UlbError, UpperLayerBinding};
 use xdr::{DdpPolicy, Decoder, Encoded, Encoder};
 
 pub const PROG: u32 = 0x2000_0099;
@@ -171,8 +171,8 @@ impl UpperLayerBinding for EchoUlb {
     }
 }
 
-pub fn ulbs() -> Arc<HashMap<u32, Arc<dyn UpperLayerBinding>>> {
-    let mut m: HashMap<u32, Arc<dyn UpperLayerBinding>> = HashMap::new();
+pub fn ulbs() -> Arc<Bindings> {
+    let mut m: Bindings = Bindings::default();
     m.insert(PROG, Arc::new(EchoUlb));
     Arc::new(m)
 }

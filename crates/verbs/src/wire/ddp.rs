@@ -121,6 +121,13 @@ impl DdpHeader {
 
     /// Append to `out`.
     pub fn encode(&self, out: &mut BytesMut) {
+        let (a, n) = self.to_array();
+        out.extend_from_slice(&a[..n]);
+    }
+
+    /// Encode into a fixed array; returns the array and the used length. One store per field
+    /// and no buffer: every FPDU a queue pair sends starts with one of these.
+    pub fn to_array(&self) -> ([u8; UNTAGGED_HDR_LEN], usize) {
         let tagged = matches!(self.model, BufferModel::Tagged { .. });
         let mut b0 = DDP_VERSION;
         if tagged {
@@ -129,12 +136,14 @@ impl DdpHeader {
         if self.last {
             b0 |= L_FLAG;
         }
-        out.put_u8(b0);
-        out.put_u8((RDMAP_VERSION << 6) | self.opcode as u8);
+        let mut a = [0u8; UNTAGGED_HDR_LEN];
+        a[0] = b0;
+        a[1] = (RDMAP_VERSION << 6) | self.opcode as u8;
         match self.model {
             BufferModel::Tagged { stag, to } => {
-                out.put_u32(stag);
-                out.put_u64(to);
+                a[2..6].copy_from_slice(&stag.to_be_bytes());
+                a[6..14].copy_from_slice(&to.to_be_bytes());
+                (a, TAGGED_HDR_LEN)
             }
             BufferModel::Untagged {
                 inv_stag,
@@ -142,21 +151,13 @@ impl DdpHeader {
                 msn,
                 mo,
             } => {
-                out.put_u32(inv_stag);
-                out.put_u32(qn);
-                out.put_u32(msn);
-                out.put_u32(mo);
+                a[2..6].copy_from_slice(&inv_stag.to_be_bytes());
+                a[6..10].copy_from_slice(&qn.to_be_bytes());
+                a[10..14].copy_from_slice(&msn.to_be_bytes());
+                a[14..18].copy_from_slice(&mo.to_be_bytes());
+                (a, UNTAGGED_HDR_LEN)
             }
         }
-    }
-
-    /// Encode into a fixed array; returns the array and the used length.
-    pub fn to_array(&self) -> ([u8; UNTAGGED_HDR_LEN], usize) {
-        let mut b = BytesMut::with_capacity(UNTAGGED_HDR_LEN);
-        self.encode(&mut b);
-        let mut a = [0u8; UNTAGGED_HDR_LEN];
-        a[..b.len()].copy_from_slice(&b);
-        (a, b.len())
     }
 
     /// Decode from the head of a ULPDU. Returns the header and its length.
@@ -295,11 +296,13 @@ impl ReadRequest {
 
     /// Append to `out`.
     pub fn encode(&self, out: &mut BytesMut) {
-        out.put_u32(self.sink_stag);
-        out.put_u64(self.sink_to);
-        out.put_u32(self.size);
-        out.put_u32(self.src_stag);
-        out.put_u64(self.src_to);
+        let mut a = [0u8; READ_REQ_LEN];
+        a[0..4].copy_from_slice(&self.sink_stag.to_be_bytes());
+        a[4..12].copy_from_slice(&self.sink_to.to_be_bytes());
+        a[12..16].copy_from_slice(&self.size.to_be_bytes());
+        a[16..20].copy_from_slice(&self.src_stag.to_be_bytes());
+        a[20..28].copy_from_slice(&self.src_to.to_be_bytes());
+        out.extend_from_slice(&a);
     }
 
     /// Decode from the payload of a Read Request message.

@@ -18,6 +18,7 @@ use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc};
@@ -227,8 +228,11 @@ struct Delivery<'a> {
     qp: &'a SoftQp,
     /// The connection's event channel, for the driver's locks.
     events_tx: Option<&'a mpsc::UnboundedSender<CmEvent>>,
-    completions: VecDeque<(CqSide, Completion)>,
-    events: VecDeque<EngineEvent>,
+    /// On the stack for the usual one or two: the engine's own queue keeps its capacity, so
+    /// neither side allocates per message (stop 38).
+    completions: SmallVec<[(CqSide, Completion); 4]>,
+    /// Connection events, rare: none at all on the per-message path.
+    events: Option<VecDeque<EngineEvent>>,
 }
 
 impl<'a> EngineGuard<'a> {
@@ -238,8 +242,8 @@ impl<'a> EngineGuard<'a> {
             out: Delivery {
                 qp,
                 events_tx,
-                completions: VecDeque::new(),
-                events: VecDeque::new(),
+                completions: SmallVec::new(),
+                events: None,
             },
         }
     }
@@ -249,16 +253,18 @@ impl Drop for EngineGuard<'_> {
     /// Takes the outbox while the engine is still locked; [`Delivery`] hands it out after.
     fn drop(&mut self) {
         let outbox = &mut self.g.outbox;
-        self.out.completions = std::mem::take(&mut outbox.completions);
-        if self.out.events_tx.is_some() {
-            self.out.events = std::mem::take(&mut outbox.events);
+        if !outbox.completions.is_empty() {
+            self.out.completions.extend(outbox.completions.drain(..));
+        }
+        if self.out.events_tx.is_some() && !outbox.events.is_empty() {
+            self.out.events = Some(std::mem::take(&mut outbox.events));
         }
     }
 }
 
 impl Drop for Delivery<'_> {
     fn drop(&mut self) {
-        if self.completions.is_empty() && self.events.is_empty() {
+        if self.completions.is_empty() && self.events.is_none() {
             return;
         }
         let qp = self.qp;
@@ -278,8 +284,8 @@ impl Drop for Delivery<'_> {
                 }
             }
         }
-        if let Some(tx) = self.events_tx {
-            for e in self.events.drain(..) {
+        if let (Some(tx), Some(events)) = (self.events_tx, self.events.take()) {
+            for e in events {
                 let _ = tx.send(cm_event(e));
             }
         }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::{Buf, Bytes, BytesMut};
+use smallvec::SmallVec;
 use tokio::io::{AsyncWrite, AsyncWriteExt, DuplexStream, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
@@ -141,7 +142,9 @@ pub(crate) fn try_write_pieces(
                 Piece::B(_) => None,
             });
             let guard = region.as_ref().map(|m| m.data.lock());
-            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(64);
+            // On the stack up to 64 iovecs: a small FPDU is one, and this runs once per
+            // direct send (one heap allocation per message before, stop 38).
+            let mut slices: SmallVec<[IoSlice<'_>; 64]> = SmallVec::new();
             for p in pieces.iter().take(512) {
                 match p {
                     Piece::B(b) => slices.push(IoSlice::new(b)),

@@ -692,7 +692,7 @@ fn untagged(opcode: Opcode, qn: u32, msn: u32, mo: u32, inv_stag: u32) -> DdpHea
 fn seg(h: &DdpHeader, body: &[u8], payload: Bytes) -> TxSegment {
     let mut b = BytesMut::with_capacity(h.encoded_len() + body.len());
     h.encode(&mut b);
-    b.put_slice(body);
+    b.extend_from_slice(body);
     TxSegment {
         hdr: b.freeze(),
         payload,
