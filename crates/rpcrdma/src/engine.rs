@@ -499,6 +499,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn peer_xid_sets_hold_what_they_are_given_and_spread_it() {
+        use std::hash::BuildHasher;
+        // One key per process: two sets hash an XID alike.
+        let (a, b) = (PeerKeyed::default(), PeerKeyed::default());
+        assert_eq!(a.hash_one(7u32), b.hash_one(7u32));
+        // A credit's worth of consecutive XIDs (as Linux numbers its calls) and a spread of
+        // others: every one found, removed, and gone.
+        let xids: Vec<u32> = (1000..1064).chain((0..64).map(|i| i << 26)).collect();
+        let mut set = PeerXidSet::default();
+        for &x in &xids {
+            assert!(set.insert(x));
+        }
+        assert_eq!(set.len(), xids.len());
+        // The table indexes with the low bits: 64 consecutive XIDs spread over 64 buckets, and
+        // so do XIDs that differ only in their top bits (a random function fills about 40; a
+        // hash that ignored the top bits would fill one).
+        for group in xids.chunks(64) {
+            let buckets: std::collections::HashSet<u64> =
+                group.iter().map(|&x| a.hash_one(x) & 63).collect();
+            assert!(buckets.len() >= 24, "{} buckets of 64", buckets.len());
+        }
+        for &x in &xids {
+            assert!(set.remove(&x));
+            assert!(!set.contains(&x));
+        }
+        assert!(set.is_empty());
+    }
+
+    #[test]
     fn reassembly_rounds_up() {
         let out = reassemble(b"abcdWXYZ", &[(4, Bytes::from_static(b"123"))]).unwrap();
         assert_eq!(&out[..], b"abcd123\0WXYZ");

@@ -319,3 +319,40 @@ fn ddp_item_under_inline_policy_is_plain_opaque() {
     b.put_opaque(b"abc");
     assert_eq!(a.into_bytes(), b.into_bytes());
 }
+
+proptest! {
+    /// `PutWords` (inlined stores) writes exactly what `bytes::BufMut` writes, and the
+    /// encoder's words decode back.
+    #[test]
+    fn put_words_match_bufmut(words in proptest::collection::vec(any::<u32>(), 0..16), h in any::<u64>()) {
+        use bytes::{BufMut, BytesMut};
+        let mut ours = BytesMut::new();
+        let mut theirs = BytesMut::new();
+        for &w in &words {
+            xdr::PutWords::put_u32(&mut ours, w);
+            theirs.put_u32(w);
+        }
+        xdr::PutWords::put_u64(&mut ours, h);
+        theirs.put_u64(h);
+        prop_assert_eq!(&ours[..], &theirs[..]);
+
+        let mut e = Encoder::new();
+        for &w in &words {
+            e.put_u32(w);
+            e.put_i32(w as i32);
+        }
+        e.put_u64(h);
+        e.put_i64(h as i64);
+        e.put_bool(h & 1 == 1);
+        let b = e.into_bytes();
+        let mut d = Decoder::new(&b);
+        for &w in &words {
+            prop_assert_eq!(d.u32().unwrap(), w);
+            prop_assert_eq!(d.i32().unwrap(), w as i32);
+        }
+        prop_assert_eq!(d.u64().unwrap(), h);
+        prop_assert_eq!(d.i64().unwrap(), h as i64);
+        prop_assert_eq!(d.bool().unwrap(), h & 1 == 1);
+        prop_assert!(d.is_empty());
+    }
+}
