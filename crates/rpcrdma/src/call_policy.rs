@@ -10,7 +10,6 @@
 //! [`crate::requester::Requester::call_policy`] hands one to the driver, which consults it
 //! without taking the Requester's lock.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use oncrpc::{CallRequest, Credential};
@@ -34,7 +33,7 @@ pub struct CallPolicy {
     ulbs: Arc<Bindings>,
     /// Programs whose Upper-Layer Binding makes some item DDP-eligible: only their calls are
     /// encoded with reduction (RFC 8166 §6.1).
-    reducing: HashSet<u32, std::hash::BuildHasherDefault<verbs::mem::IdHasher>>,
+    reducing: crate::engine::IdSet<u32>,
     ddp_min: usize,
     max_read_chunks: usize,
     default_reply_chunk: usize,

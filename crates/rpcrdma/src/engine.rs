@@ -438,9 +438,13 @@ impl Registrar for MemRegistrar {
 /// A map keyed by this endpoint's own XIDs (calls it sent): one multiplication per lookup
 /// instead of SipHash. Keys come from a counter here, not from the peer, so there is no
 /// collision flooding to defend against; lookups of a peer's XID that is not there stay cheap.
-pub(crate) type XidMap<V> = HashMap<u32, V, BuildHasherDefault<verbs::mem::IdHasher>>;
+pub(crate) type XidMap<V> = IdMap<u32, V>;
 
-/// A set keyed by this endpoint's own counters (XIDs it sent, ids of calls it tracks).
+/// A map keyed by this endpoint's own counters (XIDs it sent, ids of calls it tracks) or by
+/// keys it alone inserts; see [`XidMap`].
+pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<verbs::mem::IdHasher>>;
+
+/// The set form of [`IdMap`].
 pub(crate) type IdSet<K> = std::collections::HashSet<K, BuildHasherDefault<verbs::mem::IdHasher>>;
 
 /// A set of the peer's XIDs (the calls a Responder is executing). The peer chooses these, so
@@ -465,32 +469,11 @@ impl Default for PeerKeyed {
     }
 }
 
+/// The one-multiplication hasher of our own ids, starting from the key.
 impl std::hash::BuildHasher for PeerKeyed {
-    type Hasher = PeerKeyedHasher;
-    fn build_hasher(&self) -> PeerKeyedHasher {
-        PeerKeyedHasher(self.0)
-    }
-}
-
-/// [`PeerKeyed`]'s hasher: the key mixed in, one multiplication per word, and the high half
-/// folded into the low one (the table picks buckets with the low bits).
-#[derive(Debug)]
-pub(crate) struct PeerKeyedHasher(u64);
-
-impl std::hash::Hasher for PeerKeyedHasher {
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 32)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(29) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    type Hasher = verbs::mem::IdHasher;
+    fn build_hasher(&self) -> verbs::mem::IdHasher {
+        verbs::mem::IdHasher::seeded(self.0)
     }
 }
 

@@ -108,13 +108,24 @@ pub(crate) enum AccessFault {
 /// Fibonacci hashing of 32-bit identifiers that this side chooses (STag indices here, the XIDs
 /// of its own calls in `rpcrdma`): one multiplication instead of SipHash, using both the low and
 /// the high bits of the product. A peer only looks such keys up (a miss costs nothing extra), so
-/// there is no collision flooding to defend against. Not for keys a peer picks.
+/// there is no collision flooding to defend against. Not for keys a peer picks, unless
+/// [`IdHasher::seeded`] with a secret key and kept to a set the peer cannot grow past a bound
+/// (`rpcrdma`'s set of the peer's executing XIDs, bounded by the credits granted).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct IdHasher(u64);
 
+impl IdHasher {
+    /// A hasher whose state starts at `seed` instead of zero.
+    pub fn seeded(seed: u64) -> Self {
+        IdHasher(seed)
+    }
+}
+
 impl Hasher for IdHasher {
+    /// The product's high half folded into its low half: hash tables pick buckets with the low
+    /// bits, which alone would not see keys that differ only in their high bits.
     fn finish(&self) -> u64 {
-        self.0
+        self.0 ^ (self.0 >> 32)
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {

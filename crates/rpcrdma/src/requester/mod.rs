@@ -14,7 +14,7 @@
 //! file: `calls` (call building and chunk planning), `reply` (reply handling and backward
 //! calls), `timers` (deadlines and cancellation).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -186,7 +186,7 @@ pub struct Requester {
     queue: VecDeque<u32>,
     /// Calls that were sent, then abandoned: each still holds a credit until its reply
     /// arrives or the connection ends.
-    abandoned: HashSet<u32>,
+    abandoned: crate::engine::IdSet<u32>,
     in_flight: usize,
     stats: RequesterStats,
     /// The version of this connection (cel-05 §8).
@@ -229,7 +229,7 @@ impl Requester {
             connected: false,
             calls: XidMap::default(),
             queue: VecDeque::new(),
-            abandoned: HashSet::new(),
+            abandoned: Default::default(),
             in_flight: 0,
             stats: RequesterStats::default(),
             version: RequesterVersion::new(cfg.version_policy, false),

@@ -91,7 +91,7 @@ impl Requester {
             .calls
             .get(&xid)
             .is_some_and(|o| o.sent && o.pull.is_none());
-        let was_abandoned = !self.abandoned.is_empty() && self.abandoned.remove(&xid);
+        let was_abandoned = self.abandoned.remove(&xid);
         let mut out = Vec::new();
         if !known {
             // reliable-reply-02 §4.1.3: "If a requester receives a reply bearing a Position

@@ -201,7 +201,7 @@ impl Requester {
         reg: &mut dyn Registrar,
     ) -> Vec<Action> {
         let known = self.calls.get(&xid).is_some_and(|o| o.sent);
-        let was_abandoned = !self.abandoned.is_empty() && self.abandoned.remove(&xid);
+        let was_abandoned = self.abandoned.remove(&xid);
         if !known && !was_abandoned {
             self.stats.dropped += 1;
             return Vec::new();
@@ -332,7 +332,7 @@ impl Requester {
             }];
         }
         let known = self.calls.get(&xid).is_some_and(|o| o.sent);
-        let was_abandoned = !self.abandoned.is_empty() && self.abandoned.remove(&xid);
+        let was_abandoned = self.abandoned.remove(&xid);
         if !known && !was_abandoned {
             self.stats.dropped += 1;
             return Vec::new();

@@ -3,7 +3,6 @@
 //! 8167) it makes. A driver sleeps until [`super::Responder::next_deadline`] and hands the
 //! Responder `now` ([`super::Responder::handle_timeout`]).
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::{Action, PendingCall, Responder, TimedOut};
@@ -14,7 +13,7 @@ pub(super) struct Deadlines {
     /// How long the peer may take to answer the RDMA Reads of one call; `None`: no bound.
     pub(super) read_timeout: Option<Duration>,
     /// Calls whose Read chunks are being pulled, by [`super::PendingCall`] id.
-    reads: HashMap<u64, Instant, std::hash::BuildHasherDefault<verbs::mem::IdHasher>>,
+    reads: crate::engine::IdMap<u64, Instant>,
     next_read: u64,
     /// Backward calls (queued or sent) by XID.
     back: crate::engine::XidMap<Instant>,
