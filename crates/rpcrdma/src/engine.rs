@@ -453,29 +453,7 @@ pub(crate) type IdSet<K> = std::collections::HashSet<K, BuildHasherDefault<verbs
 /// ([`crate::responder::Responder`] refuses a call beyond them), so even a full collision
 /// costs a lookup no more than a walk of that many entries. One multiplication instead of
 /// SipHash's hundred-odd instructions, twice per call.
-pub(crate) type PeerXidSet = std::collections::HashSet<u32, PeerKeyed>;
-
-/// The keyed builder of [`PeerXidSet`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PeerKeyed(u64);
-
-impl Default for PeerKeyed {
-    fn default() -> Self {
-        static KEY: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-        PeerKeyed(*KEY.get_or_init(|| {
-            use std::hash::BuildHasher;
-            std::collections::hash_map::RandomState::new().hash_one(0x7270_6364_6d61_u64)
-        }))
-    }
-}
-
-/// The one-multiplication hasher of our own ids, starting from the key.
-impl std::hash::BuildHasher for PeerKeyed {
-    type Hasher = verbs::mem::IdHasher;
-    fn build_hasher(&self) -> verbs::mem::IdHasher {
-        verbs::mem::IdHasher::seeded(self.0)
-    }
-}
+pub(crate) type PeerXidSet = std::collections::HashSet<u32, verbs::mem::KeyedIds>;
 
 #[cfg(test)]
 mod tests {
@@ -485,7 +463,10 @@ mod tests {
     fn peer_xid_sets_hold_what_they_are_given_and_spread_it() {
         use std::hash::BuildHasher;
         // One key per process: two sets hash an XID alike.
-        let (a, b) = (PeerKeyed::default(), PeerKeyed::default());
+        let (a, b) = (
+            verbs::mem::KeyedIds::default(),
+            verbs::mem::KeyedIds::default(),
+        );
         assert_eq!(a.hash_one(7u32), b.hash_one(7u32));
         // A credit's worth of consecutive XIDs (as Linux numbers its calls) and a spread of
         // others: every one found, removed, and gone.

@@ -108,8 +108,8 @@ pub(crate) enum AccessFault {
 /// Fibonacci hashing of 32-bit identifiers that this side chooses (STag indices here, the XIDs
 /// of its own calls in `rpcrdma`): one multiplication instead of SipHash, using both the low and
 /// the high bits of the product. A peer only looks such keys up (a miss costs nothing extra), so
-/// there is no collision flooding to defend against. Not for keys a peer picks, unless
-/// [`IdHasher::seeded`] with a secret key and kept to a set the peer cannot grow past a bound
+/// there is no collision flooding to defend against. Not for keys a peer picks, unless built
+/// by [`KeyedIds`] with a secret key and kept to a set the peer cannot grow past a bound
 /// (`rpcrdma`'s set of the peer's executing XIDs, bounded by the credits granted).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct IdHasher(u64);
@@ -137,6 +137,36 @@ impl Hasher for IdHasher {
     }
     fn write_u64(&mut self, n: u64) {
         self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// [`IdHasher`] starting from a secret key: the builder for tables whose keys a peer may
+/// choose (the XIDs of its calls in `rpcrdma`, the addresses of RDS peers), where the table is
+/// also kept to a bound the peer cannot grow past. Without the key a peer cannot aim its keys
+/// at one bucket; with a bound, even a full collision costs a walk of that many entries. One
+/// multiplication per word instead of SipHash's hundred-odd instructions per lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyedIds(u64);
+
+impl KeyedIds {
+    /// A builder with this key: from a seeded generator where runs must repeat (a simulator).
+    pub fn new(key: u64) -> Self {
+        KeyedIds(key)
+    }
+}
+
+impl Default for KeyedIds {
+    /// The process's key, drawn from the operating system once.
+    fn default() -> Self {
+        static KEY: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        KeyedIds(*KEY.get_or_init(|| rand::rng().random()))
+    }
+}
+
+impl std::hash::BuildHasher for KeyedIds {
+    type Hasher = IdHasher;
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher::seeded(self.0)
     }
 }
 
@@ -517,6 +547,40 @@ impl Drop for MemoryRegion {
 mod tests {
     use super::*;
     use crate::{Device, Provider};
+
+    #[test]
+    fn keyed_ids_hash_by_their_key() {
+        use std::hash::BuildHasher;
+        // The process's key is one key: tables built by default hash alike.
+        assert_eq!(
+            KeyedIds::default().hash_one(0x0a00_0002u32),
+            KeyedIds::default().hash_one(0x0a00_0002u32)
+        );
+        // A given key repeats (a seeded simulator iterates its tables alike on every run),
+        // and another key moves the same ids to other buckets.
+        let (a, b) = (KeyedIds::new(1), KeyedIds::new(2));
+        assert_eq!(a.hash_one(7u64), KeyedIds::new(1).hash_one(7u64));
+        let addrs: Vec<std::net::Ipv4Addr> =
+            (1..=64u32).map(|i| (0x0a00_0000 | i).into()).collect();
+        let moved = addrs
+            .iter()
+            .filter(|x| a.hash_one(x) % 64 != b.hash_one(x) % 64)
+            .count();
+        assert!(
+            moved > 32,
+            "{moved} of 64 addresses changed bucket with the key"
+        );
+        // Consecutive addresses (the peers of one subnet) spread over a table's buckets.
+        let mut buckets = [false; 64];
+        for x in &addrs {
+            buckets[(a.hash_one(x) % 64) as usize] = true;
+        }
+        let filled = buckets.iter().filter(|&&f| f).count();
+        assert!(
+            filled >= 24,
+            "64 consecutive addresses filled {filled} of 64 buckets"
+        );
+    }
 
     #[test]
     fn take_fences_the_region_and_moves_its_bytes_out() {
