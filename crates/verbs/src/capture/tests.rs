@@ -145,9 +145,18 @@ fn the_writer_gives_large_buffers_back() {
     const LOCAL: u16 = 4003;
     let (mut c, dir) = capture("back", LOCAL, false);
     let d = vec![7u8; 20_000];
+    // The writer is held back while the four records are made. Otherwise, on a loaded machine,
+    // it could write the first before the second is queued: the second's queueing takes that
+    // buffer back, the third reuses it, and only three distinct buffers ever exist.
+    let hold = c.reserve(Dir::Out, 1, SystemTime::now());
     for _ in 0..4 {
         c.record(Dir::In, &d).unwrap();
     }
+    assert!(
+        c.spare.is_empty(),
+        "nothing came back while the writer was held"
+    );
+    c.fill(hold, b"x");
     // The writer drains within a few periods and returns the four buffers.
     let waited = std::time::Instant::now();
     while c.shared.pending.lock().free.len() < 4 {
