@@ -57,6 +57,10 @@ pub enum SendError {
     /// The stack is shut down.
     #[error("stack shut down")]
     Shutdown,
+    /// A new destination, and the stack already holds state for its bound of peers, each of
+    /// which carried messages (`EngineConfig::max_peers`; Linux: ENOBUFS).
+    #[error("already connected to {0} peers (the max_peers bound); no room for another")]
+    TooManyPeers(usize),
     /// RDMA operations need an RDS over RDMA stack (Linux: EOPNOTSUPP on rds_tcp).
     #[error("RDMA operations need an RDS over RDMA stack")]
     NotRdma,
@@ -80,7 +84,7 @@ impl SendError {
         match self {
             SendError::TooLong(_) => libc::EMSGSIZE,
             SendError::NotBound(_) => libc::ENOTCONN,
-            SendError::Congested => libc::ENOBUFS,
+            SendError::Congested | SendError::TooManyPeers(_) => libc::ENOBUFS,
             SendError::HandshakePending | SendError::SendBufferFull => libc::EAGAIN,
             SendError::InvalidDestination => libc::EINVAL,
             SendError::Shutdown => libc::EPIPE,

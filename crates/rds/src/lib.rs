@@ -46,6 +46,12 @@
 //!   land on a different path index, which kernel-to-kernel 6.1 shares.
 //! - When a peer reconnects a path before we saw its old connection end, the old connection is
 //!   read to its end (at most 5 s) before bytes of the new one are processed.
+//! - What peers can make the engine hold is bounded (`EngineConfig`): entries for at most
+//!   `max_peers` peer addresses (1,024 by default; an entry that never carried a message is
+//!   forgotten for a newcomer, one that did is kept and the newcomer refused), at most
+//!   `max_unbound` accepted connections waiting for their first header, each for at most
+//!   `bind_timeout` (10 s), and each port's receive queue (`rcvbuf_hard_factor`). Linux has
+//!   none of these bounds.
 
 pub mod engine;
 pub mod error;

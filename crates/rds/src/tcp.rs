@@ -55,6 +55,9 @@ pub struct StackConfig {
     pub peer_addrs: HashMap<Ipv4Addr, SocketAddrV4>,
     /// The transport: TCP (the default) or RDMA.
     pub transport: Transport,
+    /// Peers the stack keeps connection state for (see
+    /// [`crate::engine::EngineConfig::max_peers`]).
+    pub max_peers: usize,
 }
 
 /// What RDS runs over.
@@ -81,6 +84,7 @@ impl StackConfig {
             seed: None,
             peer_addrs: HashMap::new(),
             transport: Transport::Tcp,
+            max_peers: crate::engine::DEFAULT_MAX_PEERS,
         }
     }
 }
@@ -196,6 +200,7 @@ impl RdsStack {
         ecfg.default_rcvbuf = cfg.default_rcvbuf;
         ecfg.default_sndbuf = cfg.default_sndbuf;
         ecfg.seed = cfg.seed;
+        ecfg.max_peers = cfg.max_peers;
         let inner = Arc::new(Inner {
             engine: Mutex::new(Engine::new(ecfg)),
             cfg,
@@ -363,6 +368,11 @@ async fn accept_loop(inner: std::sync::Weak<Inner>, listener: TcpListener) {
         match outcome {
             AcceptOutcome::Reject => {
                 // Reset it (facts: the smaller side resets and connects itself).
+                let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                drop(stream);
+            }
+            AcceptOutcome::Refuse => {
+                tracing::debug!(%peer, "rds/tcp: refused, a bound on peers or unbound transports");
                 let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
                 drop(stream);
             }

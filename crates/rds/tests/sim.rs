@@ -96,7 +96,7 @@ impl Sim {
                         let r = self.node_of(path.peer);
                         let local_ip = self.ips[n];
                         match self.nodes[r].accept(self.now, local_ip) {
-                            AcceptOutcome::Reject => {
+                            AcceptOutcome::Reject | AcceptOutcome::Refuse => {
                                 // Connection reset by the peer.
                                 self.nodes[n].connect_failed(self.now, path);
                             }

@@ -70,6 +70,9 @@ pub struct CommonArgs {
     /// Transport port RDS listens on and dials (default 16385 for tcp, 18634 for rdma).
     #[arg(long, value_name = "PORT")]
     tport: Option<u16>,
+    /// Peers to keep connection state for; past it, new peers are refused.
+    #[arg(long, value_name = "N", default_value_t = rds::engine::DEFAULT_MAX_PEERS)]
+    max_peers: usize,
 }
 
 impl CommonArgs {
@@ -217,6 +220,7 @@ async fn start_stack(
     c: &CommonArgs,
 ) -> Result<RdsStack, Box<dyn std::error::Error + Send + Sync>> {
     let mut cfg = StackConfig::new(local);
+    cfg.max_peers = c.max_peers;
     match c.transport {
         TransportArg::Tcp => cfg.tcp_port = c.tport.unwrap_or(RDS_TCP_PORT),
         TransportArg::Rdma => {
@@ -368,6 +372,7 @@ async fn stress(a: StressArgs) -> CmdResult {
         let mut common = CommonArgs {
             transport: a.common.transport,
             tport: a.common.tport,
+            max_peers: a.common.max_peers,
         };
         if common.tport.is_none() {
             common.tport = Some(std::net::TcpListener::bind((ca, 0))?.local_addr()?.port());
@@ -507,6 +512,17 @@ fn print_info(i: &EngineInfo) {
             p.port, p.rcvbuf, p.queued, p.congested, p.dropped, p.sndbuf, p.snd_bytes
         );
     }
+    let l = &i.limits;
+    println!(
+        "  peers {}/{} (refused {}, forgotten {}), unbound {} (refused {}, expired {})",
+        i.conns.len(),
+        i.max_peers,
+        l.peers_refused,
+        l.peers_forgotten,
+        i.unbound,
+        l.unbound_refused,
+        l.unbound_expired
+    );
 }
 
 async fn listen(a: ListenArgs) -> CmdResult {
@@ -572,6 +588,7 @@ async fn info(a: InfoArgs) -> CmdResult {
     let mut common = CommonArgs {
         transport: a.common.transport,
         tport: a.common.tport,
+        max_peers: a.common.max_peers,
     };
     if common.tport.is_none() {
         common.tport = Some(

@@ -10,7 +10,7 @@ use rand::Rng;
 use super::recv::RxAssembler;
 use super::{
     AcceptOutcome, Action, Conn, DRAIN_LIMIT, Engine, Kind, OutMsg, Path, PathId, PathState, Token,
-    Transport, release,
+    Transport, Unbound, release,
 };
 use crate::wire::{self, CongMap, ExtList, flags};
 
@@ -20,14 +20,48 @@ impl Engine {
         self.cfg.local < peer
     }
 
-    pub(super) fn ensure_conn(&mut self, now: Instant, peer: Ipv4Addr) {
+    /// Makes sure there is an entry for `peer`, and asks for its path 0. Returns false when
+    /// there is none and [`EngineConfig::max_peers`](super::EngineConfig::max_peers) leaves no
+    /// room for one.
+    pub(super) fn ensure_conn(&mut self, now: Instant, peer: Ipv4Addr) -> bool {
         if self.conns.contains_key(&peer) {
-            return;
+            return true;
+        }
+        if !self.room_for_peer() {
+            return false;
         }
         self.conns.insert(peer, Conn::new(peer));
         // Path 0 is needed at once; the larger side also dials so that the smaller notices
         // (its connect is dropped when it completes).
         self.want_connect(now, PathId { peer, index: 0 });
+        true
+    }
+
+    /// Room for one more peer entry: below the bound, or by forgetting an entry that never
+    /// carried a message ([`Conn::forgettable`]) and has no accepted transport waiting for its
+    /// first header. Counts what it does. At most `max_peers` entries are looked at, and only
+    /// when the table is full.
+    fn room_for_peer(&mut self) -> bool {
+        if self.conns.len() < self.cfg.max_peers {
+            return true;
+        }
+        let waiting = |peer: &Ipv4Addr| self.pending.values().any(|u| u.peer == *peer);
+        let victim = self
+            .conns
+            .iter()
+            .find(|(peer, c)| c.forgettable() && !waiting(peer))
+            .map(|(peer, _)| *peer);
+        match victim {
+            Some(peer) => {
+                self.conns.remove(&peer);
+                self.limits.peers_forgotten += 1;
+                true
+            }
+            None => {
+                self.limits.peers_refused += 1;
+                false
+            }
+        }
     }
 
     /// Asks for a connect on `id` if it is down and none is scheduled.
@@ -119,14 +153,32 @@ impl Engine {
     /// A transport connection arrived from `peer`.
     pub fn accept(&mut self, now: Instant, peer: Ipv4Addr) -> AcceptOutcome {
         if self.is_initiator(peer) {
-            // We are the smaller address: reset it and connect ourselves.
-            self.ensure_conn(now, peer);
-            self.want_connect(now, PathId { peer, index: 0 });
+            // We are the smaller address: reset it and connect ourselves (when the bound on
+            // peers leaves room for it).
+            if self.ensure_conn(now, peer) {
+                self.want_connect(now, PathId { peer, index: 0 });
+            }
             return AcceptOutcome::Reject;
         }
-        self.conns.entry(peer).or_insert_with(|| Conn::new(peer));
+        if self.pending.len() >= self.cfg.max_unbound {
+            self.limits.unbound_refused += 1;
+            return AcceptOutcome::Refuse;
+        }
+        if !self.conns.contains_key(&peer) {
+            if !self.room_for_peer() {
+                return AcceptOutcome::Refuse;
+            }
+            self.conns.insert(peer, Conn::new(peer));
+        }
         let t = self.new_token();
-        self.pending.insert(t, (peer, BytesMut::new()));
+        self.pending.insert(
+            t,
+            Unbound {
+                peer,
+                buf: BytesMut::new(),
+                deadline: now + self.cfg.bind_timeout,
+            },
+        );
         AcceptOutcome::Accept(t)
     }
 

@@ -2,7 +2,7 @@
 
 use std::net::Ipv4Addr;
 
-use super::{Engine, PathState};
+use super::{Engine, LimitCounts, PathState};
 
 /// Snapshot of one path for `rds info`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +83,12 @@ pub struct EngineInfo {
     pub conns: Vec<ConnInfo>,
     /// Bound ports.
     pub ports: Vec<PortInfo>,
+    /// The bound on peers ([`super::EngineConfig::max_peers`]).
+    pub max_peers: usize,
+    /// Accepted transports waiting for their first header.
+    pub unbound: usize,
+    /// What the bounds turned away.
+    pub limits: LimitCounts,
 }
 
 impl Engine {
@@ -144,6 +150,9 @@ impl Engine {
             gen_num: self.gen_num,
             conns,
             ports,
+            max_peers: self.cfg.max_peers,
+            unbound: self.pending.len(),
+            limits: self.limits,
         }
     }
 }

@@ -86,7 +86,23 @@ pub struct EngineConfig {
     pub seed: Option<u64>,
     /// `Acked` transport: set ACK_REQUIRED on every n-th message (Linux IB: 8).
     pub ack_every: u64,
+    /// Peers this engine keeps state for. A peer's address opens an entry (its paths, its
+    /// generation number and an 8 KiB congestion map) when it connects or when we first send to
+    /// it. At the bound, an entry of a peer that never carried a message is forgotten to make
+    /// room; if there is none, the connection is refused and the send fails with
+    /// [`SendError::TooManyPeers`](crate::SendError::TooManyPeers). Linux keeps every
+    /// `rds_connection` until its namespace goes away; this bound is ours, for memory.
+    pub max_peers: usize,
+    /// Accepted transports waiting for their first header (which says what path they are for).
+    /// More are refused.
+    pub max_unbound: usize,
+    /// How long an accepted transport may wait for its first header before it is closed. A peer
+    /// that connects sends its congestion map at once (spec 3.1 "Congestion control").
+    pub bind_timeout: Duration,
 }
+
+/// Default [`EngineConfig::max_peers`].
+pub const DEFAULT_MAX_PEERS: usize = 1024;
 
 impl EngineConfig {
     /// Defaults for RDS over TCP on `local`.
@@ -103,6 +119,9 @@ impl EngineConfig {
             backoff_max: Duration::from_secs(1),
             seed: None,
             ack_every: 8,
+            max_peers: DEFAULT_MAX_PEERS,
+            max_unbound: 64,
+            bind_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -146,6 +165,9 @@ pub enum AcceptOutcome {
     Accept(Token),
     /// Reset the connection (we are the smaller address: we connect ourselves).
     Reject,
+    /// Close the connection: a configured bound is reached ([`EngineConfig::max_peers`] or
+    /// [`EngineConfig::max_unbound`]); counted in [`EngineInfo::limits`].
+    Refuse,
 }
 
 /// Path state.
@@ -277,6 +299,22 @@ struct Conn {
 }
 
 impl Conn {
+    /// Whether forgetting this entry loses nothing: no path ever carried a transport (so no
+    /// sequence number was sent or received, and the peer's generation is unknown) and nothing
+    /// waits to be sent. A peer we exchanged messages with is never forgotten: starting its
+    /// sequence numbers again at 1 would make it drop our next messages as duplicates.
+    fn forgettable(&self) -> bool {
+        self.paths.iter().all(|p| {
+            p.state == PathState::Down
+                && p.connects == 0
+                && p.transport.is_none()
+                && p.draining.is_none()
+                && p.sendq.is_empty()
+                && p.inflight.is_empty()
+                && !p.ack_pending
+        })
+    }
+
     fn new(peer: Ipv4Addr) -> Self {
         Conn {
             peer,
@@ -340,10 +378,36 @@ pub struct Engine {
     local_cong: CongMap,
     actions: VecDeque<Action>,
     next_token: Token,
-    /// Accepted transports not yet bound to a path: token → (peer, buffered bytes).
-    pending: Table<Token, (Ipv4Addr, BytesMut)>,
+    /// Accepted transports not yet bound to a path.
+    pending: Table<Token, Unbound>,
     /// Bound transports: token → path.
     bound: Table<Token, PathId>,
+    /// What the bounds of [`EngineConfig`] turned away.
+    limits: LimitCounts,
+}
+
+/// An accepted transport whose first header has not arrived.
+#[derive(Debug)]
+struct Unbound {
+    peer: Ipv4Addr,
+    /// Bytes received so far: less than a header, plus the rest of the read that completed it.
+    buf: BytesMut,
+    /// When it is closed if still unbound ([`EngineConfig::bind_timeout`]).
+    deadline: Instant,
+}
+
+/// Counts of what the engine's bounds turned away, for `rds info`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitCounts {
+    /// Connections refused, and sends failed, because [`EngineConfig::max_peers`] entries were
+    /// all in use.
+    pub peers_refused: u64,
+    /// Entries of peers that never carried a message, forgotten to make room for another.
+    pub peers_forgotten: u64,
+    /// Connections refused because [`EngineConfig::max_unbound`] were waiting for a header.
+    pub unbound_refused: u64,
+    /// Accepted transports closed because no header came within [`EngineConfig::bind_timeout`].
+    pub unbound_expired: u64,
 }
 
 impl Engine {
@@ -368,6 +432,8 @@ impl Engine {
                     .clamp(1, MAX_PATHS)
                     .next_power_of_two()
                     .min(MAX_PATHS),
+                max_peers: cfg.max_peers.max(1),
+                max_unbound: cfg.max_unbound.max(1),
                 ..cfg
             },
             gen_num,
@@ -379,6 +445,7 @@ impl Engine {
             next_token: 1,
             pending: Table::with_hasher(keys),
             bound: Table::with_hasher(keys),
+            limits: LimitCounts::default(),
         }
     }
 

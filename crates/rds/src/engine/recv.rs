@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 
-use super::{Action, Engine, Kind, OutMsg, PathId, PathState, Token, TransportKind, release};
+use super::{
+    Action, Engine, Kind, OutMsg, PathId, PathState, Token, TransportKind, Unbound, release,
+};
 use crate::error::WireError;
 use crate::wire::{
     self, CongMap, ExtList, Extension, HEADER_LEN, Header, HeaderView, MAX_PATHS, PROBE_PORT, flags,
@@ -106,7 +108,7 @@ impl Engine {
     }
 
     fn on_input(&mut self, now: Instant, token: Token, data: Input<'_>) -> Result<(), WireError> {
-        if let Some((peer, buf)) = self.pending.get_mut(&token) {
+        if let Some(Unbound { peer, buf, .. }) = self.pending.get_mut(&token) {
             buf.extend_from_slice(data.as_slice());
             // Wait for a whole header before binding the transport to a path.
             let Ok(view) = HeaderView::new_checked(&buf[..]) else {
@@ -135,7 +137,7 @@ impl Engine {
             let buf = self
                 .pending
                 .remove(&token)
-                .map(|(_, b)| b)
+                .map(|u| u.buf)
                 .unwrap_or_default();
             let Some(idx) = idx else {
                 self.actions.push_back(Action::Close(token));

@@ -67,7 +67,9 @@ impl Engine {
             .ok_or(SendError::NotBound(sport))?
             .hash_seed;
         let peer = *dest.ip();
-        self.ensure_conn(now, peer);
+        if !self.ensure_conn(now, peer) {
+            return Err(SendError::TooManyPeers(self.cfg.max_peers));
+        }
         let max_paths = self.cfg.max_paths;
         let conn = self.conns.get_mut(&peer).ok_or(SendError::Shutdown)?;
         // Spec 3.1 "Congestion control": do not send to a port the peer marked congested.

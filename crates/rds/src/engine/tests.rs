@@ -213,3 +213,106 @@ proptest::proptest! {
         proptest::prop_assert_eq!(&got[0], &got[1]);
     }
 }
+
+fn bounded(ip: [u8; 4], max_peers: usize, max_unbound: usize) -> Engine {
+    let mut c = EngineConfig::tcp(Ipv4Addr::from(ip));
+    c.seed = Some(5);
+    c.max_peers = max_peers;
+    c.max_unbound = max_unbound;
+    Engine::new(c)
+}
+
+fn peers(e: &Engine) -> Vec<Ipv4Addr> {
+    e.info().conns.iter().map(|c| c.peer).collect()
+}
+
+/// The first bytes a connecting peer sends: its congestion map.
+fn cong_map_stream() -> Vec<u8> {
+    let mut s = CongMap::header().encode().unwrap().to_vec();
+    s.extend_from_slice(&CongMap::new().encode());
+    s
+}
+
+/// Peer entries are bounded. At the bound, an entry that never carried a message is forgotten
+/// for a newcomer, but not while a transport from it waits for its first header; otherwise the
+/// newcomer is refused.
+#[test]
+fn peers_are_bounded_and_only_unused_entries_are_forgotten() {
+    let now = Instant::now();
+    let mut e = bounded([10, 0, 0, 9], 2, 8);
+    let a = Ipv4Addr::new(10, 0, 0, 1);
+    let b = Ipv4Addr::new(10, 0, 0, 2);
+    let c = Ipv4Addr::new(10, 0, 0, 3);
+    let AcceptOutcome::Accept(ta) = e.accept(now, a) else {
+        panic!("accept a");
+    };
+    let AcceptOutcome::Accept(tb) = e.accept(now, b) else {
+        panic!("accept b");
+    };
+    // Both entries have a transport waiting for its header: nothing to forget.
+    assert_eq!(e.accept(now, c), AcceptOutcome::Refuse);
+    assert_eq!(e.info().limits.peers_refused, 1);
+    // A connects for real (its congestion map binds the transport to path 0); B goes away
+    // before sending anything.
+    e.on_recv(now, ta, &cong_map_stream()).unwrap();
+    e.transport_down(now, tb);
+    assert!(matches!(e.accept(now, c), AcceptOutcome::Accept(_)));
+    let l = e.info().limits;
+    assert_eq!((l.peers_refused, l.peers_forgotten), (1, 1));
+    assert_eq!(peers(&e), vec![a, c]);
+    // A carried messages, so even once its transport is gone it is kept: B is refused now,
+    // and a send to a new destination fails with the bound in its error.
+    e.transport_down(now, ta);
+    assert_eq!(e.accept(now, b), AcceptOutcome::Refuse);
+    e.bind(7).unwrap();
+    let d = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 4), 7);
+    assert_eq!(
+        e.send(now, 7, d, Bytes::from_static(b"x")),
+        Err(crate::SendError::TooManyPeers(2))
+    );
+    assert_eq!(peers(&e), vec![a, c]);
+    assert_eq!(e.info().limits.peers_refused, 3);
+    // An already known peer is always served.
+    assert!(matches!(e.accept(now, a), AcceptOutcome::Accept(_)));
+}
+
+/// Accepted transports that send no header are bounded in number and closed after
+/// `bind_timeout`; the entries they opened can then be forgotten.
+#[test]
+fn unbound_transports_are_bounded_and_time_out() {
+    let now = Instant::now();
+    let mut e = bounded([10, 0, 0, 9], 4, 2);
+    let t1 = match e.accept(now, Ipv4Addr::new(10, 0, 0, 1)) {
+        AcceptOutcome::Accept(t) => t,
+        o => panic!("{o:?}"),
+    };
+    let later = now + Duration::from_secs(1);
+    let t2 = match e.accept(later, Ipv4Addr::new(10, 0, 0, 1)) {
+        AcceptOutcome::Accept(t) => t,
+        o => panic!("{o:?}"),
+    };
+    assert_eq!(
+        e.accept(later, Ipv4Addr::new(10, 0, 0, 2)),
+        AcceptOutcome::Refuse
+    );
+    assert_eq!(e.info().limits.unbound_refused, 1);
+    assert_eq!(e.info().unbound, 2);
+    // Half a header does not bind.
+    e.on_recv(now, t1, &cong_map_stream()[..20]).unwrap();
+    let bt = EngineConfig::tcp(Ipv4Addr::UNSPECIFIED).bind_timeout;
+    assert_eq!(e.poll_timeout(), Some(now + bt));
+    e.handle_timeout(now + bt - Duration::from_nanos(1));
+    assert_eq!(e.poll_action(), None);
+    e.handle_timeout(now + bt);
+    assert_eq!(e.poll_action(), Some(Action::Close(t1)));
+    assert_eq!(e.poll_action(), None);
+    assert_eq!(e.poll_timeout(), Some(later + bt));
+    e.handle_timeout(later + bt);
+    assert_eq!(e.poll_action(), Some(Action::Close(t2)));
+    let i = e.info();
+    assert_eq!((i.unbound, i.limits.unbound_expired), (0, 2));
+    // The rest of the header after its transport was closed is ignored.
+    e.on_recv(later + bt, t1, &cong_map_stream()[20..]).unwrap();
+    assert_eq!(e.poll_action(), None);
+    assert_eq!(e.poll_timeout(), None);
+}

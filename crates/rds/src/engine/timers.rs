@@ -1,8 +1,9 @@
-//! Timers: reconnect back-off and the drain limit of a replaced transport.
+//! Timers: reconnect back-off, the drain limit of a replaced transport, and the time an
+//! accepted transport may take to send its first header.
 
 use std::time::Instant;
 
-use super::{Action, Engine, PathId, PathState};
+use super::{Action, Engine, PathId, PathState, Token};
 
 impl Engine {
     /// Earliest time [`Engine::handle_timeout`] must be called.
@@ -11,11 +12,26 @@ impl Engine {
             .values()
             .flat_map(|c| c.paths.iter())
             .flat_map(|p| p.reconnect_at.into_iter().chain(p.draining.map(|d| d.1)))
+            .chain(self.pending.values().map(|u| u.deadline))
             .min()
     }
 
-    /// Runs due reconnects.
+    /// Runs due reconnects, ends drains past their limit and closes accepted transports that
+    /// sent no header in time.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let mut expired: Vec<Token> = self
+            .pending
+            .iter()
+            .filter(|(_, u)| u.deadline <= now)
+            .map(|(t, _)| *t)
+            .collect();
+        // Table order depends on the hash key; close in token order.
+        expired.sort_unstable();
+        for t in expired {
+            self.pending.remove(&t);
+            self.limits.unbound_expired += 1;
+            self.actions.push_back(Action::Close(t));
+        }
         let mut drained = Vec::new();
         for c in self.conns.values() {
             for p in &c.paths {

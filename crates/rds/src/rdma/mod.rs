@@ -358,6 +358,10 @@ pub(crate) async fn accept_loop(inner: Weak<Inner>, mut l: verbs::Listener) {
             AcceptOutcome::Reject => {
                 let _ = req.reject(&[]).await;
             }
+            AcceptOutcome::Refuse => {
+                tracing::debug!(%peer, "rds/rdma: refused, a bound on peers or unbound transports");
+                let _ = req.reject(&[]).await;
+            }
             AcceptOutcome::Accept(tok) => {
                 let Some(dev) = device(&i) else { return };
                 let res = async {
