@@ -58,6 +58,12 @@ pub struct StackConfig {
     /// Peers the stack keeps connection state for (see
     /// [`crate::engine::EngineConfig::max_peers`]).
     pub max_peers: usize,
+    /// Accepted connections that may wait for their first RDS header at once
+    /// ([`crate::engine::EngineConfig::max_unbound`]).
+    pub max_unbound: usize,
+    /// How long an accepted connection may wait for its first RDS header
+    /// ([`crate::engine::EngineConfig::bind_timeout`]).
+    pub bind_timeout: Duration,
 }
 
 /// What RDS runs over.
@@ -85,6 +91,8 @@ impl StackConfig {
             peer_addrs: HashMap::new(),
             transport: Transport::Tcp,
             max_peers: crate::engine::DEFAULT_MAX_PEERS,
+            max_unbound: EngineConfig::tcp(local).max_unbound,
+            bind_timeout: EngineConfig::tcp(local).bind_timeout,
         }
     }
 }
@@ -201,6 +209,8 @@ impl RdsStack {
         ecfg.default_sndbuf = cfg.default_sndbuf;
         ecfg.seed = cfg.seed;
         ecfg.max_peers = cfg.max_peers;
+        ecfg.max_unbound = cfg.max_unbound;
+        ecfg.bind_timeout = cfg.bind_timeout;
         let inner = Arc::new(Inner {
             engine: Mutex::new(Engine::new(ecfg)),
             cfg,
@@ -279,6 +289,31 @@ impl RdsStack {
 }
 
 /// Runs the engine's pending actions.
+/// Whether the engine's next deadline is earlier than the one the timer task sleeps until (or
+/// it sleeps without one).
+fn deadline_moved(inner: &Inner, e: &Engine) -> bool {
+    match (e.poll_timeout(), *inner.timer_armed.lock()) {
+        (Some(d), Some(armed)) => d < armed,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// [`Engine::accept`] for a driver. An accepted connection gets a deadline for its first
+/// header and produces no action, so the timer task is woken here when that deadline is its
+/// next one ([`pump`] only looks when there are actions).
+pub(crate) fn accept(inner: &Arc<Inner>, peer: Ipv4Addr) -> AcceptOutcome {
+    let (outcome, wake) = {
+        let mut e = inner.engine.lock();
+        let outcome = e.accept(Instant::now(), peer);
+        (outcome, deadline_moved(inner, &e))
+    };
+    if wake {
+        inner.timer_wake.notify_one();
+    }
+    outcome
+}
+
 pub(crate) fn pump(inner: &Arc<Inner>) {
     let (actions, wake_timer): (Vec<Action>, bool) = {
         let mut e = inner.engine.lock();
@@ -286,12 +321,7 @@ pub(crate) fn pump(inner: &Arc<Inner>) {
         // Wake the timer task only for a deadline earlier than the one it sleeps until: most
         // actions (every datagram sent) change no deadline, and a task wake-up per datagram
         // is what a sender pays most for on a slow CPU.
-        let wake = !actions.is_empty()
-            && match (e.poll_timeout(), *inner.timer_armed.lock()) {
-                (Some(d), Some(armed)) => d < armed,
-                (Some(_), None) => true,
-                (None, _) => false,
-            };
+        let wake = !actions.is_empty() && deadline_moved(inner, &e);
         (actions, wake)
     };
     if actions.is_empty() {
@@ -364,7 +394,7 @@ async fn accept_loop(inner: std::sync::Weak<Inner>, listener: TcpListener) {
             .iter()
             .find(|(_, a)| a.ip() == addr.ip())
             .map_or(*addr.ip(), |(p, _)| *p);
-        let outcome = inner.engine.lock().accept(Instant::now(), peer);
+        let outcome = accept(&inner, peer);
         match outcome {
             AcceptOutcome::Reject => {
                 // Reset it (facts: the smaller side resets and connects itself).

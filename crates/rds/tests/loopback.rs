@@ -294,3 +294,72 @@ async fn congestion_blocks_and_releases_sender() {
     a.shutdown();
     b.shutdown();
 }
+
+/// Connections that send no RDS header: past `max_unbound` they are reset at once, and the
+/// ones accepted are closed when `bind_timeout` runs out, by the driver's timer task even when
+/// nothing else happens on the stack (an accept makes no action to wake it otherwise).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_bounded_and_closed() {
+    use tokio::io::AsyncReadExt;
+    let server = Ipv4Addr::new(127, 0, 0, 9);
+    let bind_timeout = Duration::from_secs(1);
+    let mut stack = None;
+    for _ in 0..20 {
+        let port = std::net::TcpListener::bind((server, 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(0);
+        let mut c = StackConfig::new(server);
+        c.tcp_port = port;
+        c.max_unbound = 2;
+        c.bind_timeout = bind_timeout;
+        if let Ok(s) = RdsStack::start(c).await {
+            stack = Some((s, port));
+            break;
+        }
+    }
+    let (s, port) = stack.expect("no free port");
+    // From smaller addresses, so that the stack accepts rather than resets and dials back.
+    let dial = |from: u8| async move {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, from), 0).into())
+            .unwrap();
+        sock.connect(SocketAddrV4::new(server, port).into()).await
+    };
+    let started = Instant::now();
+    let mut c1 = dial(1).await.unwrap();
+    let mut c2 = dial(2).await.unwrap();
+    // Both are held: nothing arrives on them while the stack waits for a header.
+    let mut buf = [0u8; 64];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), c1.read(&mut buf))
+            .await
+            .is_err(),
+        "the first connection was answered or closed before its time"
+    );
+    // The reset can come before the connect's own completion is seen.
+    if let Ok(mut c3) = dial(3).await {
+        let refused = tokio::time::timeout(Duration::from_secs(10), c3.read(&mut buf))
+            .await
+            .expect("the third connection was not refused");
+        assert!(
+            matches!(refused, Ok(0) | Err(_)),
+            "the third connection read {refused:?}"
+        );
+    }
+    for c in [&mut c1, &mut c2] {
+        let end = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf))
+            .await
+            .expect("a silent connection outlived its bind timeout by 10 s");
+        assert!(matches!(end, Ok(0) | Err(_)), "read {end:?}");
+    }
+    assert!(
+        started.elapsed() >= bind_timeout - Duration::from_millis(50),
+        "closed after {:?}, before the bind timeout",
+        started.elapsed()
+    );
+    let i = s.info();
+    assert_eq!(i.unbound, 0);
+    assert_eq!((i.limits.unbound_refused, i.limits.unbound_expired), (1, 2));
+    s.shutdown();
+}

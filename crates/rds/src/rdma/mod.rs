@@ -353,7 +353,7 @@ pub(crate) async fn accept_loop(inner: Weak<Inner>, mut l: verbs::Listener) {
             let _ = req.reject(&ours).await;
             continue;
         }
-        let outcome = i.engine.lock().accept(Instant::now(), peer);
+        let outcome = crate::tcp::accept(&i, peer);
         match outcome {
             AcceptOutcome::Reject => {
                 let _ = req.reject(&[]).await;
