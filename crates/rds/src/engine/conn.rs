@@ -83,8 +83,9 @@ impl Engine {
             path.state = PathState::Connecting;
             self.actions.push_back(Action::Connect(id));
         } else {
-            let d = self.rng.random_range(Duration::ZERO..path.backoff);
-            path.reconnect_at = Some(now + d);
+            let at = now + self.rng.random_range(Duration::ZERO..path.backoff);
+            path.reconnect_at = Some(at);
+            self.arm(at);
         }
     }
 
@@ -179,6 +180,7 @@ impl Engine {
                 deadline: now + self.cfg.bind_timeout,
             },
         );
+        self.arm(now + self.cfg.bind_timeout);
         AcceptOutcome::Accept(t)
     }
 
@@ -203,6 +205,7 @@ impl Engine {
                 p.rx = rx;
                 p.draining = Some((old, now + DRAIN_LIMIT));
             }
+            self.arm(now + DRAIN_LIMIT);
             replacing = true;
         }
         let max_paths = self.cfg.max_paths;

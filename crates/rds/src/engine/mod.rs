@@ -384,6 +384,8 @@ pub struct Engine {
     bound: Table<Token, PathId>,
     /// What the bounds of [`EngineConfig`] turned away.
     limits: LimitCounts,
+    /// Never later than the earliest deadline ([`Engine::poll_timeout`]).
+    next_timer: Option<Instant>,
 }
 
 /// An accepted transport whose first header has not arrived.
@@ -446,6 +448,7 @@ impl Engine {
             pending: Table::with_hasher(keys),
             bound: Table::with_hasher(keys),
             limits: LimitCounts::default(),
+            next_timer: None,
         }
     }
 

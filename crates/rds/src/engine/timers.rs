@@ -7,7 +7,32 @@ use super::{Action, Engine, PathId, PathState, Token};
 
 impl Engine {
     /// Earliest time [`Engine::handle_timeout`] must be called.
+    ///
+    /// Drivers ask after every batch of actions, so this is not a walk over every peer's paths
+    /// (up to `max_peers` × 8): it returns a bound kept as deadlines are set, which is never
+    /// later than the earliest one. A deadline that goes away (a connect succeeded, a drain
+    /// ended) can leave the bound early; the call to `handle_timeout` it causes finds nothing
+    /// due and computes the bound afresh.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        debug_assert!(
+            match (self.next_timer, self.scan_timers()) {
+                (_, None) => true,
+                (Some(bound), Some(first)) => bound <= first,
+                (None, Some(_)) => false,
+            },
+            "a deadline was set without Engine::arm"
+        );
+        self.next_timer
+    }
+
+    /// Lowers the bound [`Engine::poll_timeout`] returns to `at`. Every place that sets a
+    /// deadline calls it.
+    pub(super) fn arm(&mut self, at: Instant) {
+        self.next_timer = Some(self.next_timer.map_or(at, |t| t.min(at)));
+    }
+
+    /// The earliest deadline, by looking at all of them.
+    fn scan_timers(&self) -> Option<Instant> {
         self.conns
             .values()
             .flat_map(|c| c.paths.iter())
@@ -68,5 +93,6 @@ impl Engine {
             }
         }
         self.actions.extend(due.into_iter().map(Action::Connect));
+        self.next_timer = self.scan_timers();
     }
 }
