@@ -72,8 +72,64 @@ pub(crate) struct MrInner {
     pub(crate) pd: u32,
     pub(crate) index: u32,
     pub(crate) base: u64,
-    pub(crate) data: Mutex<Box<[u8]>>,
+    pub(crate) data: Mutex<Backing>,
     pub(crate) state: Mutex<MrState>,
+}
+
+/// The memory behind a region: its own buffer, or bytes a caller shares with it
+/// ([`ProtectionDomain::register_bytes`]). Shared bytes are never written: the first write
+/// through [`Backing::make_mut`] gives the region a copy of its own, so a caller's `Bytes`
+/// (and every other holder of the same memory) keeps what it had.
+#[derive(Debug)]
+pub(crate) enum Backing {
+    Owned(Box<[u8]>),
+    Shared(Bytes),
+}
+
+impl Default for Backing {
+    fn default() -> Self {
+        Backing::Owned(Box::default())
+    }
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Owned(b) => b,
+            Backing::Shared(b) => b,
+        }
+    }
+}
+
+impl Backing {
+    /// The bytes, writable: shared bytes are copied into a buffer of the region's own first.
+    pub(crate) fn make_mut(&mut self) -> &mut [u8] {
+        if let Backing::Shared(b) = self {
+            *self = Backing::Owned(Box::from(&b[..]));
+        }
+        match self {
+            Backing::Owned(b) => b,
+            Backing::Shared(_) => unreachable!("made owned above"),
+        }
+    }
+
+    /// A range of the bytes as `Bytes`: a slice of shared bytes, a copy of owned ones.
+    pub(crate) fn bytes(&self, r: std::ops::Range<usize>) -> Bytes {
+        match self {
+            Backing::Owned(b) => Bytes::copy_from_slice(&b[r]),
+            Backing::Shared(b) => b.slice(r),
+        }
+    }
+
+    /// The bytes as a `Vec`, without a copy when the region owns them (or is the last holder
+    /// of shared bytes).
+    fn into_vec(self) -> Vec<u8> {
+        match self {
+            Backing::Owned(b) => b.into_vec(),
+            Backing::Shared(b) => Vec::from(b),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -238,7 +294,7 @@ impl StagTable {
         Ok(())
     }
 
-    fn insert(&self, pd: u32, data: Box<[u8]>, access: Access) -> Arc<MrInner> {
+    fn insert(&self, pd: u32, data: Backing, access: Access) -> Arc<MrInner> {
         let mut rng = rand::rng();
         let mut map = self.map.write();
         // RFC 8166 §8.1.2 / RFC 5042: STags should not be predictable.
@@ -275,7 +331,7 @@ impl StagTable {
             pd,
             index,
             base: 0,
-            data: Mutex::new(data),
+            data: Mutex::new(Backing::Owned(data)),
             state: Mutex::new(MrState {
                 key: 0,
                 valid: true,
@@ -339,6 +395,20 @@ impl ProtectionDomain {
         access: Access,
     ) -> Result<MemoryRegion, VerbsError> {
         let v: Vec<u8> = buf.into();
+        self.register_backing(Backing::Owned(v.into_boxed_slice()), access)
+    }
+
+    /// Register bytes shared with the caller, without copying them: the source of an RDMA
+    /// Read the peer will make (an RPC-over-RDMA Read chunk), say, whose `Bytes` other
+    /// holders keep. The region never writes them: a local write, or a placement allowed by
+    /// rights added later ([`MemoryRegion::reregister`]), first gives the region a copy of
+    /// its own. A device with native regions (rdma-core) registers such a copy at once,
+    /// since its buffer must not move.
+    pub fn register_bytes(&self, buf: Bytes, access: Access) -> Result<MemoryRegion, VerbsError> {
+        self.register_backing(Backing::Shared(buf), access)
+    }
+
+    fn register_backing(&self, v: Backing, access: Access) -> Result<MemoryRegion, VerbsError> {
         if v.len() > u32::MAX as usize {
             return Err(VerbsError::InvalidArgument("region larger than 4 GiB"));
         }
@@ -348,7 +418,7 @@ impl ProtectionDomain {
                 "REMOTE_WRITE requires LOCAL_WRITE",
             ));
         }
-        let inner = self.table.insert(self.id, v.into_boxed_slice(), access);
+        let inner = self.table.insert(self.id, v, access);
         let native = match &self.native {
             None => None,
             Some(Err(e)) => {
@@ -361,10 +431,12 @@ impl ProtectionDomain {
                 self.table.remove(inner.index);
                 let (ptr, len) = {
                     let mut d = inner.data.lock();
+                    let d = d.make_mut();
                     (d.as_mut_ptr(), d.len())
                 };
-                // SAFETY: the buffer is the region's boxed slice, which stays in place until
-                // the region is dropped or `take` moves it out, and both deregister first.
+                // SAFETY: `make_mut` left the region owning a boxed slice (shared bytes were
+                // copied into one), which later `make_mut` calls do not move: it stays in place
+                // until the region is dropped or `take` moves it out, and both deregister first.
                 Some(unsafe { pd.clone().register(ptr, len, access)? })
             }
         };
@@ -481,13 +553,13 @@ impl MemoryRegion {
             .checked_add(src.len())
             .filter(|e| *e <= d.len())
             .ok_or(VerbsError::OutOfBounds)?;
-        d[off..end].copy_from_slice(src);
+        d.make_mut()[off..end].copy_from_slice(src);
         Ok(())
     }
 
     /// Run `f` over the whole region's bytes under its lock.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        f(&mut self.inner.data.lock())
+        f(self.inner.data.lock().make_mut())
     }
 
     /// Invalidate the STag locally (the local equivalent of a Local Invalidate WR).
@@ -580,6 +652,33 @@ mod tests {
             filled >= 24,
             "64 consecutive addresses filled {filled} of 64 buckets"
         );
+    }
+
+    #[test]
+    fn shared_bytes_are_registered_in_place_and_copied_on_write() {
+        let pd = Device::open(Provider::SoftIwarp(Default::default())).alloc_pd();
+        let data = Bytes::from(vec![5u8; 4096]);
+        let mr = pd
+            .register_bytes(data.clone(), Access::REMOTE_READ)
+            .unwrap();
+        // The region reads the caller's memory: no copy at registration.
+        assert_eq!(mr.inner.data.lock().as_ptr(), data.as_ptr());
+        assert!(matches!(&*mr.inner.data.lock(), Backing::Shared(_)));
+        assert_eq!(
+            mr.inner.data.lock().bytes(10..20).as_ptr(),
+            data[10..].as_ptr()
+        );
+        // The first write gives the region its own copy; the caller's bytes stay as they were.
+        mr.write(0, b"new").unwrap();
+        assert_ne!(mr.inner.data.lock().as_ptr(), data.as_ptr());
+        assert_eq!(&mr.read(0, 4).unwrap()[..], b"new\x05");
+        assert!(data.iter().all(|b| *b == 5));
+        // Taking the bytes out works on either backing.
+        let mr2 = pd
+            .register_bytes(data.clone(), Access::REMOTE_READ)
+            .unwrap();
+        assert_eq!(mr2.take_vec().unwrap(), vec![5u8; 4096]);
+        assert_eq!(mr.take(3).unwrap(), Bytes::from_static(b"new"));
     }
 
     #[test]

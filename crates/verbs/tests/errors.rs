@@ -154,6 +154,26 @@ async fn write_to_read_only_memory() {
     }
 }
 
+#[tokio::test]
+async fn write_to_shared_read_only_bytes() {
+    for kind in KINDS {
+        within(write_violation(
+            kind,
+            |e| {
+                (
+                    e.s.pd
+                        .register_bytes(Bytes::from(vec![0u8; 100]), Access::REMOTE_READ)
+                        .unwrap(),
+                    0,
+                    10,
+                )
+            },
+            (0, 1, 2),
+        ))
+        .await;
+    }
+}
+
 async fn read_violation(kind: Kind, dereg: bool, want: (u8, u8, u8)) {
     let (e, k) = up(kind).await;
     let src =

@@ -108,6 +108,104 @@ async fn write_read_1mib_plus_3_mem() {
     within(write_read_big(Kind::Mem)).await
 }
 
+/// A region over bytes the caller keeps (`register_bytes`, the source of an RPC-over-RDMA Read
+/// chunk): the peer reads them as registered, and a write the region is later allowed to take
+/// lands in a copy of its own, never in the caller's bytes.
+async fn read_from_shared_bytes(kind: Kind) {
+    let (e, k) = up(kind).await;
+    let n = 300_001;
+    let data = Bytes::from(pattern(n, 11));
+    let src =
+        e.s.pd
+            .register_bytes(data.clone(), Access::REMOTE_READ)
+            .unwrap();
+    let back = e.c.pd.register_len(n, Access::LOCAL_WRITE).unwrap();
+    e.c.qp
+        .post_send(SendWr::new(
+            1,
+            SendOp::RdmaRead {
+                remote_addr: src.addr(),
+                rkey: src.rkey(),
+            },
+            vec![back.sge(0, n as u32)],
+        ))
+        .unwrap();
+    let c = e.c.scq.next().await;
+    assert_eq!(
+        (c.wr_id, c.opcode, c.status, c.byte_len),
+        (1, WcOpcode::RdmaRead, WcStatus::Success, n as u32)
+    );
+    assert!(back.read(0, n).unwrap() == data);
+    if kind == Kind::Tcp {
+        // The Read Responses left from the shared bytes themselves.
+        assert_eq!(
+            k.s.stats().zero_copy_tx_bytes,
+            n as u64,
+            "{:?}",
+            k.s.stats()
+        );
+    }
+    // A write the region is allowed to take (refusal without the rights: errors.rs) is
+    // placed in the region's own copy.
+    let (e, _k) = up(kind).await;
+    let src =
+        e.s.pd
+            .register_bytes(data.clone(), Access::REMOTE_READ)
+            .unwrap();
+    let rkey = src.reregister(Some(
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+    ));
+    let ones =
+        e.c.pd
+            .register(vec![0xffu8; 64], Access::LOCAL_WRITE)
+            .unwrap();
+    e.c.qp
+        .post_send(SendWr::new(
+            3,
+            SendOp::RdmaWrite {
+                remote_addr: src.addr() + 100,
+                rkey,
+            },
+            vec![ones.sge(0, 64)],
+        ))
+        .unwrap();
+    let c = e.c.scq.next().await;
+    assert_eq!((c.wr_id, c.status), (3, WcStatus::Success), "{c:?}");
+    let placed = {
+        // The Write completes at the requester; the responder may still be placing it.
+        let t0 = std::time::Instant::now();
+        loop {
+            let got = src.read(100, 64).unwrap();
+            if got[..] == [0xffu8; 64][..] || t0.elapsed() > std::time::Duration::from_secs(5) {
+                break got;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    assert_eq!(&placed[..], &[0xffu8; 64][..]);
+    assert!(src.read(0, 100).unwrap() == data.slice(..100));
+    assert!(
+        data[..] == pattern(n, 11)[..],
+        "the caller's bytes were written"
+    );
+    // A local write takes the same path.
+    src.write(0, b"local").unwrap();
+    assert_eq!(&src.read(0, 5).unwrap()[..], b"local");
+    assert!(
+        data[..] == pattern(n, 11)[..],
+        "the caller's bytes were written"
+    );
+}
+
+#[tokio::test]
+async fn read_from_shared_bytes_tcp() {
+    within(read_from_shared_bytes(Kind::Tcp)).await
+}
+#[tokio::test]
+async fn read_from_shared_bytes_mem() {
+    within(read_from_shared_bytes(Kind::Mem)).await
+}
+
 async fn zero_length_ops(kind: Kind) {
     let (e, _k) = up(kind).await;
     let rbuf = e.s.pd.register_len(16, Access::LOCAL_WRITE).unwrap();

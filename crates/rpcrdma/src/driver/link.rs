@@ -101,11 +101,12 @@ impl VerbsRegistrar {
 
 impl Registrar for VerbsRegistrar {
     fn register_source(&mut self, data: Bytes) -> Result<Region, RegError> {
-        // `Vec::from(Bytes)` takes the memory without a copy when nothing else holds it.
+        // The caller's bytes are registered as they are: no copy even when the caller keeps
+        // them (an NFS WRITE's data, say). The region only ever reads them.
         let len = data.len();
         let mr = self
             .pd
-            .register(data, Access::REMOTE_READ)
+            .register_bytes(data, Access::REMOTE_READ)
             .map_err(|e| RegError::Register(e.to_string()))?;
         Ok(self.add(mr, 0, len))
     }

@@ -180,7 +180,7 @@ async fn place_direct(
     let Some((mr, off)) = ctx.engine().direct_target(&hdr, plen) else {
         return Ok(None);
     };
-    mr.data.lock()[off..off + have].copy_from_slice(&buf[H..H + have]);
+    mr.data.lock().make_mut()[off..off + have].copy_from_slice(&buf[H..H + have]);
     let trailer_have = buf.len() - H - have;
     buf.clear();
     // What follows the payload: the rest of the trailer (required), then up to one FPDU header
@@ -194,7 +194,7 @@ async fn place_direct(
             let r = {
                 let mut d = mr.data.lock();
                 let mut iov = [
-                    io::IoSliceMut::new(&mut d[at..at + left]),
+                    io::IoSliceMut::new(&mut d.make_mut()[at..at + left]),
                     io::IoSliceMut::new(&mut tail[tail_got..trailer + H]),
                 ];
                 let first = usize::from(left == 0);

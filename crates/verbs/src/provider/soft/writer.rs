@@ -50,7 +50,7 @@ impl Piece {
     fn to_bytes(&self) -> Bytes {
         match self {
             Piece::B(b) => b.clone(),
-            Piece::M(m, off, len) => Bytes::copy_from_slice(&m.data.lock()[*off..*off + *len]),
+            Piece::M(m, off, len) => m.data.lock().bytes(*off..*off + *len),
         }
     }
 }

@@ -470,9 +470,8 @@ impl Engine {
                 Bytes::new()
             }
             Some((mr, off)) => {
-                let d = mr.data.lock();
                 let s = off + r.sent as usize;
-                Bytes::copy_from_slice(&d[s..s + n])
+                mr.data.lock().bytes(s..s + n)
             }
             None => Bytes::new(),
         };
@@ -702,7 +701,7 @@ fn seg(h: &DdpHeader, body: &[u8], payload: Bytes) -> TxSegment {
 
 fn place(mr: &MrInner, off: usize, data: &[u8]) {
     let mut d = mr.data.lock();
-    d[off..off + data.len()].copy_from_slice(data);
+    d.make_mut()[off..off + data.len()].copy_from_slice(data);
 }
 
 /// The (region, offset, length) holding `[off, off+n)` of a gather list if one SGE covers it.
