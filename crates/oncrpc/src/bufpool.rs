@@ -40,7 +40,8 @@ impl std::fmt::Debug for BufPool {
 }
 
 impl BufPool {
-    /// A pool that keeps at most `keep` idle buffers (more are freed).
+    /// A pool that keeps at most `keep` idle buffers, the most recently returned (older ones
+    /// are freed).
     pub fn new(keep: usize) -> Arc<Self> {
         Arc::new(BufPool {
             free: Mutex::new(Vec::new()),
@@ -93,11 +94,18 @@ impl AsRef<[u8]> for Pooled {
 impl Drop for Pooled {
     fn drop(&mut self) {
         let buf = std::mem::take(&mut self.buf);
-        let mut free = self.pool.lock();
-        if free.len() < self.pool.keep {
-            IDLE_BYTES.fetch_add(buf.len(), Ordering::Relaxed);
-            free.push(buf);
+        if self.pool.keep == 0 {
+            return;
         }
+        let mut free = self.pool.lock();
+        // A full pool lets its oldest idle buffer go: what it keeps follows the sizes in use
+        // now, and a pool filled with one size does not turn every other size away for ever.
+        if free.len() >= self.pool.keep {
+            let old = free.remove(0);
+            IDLE_BYTES.fetch_sub(old.len(), Ordering::Relaxed);
+        }
+        IDLE_BYTES.fetch_add(buf.len(), Ordering::Relaxed);
+        free.push(buf);
     }
 }
 
@@ -133,10 +141,12 @@ mod tests {
         // Back, with its contents; other lengths do not match it.
         assert_eq!(pool.get(4), [0; 4]);
         assert_eq!(&pool.get(8)[..3], b"abc");
-        // At most `keep` idle buffers are kept.
+        // At most `keep` idle buffers are kept: the most recent.
         drop(pool.wrap(vec![1; 8], 0..8));
-        drop(pool.wrap(vec![2; 8], 0..8));
+        drop(pool.wrap(vec![2; 16], 0..16));
         assert_eq!(pool.lock().len(), 1);
+        assert_eq!(pool.get(8), [0; 8], "the older buffer was let go");
+        assert_eq!(pool.get(16), [2; 16]);
     }
 
     #[test]
