@@ -708,5 +708,17 @@ async fn large_and_stable_writes_to_a_file_in_memory_land_whole() {
         .into_result()
         .unwrap();
     assert_eq!(&r.data.0[..], &data[..1 << 20]);
+    // COMMIT of the file in memory (answered on the calling task): the WRITEs' verifier, and
+    // the file's size after it.
+    let w = c
+        .write(&fh, 0, data.slice(..10), StableHow::Unstable)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    let k = c.commit(&fh).await.unwrap().into_result().unwrap();
+    assert_eq!(k.verf, w.verf);
+    let after = k.file_wcc.after.expect("post-op attributes");
+    assert_eq!(after.size, 2 << 20);
     served.shutdown().await;
 }

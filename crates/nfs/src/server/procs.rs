@@ -553,13 +553,32 @@ impl NfsServer {
     pub(super) fn commit(&self, a: CommitArgs) -> CommitRes {
         // Through the open-file cache: the descriptor WRITE used, no path walk and open.
         let (r, wcc) = match self.export.resolve_open(&a.file, false) {
-            Ok(Resolved::Open(o)) => {
-                let r = o.file.file().sync_data().map_err(|e| io_to_nfs(&e));
-                (r, self.wcc_open(&o))
-            }
+            Ok(Resolved::Open(o)) => return self.commit_open(&o),
             Ok(Resolved::Node(n)) => (self.fs().commit(&n), self.wcc(&n.st, &n.rel)),
             Err(s) => return Res::Err(s, WccOnly { wcc: WccData::NONE }),
         };
+        self.commit_res(r, wcc)
+    }
+
+    /// COMMIT on the calling task, of a file in memory (tmpfs) that the open-file cache holds
+    /// open: its sync waits for no disk, so the hop to a blocking thread and back would be
+    /// most of the call. `None` for anything else (the caller runs [`Self::commit`] on a
+    /// blocking thread).
+    pub(super) fn commit_inline(&self, a: &CommitArgs) -> Option<CommitRes> {
+        match self.export.resolve_open(&a.file, false) {
+            Ok(Resolved::Open(o)) if o.file.in_memory() => Some(self.commit_open(&o)),
+            Ok(_) => None,
+            Err(s) => Some(Res::Err(s, WccOnly { wcc: WccData::NONE })),
+        }
+    }
+
+    fn commit_open(&self, o: &Opened) -> CommitRes {
+        // RFC 1813 §3.3.21: the data written is on stable storage when COMMIT answers.
+        let r = o.file.file().sync_data().map_err(|e| io_to_nfs(&e));
+        self.commit_res(r, self.wcc_open(o))
+    }
+
+    fn commit_res(&self, r: NfsResult<()>, wcc: WccData) -> CommitRes {
         match r {
             Ok(()) => Res::Ok(CommitOk {
                 file_wcc: wcc,

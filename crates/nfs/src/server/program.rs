@@ -110,8 +110,9 @@ pub fn cred_of(c: &Credential) -> Result<Cred, AuthStat> {
 /// two thread wake-ups, which dominated one-at-a-time calls on the project's VM (GETATTR ~9k
 /// ops/s on either transport; issue 23's small-file workload: create and remove ×1.09-1.10 in
 /// 8 alternating rounds, docs/performance.md). What reads whole directories (READDIR,
-/// READDIRPLUS, FSSTAT), may wait for the disk (COMMIT, a size change, a READ past the page
-/// cache, a stable WRITE) or is rare (MKNOD) still goes to a blocking thread.
+/// READDIRPLUS, FSSTAT), may wait for the disk (COMMIT of a file not in memory, a size change,
+/// a READ past the page cache, a stable WRITE) or is rare (MKNOD) still goes to a blocking
+/// thread.
 fn runs_inline(a: &Args) -> bool {
     match a {
         Args::Getattr(_)
@@ -183,8 +184,8 @@ impl Program for NfsProgram {
             let mut enc = call.reply_encoder();
             // READ from the page cache and small UNSTABLE WRITEs into it, through the open-file
             // cache, finish on the calling task, as `runs_inline`'s procedures do, and so do
-            // a lone call's WRITE to a file in memory (tmpfs); what would wait for the disk goes
-            // to a blocking thread.
+            // a lone call's WRITE to a file in memory (tmpfs), and a COMMIT of one; what would
+            // wait for the disk goes to a blocking thread.
             let finished_here = |enc: &mut Encoder| match &args {
                 Args::Read(a)
                     if a.count <= INLINE_READ_MAX
@@ -193,6 +194,7 @@ impl Program for NfsProgram {
                     server.read_nowait(&cred, a).map(|r| r.encode(enc))
                 }
                 Args::Write(a) => server.write_inline(&cred, a, alone).map(|r| r.encode(enc)),
+                Args::Commit(a) => server.commit_inline(a).map(|r| r.encode(enc)),
                 _ => None,
             };
             let e = if runs_inline(&args) {
