@@ -60,7 +60,9 @@ impl BufPool {
         match free.iter().position(|v| v.len() == len) {
             Some(i) => {
                 IDLE_BYTES.fetch_sub(len, Ordering::Relaxed);
-                free.swap_remove(i)
+                // `remove`, not `swap_remove`: the idle list stays oldest first, which is what
+                // a full pool lets go of (`Pooled::drop`).
+                free.remove(i)
             }
             None => {
                 drop(free);
@@ -147,6 +149,24 @@ mod tests {
         assert_eq!(pool.lock().len(), 1);
         assert_eq!(pool.get(8), [0; 8], "the older buffer was let go");
         assert_eq!(pool.get(16), [2; 16]);
+    }
+
+    #[test]
+    fn a_full_pool_lets_its_oldest_idle_buffer_go() {
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let pool = BufPool::new(3);
+        for (fill, len) in [(1u8, 8usize), (2, 16), (3, 32)] {
+            drop(pool.wrap(vec![fill; len], 0..len));
+        }
+        // Taking the oldest out must not move the newest to the front of the idle list.
+        assert_eq!(pool.get(8), [1; 8]);
+        drop(pool.wrap(vec![4; 64], 0..64));
+        drop(pool.wrap(vec![5; 128], 0..128));
+        // Full at the last return: the 16-byte buffer, now the oldest, was let go.
+        assert_eq!(pool.get(16), [0; 16]);
+        assert_eq!(pool.get(32), [3; 32]);
+        assert_eq!(pool.get(64), [4; 64]);
+        assert_eq!(pool.get(128), [5; 128]);
     }
 
     #[test]
