@@ -103,10 +103,12 @@ impl std::ops::Deref for Backing {
 }
 
 impl Backing {
-    /// The bytes, writable: shared bytes are copied into a buffer of the region's own first.
+    /// The bytes, writable: shared bytes become a buffer of the region's own first, copied
+    /// unless the region was their last holder (`Vec::from(Bytes)` then takes them as they are).
     pub(crate) fn make_mut(&mut self) -> &mut [u8] {
         if let Backing::Shared(b) = self {
-            *self = Backing::Owned(Box::from(&b[..]));
+            let b = std::mem::take(b);
+            *self = Backing::Owned(Vec::from(b).into_boxed_slice());
         }
         match self {
             Backing::Owned(b) => b,
@@ -402,8 +404,8 @@ impl ProtectionDomain {
     /// Read the peer will make (an RPC-over-RDMA Read chunk), say, whose `Bytes` other
     /// holders keep. The region never writes them: a local write, or a placement allowed by
     /// rights added later ([`MemoryRegion::reregister`]), first gives the region a copy of
-    /// its own. A device with native regions (rdma-core) registers such a copy at once,
-    /// since its buffer must not move.
+    /// its own. A device with native regions (rdma-core) makes them the region's own at once
+    /// (a copy unless nothing else holds them), since its buffer must not move.
     pub fn register_bytes(&self, buf: Bytes, access: Access) -> Result<MemoryRegion, VerbsError> {
         self.register_backing(Backing::Shared(buf), access)
     }
@@ -673,6 +675,12 @@ mod tests {
         assert_ne!(mr.inner.data.lock().as_ptr(), data.as_ptr());
         assert_eq!(&mr.read(0, 4).unwrap()[..], b"new\x05");
         assert!(data.iter().all(|b| *b == 5));
+        // Bytes nothing else holds become the region's own without a copy.
+        let alone = Bytes::from(vec![6u8; 4096]);
+        let at = alone.as_ptr();
+        let mr3 = pd.register_bytes(alone, Access::REMOTE_READ).unwrap();
+        mr3.write(0, b"x").unwrap();
+        assert_eq!(mr3.inner.data.lock().as_ptr(), at);
         // Taking the bytes out works on either backing.
         let mr2 = pd
             .register_bytes(data.clone(), Access::REMOTE_READ)
