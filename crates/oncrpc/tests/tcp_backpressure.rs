@@ -16,6 +16,7 @@ use oncrpc::{
 };
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
 use xdr::Encoder;
 
 const PROG: u32 = 0x2000_00b1;
@@ -235,15 +236,42 @@ async fn a_connection_without_room_for_its_receive_buffer_is_refused() {
     server.shutdown().await;
 }
 
+/// BIG calls that wait for the test to open their gate before replying: the memory they hold
+/// stays held, so the budget stays full without depending on how much the sockets absorb.
+struct GatedReplies(Arc<Semaphore>);
+
+impl Program for GatedReplies {
+    fn program(&self) -> u32 {
+        PROG
+    }
+    fn versions(&self) -> (u32, u32) {
+        (1, 1)
+    }
+    fn call(&self, call: Call) -> BoxFuture<'_, Outcome> {
+        Box::pin(async move {
+            // Closed, not given permits, to open: every waiting call goes on.
+            let _ = self.0.acquire().await;
+            BigReplies.call(call).await
+        })
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_while_its_call_waits_for_memory_gives_it_back_at_once() {
     // 1 MiB for the server. `waiting` connects first (its receive buffer fits), then
-    // `hostile` fills the rest with replies it never reads, so `waiting`'s next call finds no
-    // memory for its reply and its reader waits. Nothing `hostile` holds will ever come back.
+    // `hostile` fills the rest with calls that hold their memory until the gate opens, so
+    // `waiting`'s next call finds no memory for its reply and its reader waits. Nothing
+    // comes back to the budget until the gate opens: the calls hold it, and no reply is
+    // written, so the budget's counters move only when the test's connections do.
+    //
+    // (An earlier form let `hostile`'s replies fill loopback's socket buffers instead. While
+    // they were still filling, memory came and went, so the refusals it waited for could be
+    // `hostile`'s own, and `hostile` took back at once most of what `waiting` gave back.)
     let budget = MemoryBudget::new(1 << 20, 1 << 20);
+    let gate = Arc::new(Semaphore::new(0));
     let server = TcpServer::bind(
         "127.0.0.1:0",
-        Arc::new(Dispatcher::new().with(Arc::new(BigReplies))),
+        Arc::new(Dispatcher::new().with(Arc::new(GatedReplies(gate.clone())))),
         ServerConfig::default().with_budget(budget.clone()),
     )
     .await
@@ -261,21 +289,33 @@ async fn a_client_that_goes_while_its_call_waits_for_memory_gives_it_back_at_onc
         budget.connections() == 2 && budget.refusals() > 0
     })
     .await;
+    // From here no reservation is given back while the gate is shut, so the only new
+    // refusal can be `waiting`'s.
     let refusals = budget.refusals();
+    let full = budget.used();
+    assert!(
+        budget.limit() - full < REPLY + 1024,
+        "the budget is full: {full} of {}",
+        budget.limit()
+    );
     write_record(&mut waiting, &call(CALLS)).await.unwrap();
     eventually("the other connection's call waits for memory too", || {
         budget.refusals() > refusals
     })
     .await;
-    let before = budget.used();
-    // The waiting client goes. Its memory comes back now, though the hostile connection
-    // still holds all the rest (before this change it waited for that memory first).
+    // The waiting client goes. Its share goes with it at once (a connection's share is
+    // dropped with the last of its reservations), though the hostile connection still holds
+    // all the rest; before cc4e04d its reader went on waiting for that memory first. What
+    // it gives back may at once go to the hostile connection's waiting reader, so the count
+    // of bytes in use is no witness; the count of shares is.
     drop(waiting);
     eventually("the departed connection's memory back", || {
-        budget.connections() == 1 && budget.used() < before
+        budget.connections() == 1
     })
     .await;
     assert!(budget.peak() <= budget.limit());
+    assert_eq!(gate.available_permits(), 0, "no hostile call has finished");
+    gate.close();
     drop(hostile);
     eventually("everything given back", || {
         budget.connections() == 0 && budget.used() == 0
