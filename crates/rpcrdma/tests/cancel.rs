@@ -220,11 +220,7 @@ async fn responder_cannot_write_into_the_chunk_of_a_dropped_call() {
         .map(|_| pd.register_len(4096, Access::LOCAL_WRITE).unwrap())
         .collect();
     for (i, b) in bufs.iter().enumerate() {
-        qp.post_recv(RecvWr {
-            wr_id: i as u64,
-            sgl: vec![b.sge(0, 4096)],
-        })
-        .unwrap();
+        qp.post_recv(RecvWr::new(i as u64, b.sge(0, 4096))).unwrap();
     }
     let mut listener = dev.listen("10.0.1.2:20049".parse().unwrap()).await.unwrap();
     let addr = listener.local_addr();

@@ -376,11 +376,8 @@ impl RawPeer {
             .map(|_| pd.register_len(65536, Access::LOCAL_WRITE).unwrap())
             .collect();
         for (i, b) in bufs.iter().enumerate() {
-            qp.post_recv(RecvWr {
-                wr_id: i as u64,
-                sgl: vec![b.sge(0, 65536)],
-            })
-            .unwrap();
+            qp.post_recv(RecvWr::new(i as u64, b.sge(0, 65536)))
+                .unwrap();
         }
         let params = ConnParams {
             private_data: Bytes::copy_from_slice(&cfg_4k().private_data().encode()),
@@ -409,10 +406,7 @@ impl RawPeer {
         let i = wc.wr_id as usize;
         let msg = self.bufs[i].read(0, wc.byte_len as usize).unwrap();
         self.qp
-            .post_recv(RecvWr {
-                wr_id: i as u64,
-                sgl: vec![self.bufs[i].sge(0, 65536)],
-            })
+            .post_recv(RecvWr::new(i as u64, self.bufs[i].sge(0, 65536)))
             .unwrap();
         (msg, wc.invalidated_rkey)
     }

@@ -114,11 +114,7 @@ async fn broken_responder() -> SocketAddr {
                 let mut bufs = Vec::new();
                 for i in 0..32u64 {
                     let mr = pd.register_len(8192, Access::LOCAL_WRITE).unwrap();
-                    qp.post_recv(RecvWr {
-                        wr_id: i,
-                        sgl: vec![mr.sge(0, 8192)],
-                    })
-                    .unwrap();
+                    qp.post_recv(RecvWr::new(i, mr.sge(0, 8192))).unwrap();
                     bufs.push(mr);
                 }
                 let Ok(conn) = req.accept(&qp, ConnParams::default()).await else {
@@ -132,10 +128,9 @@ async fn broken_responder() -> SocketAddr {
                     }
                     let m = bufs[c.wr_id as usize].read(0, 4).unwrap();
                     let xid = u32::from_be_bytes([m[0], m[1], m[2], m[3]]);
-                    let _ = conn.qp().post_recv(RecvWr {
-                        wr_id: c.wr_id,
-                        sgl: vec![bufs[c.wr_id as usize].sge(0, 8192)],
-                    });
+                    let _ = conn
+                        .qp()
+                        .post_recv(RecvWr::new(c.wr_id, bufs[c.wr_id as usize].sge(0, 8192)));
                     id += 1;
                     if conn
                         .qp()

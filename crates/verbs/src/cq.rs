@@ -289,11 +289,24 @@ impl SendWr {
     }
 }
 
+/// A receive work request's scatter list: one or two elements on the stack (a receive is
+/// reposted for every message; a heap allocation each before).
+pub type RecvSgl = smallvec::SmallVec<[Sge; 2]>;
+
 /// A receive-queue work request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
     /// Scatter list (needs LOCAL_WRITE).
-    pub sgl: Vec<Sge>,
+    pub sgl: RecvSgl,
+}
+
+impl RecvWr {
+    /// A receive into one buffer, the common case.
+    pub fn new(wr_id: u64, sge: Sge) -> Self {
+        let mut sgl = RecvSgl::new();
+        sgl.push(sge);
+        RecvWr { wr_id, sgl }
+    }
 }

@@ -36,7 +36,7 @@
 //! let (scq, rcq) = (dev.create_cq(), dev.create_cq());
 //! let qp = dev.create_qp(&pd, &scq, &rcq);
 //! let buf = pd.register_len(4096, Access::LOCAL_WRITE)?;
-//! qp.post_recv(RecvWr { wr_id: 1, sgl: vec![buf.sge(0, 4096)] })?; // before connecting is fine
+//! qp.post_recv(RecvWr::new(1, buf.sge(0, 4096)))?; // before connecting is fine
 //! let conn = dev.connect(&qp, "127.0.0.1:4791".parse().unwrap(), ConnParams::default()).await?;
 //! let src = pd.register(b"hello".to_vec(), Access::LOCAL_WRITE)?;
 //! qp.post_send(SendWr::new(2, SendOp::RdmaWrite { remote_addr: 0, rkey: 0x1234_5601 }, vec![src.sge(0, 5)]))?;

@@ -17,10 +17,7 @@ async fn session(dir: &Path, crc: bool) -> std::path::PathBuf {
     let rb = e.s.pd.register_len(1 << 17, Access::LOCAL_WRITE).unwrap();
     for i in 0..4 {
         e.s.qp
-            .post_recv(RecvWr {
-                wr_id: i,
-                sgl: vec![rb.sge(i * 32768, 32768)],
-            })
+            .post_recv(RecvWr::new(i, rb.sge(i * 32768, 32768)))
             .unwrap();
     }
     let pc = ConnParams {

@@ -33,10 +33,7 @@ async fn close_after_sends(kind: Kind, wait_idle: bool) {
         .map(|i| {
             let mr = e.s.pd.register_len(LEN, Access::LOCAL_WRITE).unwrap();
             e.s.qp
-                .post_recv(RecvWr {
-                    wr_id: i as u64,
-                    sgl: vec![mr.sge(0, LEN as u32)],
-                })
+                .post_recv(RecvWr::new(i as u64, mr.sge(0, LEN as u32)))
                 .unwrap();
             mr
         })

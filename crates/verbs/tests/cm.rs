@@ -115,12 +115,7 @@ async fn rtr_handshake_each_kind() {
             within(async {
                 let e = ends(kind);
                 let rb = e.s.pd.register_len(64, Access::LOCAL_WRITE).unwrap();
-                e.s.qp
-                    .post_recv(RecvWr {
-                        wr_id: 1,
-                        sgl: vec![rb.sge(0, 64)],
-                    })
-                    .unwrap();
+                e.s.qp.post_recv(RecvWr::new(1, rb.sge(0, 64))).unwrap();
                 let mut kinds = [false; 3];
                 kinds[rtr] = true;
                 let pc = ConnParams {
@@ -245,12 +240,7 @@ async fn disconnect_flushes_and_reports() {
             let (e, k) = up(kind).await;
             let rb = e.s.pd.register_len(64, Access::LOCAL_WRITE).unwrap();
             for i in 0..3 {
-                e.s.qp
-                    .post_recv(RecvWr {
-                        wr_id: i,
-                        sgl: vec![rb.sge(0, 64)],
-                    })
-                    .unwrap();
+                e.s.qp.post_recv(RecvWr::new(i, rb.sge(0, 64))).unwrap();
             }
             k.c.disconnect().await;
             k.s.closed().await;

@@ -21,10 +21,7 @@ async fn echo_from_the_handler(kind: Kind) {
         .collect();
     for (i, b) in sbufs.iter().enumerate() {
         e.s.qp
-            .post_recv(RecvWr {
-                wr_id: i as u64,
-                sgl: vec![b.sge(0, 64)],
-            })
+            .post_recv(RecvWr::new(i as u64, b.sge(0, 64)))
             .unwrap();
     }
     let cbufs: Vec<_> = (0..SLOTS)
@@ -32,10 +29,7 @@ async fn echo_from_the_handler(kind: Kind) {
         .collect();
     for (i, b) in cbufs.iter().enumerate() {
         e.c.qp
-            .post_recv(RecvWr {
-                wr_id: i as u64,
-                sgl: vec![b.sge(0, 64)],
-            })
+            .post_recv(RecvWr::new(i as u64, b.sge(0, 64)))
             .unwrap();
     }
 
@@ -50,11 +44,8 @@ async fn echo_from_the_handler(kind: Kind) {
         assert_eq!((c.opcode, c.status), (WcOpcode::Recv, WcStatus::Success));
         let i = c.wr_id as usize;
         let msg = sb[i].read(0, c.byte_len as usize).unwrap();
-        sqp.post_recv(RecvWr {
-            wr_id: c.wr_id,
-            sgl: vec![sb[i].sge(0, 64)],
-        })
-        .unwrap();
+        sqp.post_recv(RecvWr::new(c.wr_id, sb[i].sge(0, 64)))
+            .unwrap();
         let mut wr = SendWr::send_bytes(0, msg);
         wr.signaled = false;
         sqp.post_send(wr).unwrap();
@@ -74,11 +65,8 @@ async fn echo_from_the_handler(kind: Kind) {
         assert_eq!(c.status, WcStatus::Success);
         let i = c.wr_id as usize;
         let msg = cb[i].read(0, c.byte_len as usize).unwrap();
-        cqp.post_recv(RecvWr {
-            wr_id: c.wr_id,
-            sgl: vec![cb[i].sge(0, 64)],
-        })
-        .unwrap();
+        cqp.post_recv(RecvWr::new(c.wr_id, cb[i].sge(0, 64)))
+            .unwrap();
         let mut v = g.lock().unwrap();
         v.push(u32::from_be_bytes(msg[..4].try_into().unwrap()));
         if v.len() == N {
@@ -134,10 +122,7 @@ async fn earlier_completions_then_flushes_reach_the_handler() {
             .collect();
         for (i, b) in rbufs.iter().enumerate() {
             e.s.qp
-                .post_recv(RecvWr {
-                    wr_id: i as u64,
-                    sgl: vec![b.sge(0, 16)],
-                })
+                .post_recv(RecvWr::new(i as u64, b.sge(0, 16)))
                 .unwrap();
         }
         e.c.qp

@@ -32,12 +32,7 @@ async fn write_violation(
     let (dst, to, len) = mk(&e);
     // A receive posted on the target gets flushed.
     let rb = e.s.pd.register_len(64, Access::LOCAL_WRITE).unwrap();
-    e.s.qp
-        .post_recv(RecvWr {
-            wr_id: 77,
-            sgl: vec![rb.sge(0, 64)],
-        })
-        .unwrap();
+    e.s.qp.post_recv(RecvWr::new(77, rb.sge(0, 64))).unwrap();
     let src =
         e.c.pd
             .register(vec![0xAB; len], Access::LOCAL_WRITE)
@@ -249,12 +244,7 @@ async fn receive_buffer_too_small() {
     within(async {
         let (e, k) = up(Kind::Mem).await;
         let rb = e.s.pd.register_len(4, Access::LOCAL_WRITE).unwrap();
-        e.s.qp
-            .post_recv(RecvWr {
-                wr_id: 3,
-                sgl: vec![rb.sge(0, 4)],
-            })
-            .unwrap();
+        e.s.qp.post_recv(RecvWr::new(3, rb.sge(0, 4))).unwrap();
         e.c.qp
             .post_send(SendWr::send_bytes(1, Bytes::from_static(b"too long")))
             .unwrap();

@@ -13,12 +13,7 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 async fn send_recv(kind: Kind) {
     let (e, _k) = up(kind).await;
     let rbuf = e.s.pd.register_len(4096, Access::LOCAL_WRITE).unwrap();
-    e.s.qp
-        .post_recv(RecvWr {
-            wr_id: 7,
-            sgl: vec![rbuf.sge(0, 4096)],
-        })
-        .unwrap();
+    e.s.qp.post_recv(RecvWr::new(7, rbuf.sge(0, 4096))).unwrap();
     e.c.qp
         .post_send(SendWr::send_bytes(1, Bytes::from_static(b"hello iwarp")))
         .unwrap();
@@ -209,12 +204,7 @@ async fn read_from_shared_bytes_mem() {
 async fn zero_length_ops(kind: Kind) {
     let (e, _k) = up(kind).await;
     let rbuf = e.s.pd.register_len(16, Access::LOCAL_WRITE).unwrap();
-    e.s.qp
-        .post_recv(RecvWr {
-            wr_id: 9,
-            sgl: vec![rbuf.sge(0, 16)],
-        })
-        .unwrap();
+    e.s.qp.post_recv(RecvWr::new(9, rbuf.sge(0, 16))).unwrap();
     // Zero-length Write with a bogus STag: siw skips the STag check.
     e.c.qp
         .post_send(SendWr::new(
@@ -281,10 +271,7 @@ async fn send_with_invalidate_and_se(kind: Kind) {
     let rbuf = e.s.pd.register_len(1 << 18, Access::LOCAL_WRITE).unwrap();
     for i in 0..2 {
         e.s.qp
-            .post_recv(RecvWr {
-                wr_id: 100 + i,
-                sgl: vec![rbuf.sge(i * (1 << 17), 1 << 17)],
-            })
+            .post_recv(RecvWr::new(100 + i, rbuf.sge(i * (1 << 17), 1 << 17)))
             .unwrap();
     }
     // Multi-FPDU Send with Invalidate, gathered from two SGEs.
@@ -590,19 +577,13 @@ async fn ping_pong_sends_directly_and_bursts_through_the_writer() {
         let cbuf = e.c.pd.register_len(64, Access::LOCAL_WRITE).unwrap();
         for i in 0..512u64 {
             e.s.qp
-                .post_recv(RecvWr {
-                    wr_id: i,
-                    sgl: vec![sbuf.sge(64 * i, 64)],
-                })
+                .post_recv(RecvWr::new(i, sbuf.sge(64 * i, 64)))
                 .unwrap();
         }
         // Ping-pong: the client sends, the server answers each message it receives.
         for i in 0..ROUNDS {
             e.c.qp
-                .post_recv(RecvWr {
-                    wr_id: 1000 + i,
-                    sgl: vec![cbuf.sge(0, 64)],
-                })
+                .post_recv(RecvWr::new(1000 + i, cbuf.sge(0, 64)))
                 .unwrap();
             let msg = format!("ping {i}");
             e.c.qp

@@ -114,11 +114,8 @@ async fn every_opcode_over_a_real_device() {
     // Receives before connecting (kept until the QP exists).
     let rbuf = pd_b.register_len(64 * 1024, Access::LOCAL_WRITE).unwrap();
     for i in 0..8u64 {
-        b.qp.post_recv(RecvWr {
-            wr_id: 100 + i,
-            sgl: vec![rbuf.sge(i * 8192, 8192)],
-        })
-        .unwrap();
+        b.qp.post_recv(RecvWr::new(100 + i, rbuf.sge(i * 8192, 8192)))
+            .unwrap();
     }
     let pa = ConnParams {
         private_data: Bytes::from_static(b"hello from the initiator"),
@@ -349,11 +346,7 @@ async fn reject_carries_private_data_and_the_qp_can_retry() {
     // A Send both ways proves the QPs work.
     let pd_b = b.qp.pd().clone();
     let rb = pd_b.register_len(64, Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv(RecvWr {
-        wr_id: 1,
-        sgl: vec![rb.sge(0, 64)],
-    })
-    .unwrap();
+    b.qp.post_recv(RecvWr::new(1, rb.sge(0, 64))).unwrap();
     a.qp.post_send(SendWr::send_bytes(2, Bytes::from_static(b"ping")))
         .unwrap();
     assert_eq!(next(&a.scq).await.status, WcStatus::Success);
@@ -492,11 +485,8 @@ async fn owned_sends_beyond_the_bounce_slots_keep_their_bytes() {
             .register_len(8192 * N as usize, Access::LOCAL_WRITE)
             .unwrap();
     for i in 0..N {
-        b.qp.post_recv(RecvWr {
-            wr_id: i,
-            sgl: vec![ring.sge(i * 8192, 8192)],
-        })
-        .unwrap();
+        b.qp.post_recv(RecvWr::new(i, ring.sge(i * 8192, 8192)))
+            .unwrap();
     }
     let Some((ca, _cb, _)) = pair(
         &dev,

@@ -298,10 +298,10 @@ fn make_qp(dev: &Device, pd: &verbs::ProtectionDomain, n: u32) -> Result<Qp, ver
     let qp = dev.create_qp(pd, &scq, &rcq);
     let ring = pd.register_len(BUF_LEN * n as usize, Access::LOCAL_WRITE)?;
     for i in 0..n {
-        qp.post_recv(RecvWr {
-            wr_id: u64::from(i),
-            sgl: vec![ring.sge((i as usize * BUF_LEN) as u64, BUF_LEN as u32)],
-        })?;
+        qp.post_recv(RecvWr::new(
+            u64::from(i),
+            ring.sge((i as usize * BUF_LEN) as u64, BUF_LEN as u32),
+        ))?;
     }
     Ok(Qp { qp, ring })
 }

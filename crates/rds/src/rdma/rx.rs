@@ -99,10 +99,10 @@ impl Rx {
                 "bad fragment"
             })?;
         self.qp
-            .post_recv(RecvWr {
-                wr_id: c.wr_id,
-                sgl: vec![self.ring.sge(off as u64, BUF_LEN as u32)],
-            })
+            .post_recv(RecvWr::new(
+                c.wr_id,
+                self.ring.sge(off as u64, BUF_LEN as u32),
+            ))
             .map_err(|_| "cannot re-post a receive buffer")?;
         CounterCells::add(&self.ctr.recvs, 1);
         let wake = {

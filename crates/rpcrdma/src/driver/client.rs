@@ -102,10 +102,7 @@ async fn open_client_link(
     )?;
     // RFC 8167 §4.3.1: receives for replies and for backward calls go up before connecting.
     for (i, mr) in recv_bufs.iter().enumerate() {
-        qp.post_recv(RecvWr {
-            wr_id: i as u64,
-            sgl: vec![mr.sge(0, mr.len() as u32)],
-        })?;
+        qp.post_recv(RecvWr::new(i as u64, mr.sge(0, mr.len() as u32)))?;
     }
     let conn = dev.connect(&qp, addr, config.conn_params()).await?;
     let params: Params = cfg

@@ -281,10 +281,8 @@ impl Drop for Link {
 impl Link {
     pub(super) fn post_recv(&self, i: usize) -> Result<(), verbs::VerbsError> {
         let mr = &self.recv_bufs[i];
-        self.qp.post_recv(RecvWr {
-            wr_id: i as u64,
-            sgl: vec![mr.sge(0, mr.len() as u32)],
-        })
+        self.qp
+            .post_recv(RecvWr::new(i as u64, mr.sge(0, mr.len() as u32)))
     }
 
     /// Post a Send of `data` (owned bytes, like inline data) and wait for its completion.

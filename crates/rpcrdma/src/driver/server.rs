@@ -283,10 +283,7 @@ async fn serve_connection(
     let recv_bufs = recv_pool(&pd, nrecv, params.inline_recv)?;
     // Receives go up before the connection is accepted: the grant is backed by posted buffers.
     for (i, mr) in recv_bufs.iter().enumerate() {
-        qp.post_recv(RecvWr {
-            wr_id: i as u64,
-            sgl: vec![mr.sge(0, mr.len() as u32)],
-        })?;
+        qp.post_recv(RecvWr::new(i as u64, mr.sge(0, mr.len() as u32)))?;
     }
     let conn = req.accept(&qp, sh.cfg.conn_params()).await?;
     sh.counters.connections.fetch_add(1, Ordering::Relaxed);

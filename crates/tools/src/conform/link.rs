@@ -94,10 +94,10 @@ impl Link {
         let mut bufs = Vec::with_capacity(opts.recvs);
         for i in 0..opts.recvs {
             let mr = pd.register_len(opts.recv_size as usize, Access::LOCAL_WRITE)?;
-            qp.post_recv(RecvWr {
-                wr_id: RECV_WR_BASE + i as u64,
-                sgl: vec![mr.sge(0, opts.recv_size)],
-            })?;
+            qp.post_recv(RecvWr::new(
+                RECV_WR_BASE + i as u64,
+                mr.sge(0, opts.recv_size),
+            ))?;
             bufs.push(mr);
         }
         let params = ConnParams {
@@ -209,10 +209,9 @@ impl Link {
         self.received += 1;
         let len = (c.byte_len as usize).min(self.recv_size as usize);
         let msg = mr.read(0, len)?;
-        self.conn.qp().post_recv(RecvWr {
-            wr_id: c.wr_id,
-            sgl: vec![mr.sge(0, self.recv_size)],
-        })?;
+        self.conn
+            .qp()
+            .post_recv(RecvWr::new(c.wr_id, mr.sge(0, self.recv_size)))?;
         Ok(Received::Msg(msg))
     }
 

@@ -202,11 +202,8 @@ impl<'a> Peer<'a> {
         let mut recv = Vec::new();
         for slot in 0..NRECV {
             let mr = reg(&pd, HDR_LEN + n, Access::LOCAL_WRITE)?;
-            qp.post_recv(RecvWr {
-                wr_id: slot,
-                sgl: vec![mr.sge(0, (HDR_LEN + n) as u32)],
-            })
-            .map_err(|e| fatal(format!("post_recv: {e}")))?;
+            qp.post_recv(RecvWr::new(slot, mr.sge(0, (HDR_LEN + n) as u32)))
+                .map_err(|e| fatal(format!("post_recv: {e}")))?;
             recv.push(mr);
         }
         Ok(Peer {
@@ -241,10 +238,7 @@ impl<'a> Peer<'a> {
     fn repost(&self, slot: u64) -> Result<(), PeerError> {
         let mr = self.slot(slot)?;
         self.qp
-            .post_recv(RecvWr {
-                wr_id: slot,
-                sgl: vec![mr.sge(0, mr.len() as u32)],
-            })
+            .post_recv(RecvWr::new(slot, mr.sge(0, mr.len() as u32)))
             .map_err(|e| fatal(format!("post_recv: {e}")))
     }
 

@@ -256,17 +256,17 @@ impl Peer<'_> {
             } => {
                 let r = rcq_s.next().await;
                 check(r.status)?;
-                qps.post_recv(RecvWr {
-                    wr_id: r.wr_id,
-                    sgl: vec![rbuf.sge(r.wr_id * max as u64, max as u32)],
-                })
+                qps.post_recv(RecvWr::new(
+                    r.wr_id,
+                    rbuf.sge(r.wr_id * max as u64, max as u32),
+                ))
             }
             Peer::Remote { qpc, rcq_c, .. } => {
                 let r = rcq_c.next().await;
                 check(r.status)?;
                 qpc.post_recv(RecvWr {
                     wr_id: r.wr_id,
-                    sgl: vec![],
+                    sgl: Default::default(),
                 })
             }
         }
@@ -304,10 +304,10 @@ pub async fn run(cfg: &PerfConfig) -> Result<PerfReport, VerbsError> {
     };
     let rbuf = pds.register_len(max * nslots, Access::LOCAL_WRITE)?;
     for i in 0..nslots {
-        qps.post_recv(RecvWr {
-            wr_id: i as u64,
-            sgl: vec![rbuf.sge((i * max) as u64, max as u32)],
-        })?;
+        qps.post_recv(RecvWr::new(
+            i as u64,
+            rbuf.sge((i * max) as u64, max as u32),
+        ))?;
     }
 
     let mut l = ds.listen(SocketAddr::new(cfg.self_ip, 0)).await?;
@@ -371,7 +371,7 @@ pub async fn run_client(cfg: &PerfConfig, addr: SocketAddr) -> Result<PerfReport
     for i in 0..credit_slots {
         qp.post_recv(RecvWr {
             wr_id: i as u64,
-            sgl: vec![],
+            sgl: Default::default(),
         })?;
     }
     let p = ConnParams {
@@ -444,10 +444,7 @@ pub async fn serve_on(
     // All receives share one buffer: the payload is not looked at.
     let rbuf = pd.register_len(max, Access::LOCAL_WRITE)?;
     for i in 0..credits {
-        qp.post_recv(RecvWr {
-            wr_id: i as u64,
-            sgl: vec![rbuf.sge(0, max as u32)],
-        })?;
+        qp.post_recv(RecvWr::new(i as u64, rbuf.sge(0, max as u32)))?;
     }
     let offer = Offer {
         tcp_port,
@@ -472,7 +469,7 @@ pub async fn serve_on(
                 if r.status != WcStatus::Success {
                     break;
                 }
-                qp.post_recv(RecvWr { wr_id: r.wr_id, sgl: vec![rbuf.sge(0, max as u32)] })?;
+                qp.post_recv(RecvWr::new(r.wr_id, rbuf.sge(0, max as u32)))?;
                 qp.post_send(SendWr::new(r.wr_id, SendOp::Send, vec![]))?;
             }
             c = scq.next() => {

@@ -40,14 +40,14 @@ impl RxHarness {
             zero_copy_tx: false,
         });
         for i in 0..4 {
-            engine.post_recv(RecvWr {
-                wr_id: i,
-                sgl: vec![crate::Sge {
+            engine.post_recv(RecvWr::new(
+                i,
+                crate::Sge {
                     lkey: mrs[0].stag(),
                     addr: 0,
                     length: 1024,
-                }],
-            });
+                },
+            ));
         }
         Self {
             engine,

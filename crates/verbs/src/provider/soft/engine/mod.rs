@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use smallvec::SmallVec;
 
 use crate::cq::{Completion, Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 use crate::mem::{Access, AccessFault, MrInner, StagTable};
@@ -84,8 +85,10 @@ impl Outbox {
 /// One DDP segment (= MPA ULPDU) to transmit: header bytes then payload.
 #[derive(Debug, Clone)]
 pub struct TxSegment {
-    /// DDP/RDMAP header (and Read Request / Terminate body).
-    pub hdr: Bytes,
+    /// DDP/RDMAP header (and Read Request / Terminate body): on the stack up to
+    /// [`INLINE_HDR`] bytes, which every segment but a Terminate fits (one heap allocation
+    /// per FPDU before).
+    pub hdr: SegHeader,
     /// Payload.
     pub payload: Bytes,
     /// Zero-copy payload still in registered memory (region, offset, length); when set,
@@ -118,7 +121,16 @@ pub(crate) struct EngineParams {
     pub zero_copy_tx: bool,
 }
 
-type Resolved = Vec<(Arc<MrInner>, usize, usize)>;
+/// A segment's header bytes: the DDP header and the Read Request body fit inline (18 + 28).
+pub type SegHeader = SmallVec<[u8; INLINE_HDR]>;
+
+/// Header bytes a [`SegHeader`] holds without a heap allocation.
+pub const INLINE_HDR: usize = 64;
+
+/// A work request's scatter/gather list checked against the STag table: (region, offset,
+/// length) per element. One element is the common case (an RPC message in one buffer); it is
+/// kept on the stack (a heap allocation per Send and per Receive before).
+type Resolved = SmallVec<[(Arc<MrInner>, usize, usize); 2]>;
 
 #[derive(Debug)]
 struct SqEntry {
@@ -494,18 +506,7 @@ impl Engine {
     }
 
     fn resolve(&self, sgl: &[crate::Sge], need: Access) -> Result<Resolved, AccessFault> {
-        let mut v = Vec::with_capacity(sgl.len());
-        for s in sgl {
-            if s.length == 0 {
-                continue;
-            }
-            let mr = self
-                .table
-                .check(s.lkey, self.pd, need, s.addr, u64::from(s.length))?;
-            let off = (s.addr - mr.base) as usize;
-            v.push((mr, off, s.length as usize));
-        }
-        Ok(v)
+        resolve_sgl(&self.table, self.pd, sgl, need)
     }
 
     fn local_fail(&mut self, wr: &SendWr, status: WcStatus) {
@@ -525,11 +526,8 @@ impl Engine {
                     _ => Access::NONE,
                 };
                 let r = match &e.wr.payload {
-                    Payload::Sgl(v) => {
-                        let v = v.clone();
-                        self.resolve(&v, need)
-                    }
-                    Payload::Inline(_) => Ok(Vec::new()),
+                    Payload::Sgl(v) => resolve_sgl(&self.table, self.pd, v, need),
+                    Payload::Inline(_) => Ok(Resolved::new()),
                 };
                 let e = self.sq.front_mut()?;
                 match r {
@@ -688,12 +686,33 @@ fn untagged(opcode: Opcode, qn: u32, msn: u32, mo: u32, inv_stag: u32) -> DdpHea
     }
 }
 
+/// Check a scatter/gather list's elements against the STag table (zero-length ones are
+/// skipped).
+fn resolve_sgl(
+    table: &StagTable,
+    pd: u32,
+    sgl: &[crate::Sge],
+    need: Access,
+) -> Result<Resolved, AccessFault> {
+    let mut v = Resolved::new();
+    for s in sgl {
+        if s.length == 0 {
+            continue;
+        }
+        let mr = table.check(s.lkey, pd, need, s.addr, u64::from(s.length))?;
+        let off = (s.addr - mr.base) as usize;
+        v.push((mr, off, s.length as usize));
+    }
+    Ok(v)
+}
+
 fn seg(h: &DdpHeader, body: &[u8], payload: Bytes) -> TxSegment {
-    let mut b = BytesMut::with_capacity(h.encoded_len() + body.len());
-    h.encode(&mut b);
+    let (a, n) = h.to_array();
+    let mut b = SegHeader::new();
+    b.extend_from_slice(&a[..n]);
     b.extend_from_slice(body);
     TxSegment {
-        hdr: b.freeze(),
+        hdr: b,
         payload,
         mr_payload: None,
     }
