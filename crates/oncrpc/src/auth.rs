@@ -194,6 +194,16 @@ impl Credential {
         })
     }
 
+    /// [`Credential::forbids_reduction`] of a credential not yet parsed: only an RPCSEC_GSS
+    /// body is decoded (an AUTH_SYS one, with its list of groups, is not: this runs for every
+    /// call RPC-over-RDMA sends and receives). A malformed body forbids nothing here; the
+    /// server answers it with AUTH_BADCRED when it parses the credential itself.
+    pub fn forbids_reduction_of(cred: &OpaqueAuth) -> bool {
+        cred.flavor == RPCSEC_GSS
+            && GssCred::decode_body(&cred.body)
+                .is_ok_and(|g| matches!(g.service, GssService::Integrity | GssService::Privacy))
+    }
+
     /// True when the call's arguments and results are wrapped by RPCSEC_GSS integrity or
     /// privacy. RPC-over-RDMA must not reduce such payloads (RFC 8166 §8.2.2.3).
     pub fn forbids_reduction(&self) -> bool {

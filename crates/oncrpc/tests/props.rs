@@ -90,6 +90,32 @@ proptest! {
         let _ = OpaqueAuth::decode(&mut d);
     }
 
+    /// The shortcut RPC-over-RDMA takes for every call (no AUTH_SYS body decoded) says what
+    /// parsing the credential would: any flavor, any body, well-formed RPCSEC_GSS ones of
+    /// each service included.
+    #[test]
+    fn forbidding_reduction_without_parsing_agrees_with_parsing(
+        buf in prop::collection::vec(any::<u8>(), 0..64),
+        gss_proc in 0u32..5,
+        service in 0u32..5,
+        seq in any::<u32>(),
+        handle in prop::collection::vec(any::<u8>(), 0..12),
+    ) {
+        let mut e = Encoder::new();
+        for v in [1, gss_proc, seq, service] {
+            e.put_u32(v);
+        }
+        e.put_opaque(&handle);
+        let gss = e.finish().to_bytes();
+        for body in [Bytes::from(buf), gss] {
+            for flavor in [0, 1, 2, 6, 9] {
+                let cred = OpaqueAuth { flavor, body: body.clone() };
+                let parsed = Credential::parse(&cred).is_ok_and(|c| c.forbids_reduction());
+                prop_assert_eq!(Credential::forbids_reduction_of(&cred), parsed);
+            }
+        }
+    }
+
     #[test]
     fn reply_headers_round_trip(
         xid in any::<u32>(),

@@ -79,8 +79,8 @@ impl CallPolicy {
         //# All other XDR data items MUST NOT be reduced.
         //= specs/rfc8166.txt#section-6.1
         //# Senders MUST NOT reduce data items that are not DDP-eligible.
-        let no_reduction = Credential::parse(&req.cred).is_ok_and(|c| c.forbids_reduction())
-            || !self.reducing.contains(&req.prog);
+        let no_reduction =
+            Credential::forbids_reduction_of(&req.cred) || !self.reducing.contains(&req.prog);
         let policy = if no_reduction {
             DdpPolicy::Inline
         } else {

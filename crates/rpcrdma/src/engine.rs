@@ -242,9 +242,11 @@ pub(crate) struct Mismatch;
 /// contents begin. Each chunk is followed by XDR round-up zeros: a reduced item's padding is not in
 /// the Payload stream (RFC 8166 §3.4.4.4) and need not be in its Read chunk (§3.4.5.2), and the
 /// items after it begin on four-byte alignment.
-pub(crate) fn reassemble(inline: &[u8], chunks: &[(usize, Bytes)]) -> Result<Bytes, Mismatch> {
+///
+/// Without chunks the Payload stream is the message: it is handed on as it is, no copy.
+pub(crate) fn reassemble(inline: &Bytes, chunks: &[(usize, Bytes)]) -> Result<Bytes, Mismatch> {
     if chunks.is_empty() {
-        return Ok(Bytes::copy_from_slice(inline));
+        return Ok(inline.clone());
     }
     let extra: usize = chunks.iter().map(|(_, d)| padded(d.len())).sum();
     let mut out = BytesMut::with_capacity(inline.len() + extra);
@@ -493,11 +495,15 @@ mod tests {
 
     #[test]
     fn reassembly_rounds_up() {
-        let out = reassemble(b"abcdWXYZ", &[(4, Bytes::from_static(b"123"))]).unwrap();
+        let out = reassemble(
+            &Bytes::from_static(b"abcdWXYZ"),
+            &[(4, Bytes::from_static(b"123"))],
+        )
+        .unwrap();
         assert_eq!(&out[..], b"abcd123\0WXYZ");
-        assert!(reassemble(b"ab", &[(8, Bytes::from_static(b"1"))]).is_err());
+        assert!(reassemble(&Bytes::from_static(b"ab"), &[(8, Bytes::from_static(b"1"))]).is_err());
         let two = reassemble(
-            b"aaaabbbb",
+            &Bytes::from_static(b"aaaabbbb"),
             &[
                 (4, Bytes::from_static(b"1")),
                 (12, Bytes::from_static(b"22222")),
@@ -505,6 +511,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(&two[..], b"aaaa1\0\0\0bbbb22222\0\0\0");
+        // No chunk: the stream itself, not a copy of it.
+        let stream = Bytes::from_static(b"abcd");
+        let same = reassemble(&stream, &[]).unwrap();
+        assert_eq!(same.as_ptr(), stream.as_ptr());
     }
 
     //= specs/rfc8166.txt#section-3.4.6

@@ -81,26 +81,49 @@ pub(super) async fn hold_in_budget(
     let held = match pre {
         Some(mut r) if r.bytes() >= total => {
             r.shrink(total);
-            Arc::new(r)
+            r
         }
         other => {
             drop(other);
-            Arc::new(budget.reserve(total, wait).await?)
+            budget.reserve(total, wait).await?
         }
     };
+    // The reservation goes with the last of the buffers: owned by the one buffer of a reply
+    // that is a single Send (the common case: no shared count to allocate), shared otherwise.
+    enum Owner {
+        One(#[allow(dead_code)] oncrpc::Reservation),
+        Shared(#[allow(dead_code)] Arc<oncrpc::Reservation>),
+    }
     struct Held {
         data: Bytes,
-        _reservation: Arc<oncrpc::Reservation>,
+        _reservation: Owner,
     }
     impl AsRef<[u8]> for Held {
         fn as_ref(&self) -> &[u8] {
             &self.data
         }
     }
-    let hold = |data: Bytes| {
+    let buffers = actions
+        .iter()
+        .filter(|a| matches!(a, Action::Write { .. } | Action::Send { .. }))
+        .count();
+    let mut one = Some(held);
+    let mut shared = None;
+    if buffers > 1 {
+        shared = one.take().map(Arc::new);
+    }
+    let mut hold = |data: Bytes| {
+        let owner = match one.take() {
+            Some(r) => Owner::One(r),
+            None => match &shared {
+                Some(s) => Owner::Shared(Arc::clone(s)),
+                // Unreachable: `one` serves a single buffer, `shared` several.
+                None => return data,
+            },
+        };
         Bytes::from_owner(Held {
             data,
-            _reservation: held.clone(),
+            _reservation: owner,
         })
     };
     Ok(actions

@@ -306,7 +306,6 @@ impl Requester {
         if by_read_chunk {
             self.stats.rrc_calls += 1;
         }
-        let payload = msg.to_bytes();
         let mut chunks = Chunks {
             reads: Vec::new(),
             writes,
@@ -335,14 +334,17 @@ impl Requester {
             inv(&chunks),
             Direction::Call,
         );
-        let (h, inline) = if short.encoded_len() + payload.len() <= send_limit {
+        // A Short call's Payload stream is copied once, from its parts into the message after
+        // the header (made contiguous first, it was copied twice).
+        let (h, inline) = if short.encoded_len() + msg.len() <= send_limit {
             if read_chunks.is_empty() {
                 self.stats.short += 1;
             } else {
                 self.stats.chunked += 1;
             }
-            (short, payload)
+            (short, Some(msg))
         } else {
+            let payload = msg.to_bytes();
             // Long Call: the whole Payload stream goes in a Position-Zero Read chunk, sent
             // as RDMA_NOMSG (RFC 8166 §3.5.3).
             //= specs/rfc8166.txt#section-3.5.3
@@ -371,12 +373,15 @@ impl Requester {
                     "transport header exceeds inline threshold".into(),
                 ));
             }
-            (h, Bytes::new())
+            (h, None)
         };
-        o.sent = true;
-        let mut data = BytesMut::with_capacity(h.encoded_len() + inline.len());
+        let inline_len = inline.map_or(0, xdr::Encoded::len);
+        let mut data = BytesMut::with_capacity(h.encoded_len() + inline_len);
         h.encode(&mut data);
-        data.extend_from_slice(&inline);
+        for part in inline.iter().flat_map(|m| &m.parts) {
+            data.extend_from_slice(part);
+        }
+        o.sent = true;
         Ok(data.freeze())
     }
 }

@@ -415,14 +415,14 @@ impl Requester {
         }
         // Write chunks: the returned segment lengths say how much was written
         // (RFC 8166 §3.4.6: contents are concatenated in array order).
+        if chunks.writes.iter().all(|c| chunk_len(c) == 0) {
+            return Ok(results);
+        }
         let written: Vec<usize> = chunks
             .writes
             .iter()
             .map(|c| chunk_len(c) as usize)
             .collect();
-        if written.iter().all(|n| *n == 0) {
-            return Ok(results);
-        }
         self.stats.write_chunk_replies += 1;
         if written.len() > o.writes.len() {
             return Err(RpcError::BadReply("more Write chunks than offered".into()));

@@ -101,7 +101,7 @@ impl Responder {
             // Not a decodable CALL: let the dispatcher apply RFC 5531 (RPC_MISMATCH or drop).
             return self.ready(xid, message, &chunks, DdpPolicy::Inline, p.inv_handle);
         };
-        let gss = Credential::parse(&call.cred).is_ok_and(|c| c.forbids_reduction());
+        let gss = Credential::forbids_reduction_of(&call.cred);
         let ulb = self.ulbs.get(&call.prog).cloned();
         let n_other = others.len();
         // cel-05 §7.2.4: a version 2 responder that "cannot handle any Write chunks" answers

@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 
-use bytes::Bytes;
 use oncrpc::ReplyMessage;
 
 use super::{Action, ReplyToken, Responder};
@@ -104,7 +103,6 @@ impl Responder {
             }
             return self.error_actions(ErrorResponse::ErrChunk { xid });
         }
-        let payload = msg.to_bytes();
         let mut chunks = Chunks {
             //= specs/rfc8166.txt#section-4.3.1
             //# Responders MUST leave the Read list empty in all replies.
@@ -124,7 +122,7 @@ impl Responder {
         } else {
             Header::new(xid, 0, Body::Msg(chunks.clone())).encoded_len()
         };
-        let inline_len = hdr_len + payload.len();
+        let inline_len = hdr_len + msg.len();
         //= specs/rfc8166.txt#section-4.3.3
         //# If the Transport stream and Payload stream together are smaller than the reply inline
         //# threshold, the Responder MAY return the RPC Reply message as a Short message rather than
@@ -133,9 +131,12 @@ impl Responder {
         //# If there are no DDP- eligible data items in the Payload stream, or the Payload stream is
         //# still too large after it has been reduced, the RDMA transport MUST use RDMA Read or
         //# Write operations to convey the Payload stream itself.
+        // A Short reply's Payload stream is copied once, from its parts into the message after
+        // the header (made contiguous first, it was copied twice).
         let (body, inline) = if inline_len <= self.params.inline_send {
-            (Body::Msg(chunks), payload)
+            (Body::Msg(chunks), Some(&msg))
         } else {
+            let payload = msg.to_bytes();
             // Long Reply: the Payload stream goes through the Reply chunk (RFC 8166 §3.5.3: "the
             // Responder MUST use the Requester-provided Reply chunk for the reply").
             //= specs/rfc8166.txt#section-3.5.3
@@ -186,10 +187,13 @@ impl Responder {
                     .map(|(segment, data)| Action::Write { segment, data }),
             );
             chunks.reply = Some(updated);
-            (Body::NoMsg(chunks), Bytes::new())
+            (Body::NoMsg(chunks), None)
         };
-        let mut data = self.header_bytes(xid, self.grant(), body, Direction::Reply, inline.len());
-        data.extend_from_slice(&inline);
+        let inline_len = inline.map_or(0, |m| m.len());
+        let mut data = self.header_bytes(xid, self.grant(), body, Direction::Reply, inline_len);
+        for part in inline.iter().flat_map(|m| &m.parts) {
+            data.extend_from_slice(part);
+        }
         actions.extend(self.connprop(xid));
         actions.push(Action::Send {
             data: data.freeze(),
