@@ -13,7 +13,7 @@ use std::io::{self, IoSlice};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -58,6 +58,13 @@ pub struct SoftIwarpConfig {
     /// `OXRDMA_SIW_TX` (`task`, `always` or `reply`), read when a [`crate::Device`] is opened,
     /// overrides it, for A/B measurements of programs that do not expose it.
     pub tx: TxSchedule,
+    /// How long answers posted while the reader takes in one read's FPDUs (replies a server's
+    /// handlers post, mostly) may be held to leave together: the first two of a batch go at
+    /// once, later ones when this much has passed since the last went, the rest when the batch
+    /// ends ([`tx::transmit_batch`]). Cheap calls then share a `writev`, and the answer to an
+    /// expensive one does not wait for the calls read after it. The environment variable
+    /// `OXRDMA_SIW_BATCH_HOLD_US` overrides it when a [`crate::Device`] is opened.
+    pub batch_hold: std::time::Duration,
 }
 
 /// Transmit scheduling of soft-iWARP over TCP: whether what a post (or the reader) gives the
@@ -93,6 +100,12 @@ pub(crate) fn apply_env_overrides(c: &mut SoftIwarpConfig) {
     if let Some(t) = TxSchedule::from_env() {
         c.tx = t;
     }
+    if let Some(us) = std::env::var("OXRDMA_SIW_BATCH_HOLD_US")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        c.batch_hold = std::time::Duration::from_micros(us);
+    }
 }
 
 impl Default for SoftIwarpConfig {
@@ -103,9 +116,13 @@ impl Default for SoftIwarpConfig {
             socket_buffer: 4 << 20,
             rx_chunk: 256 * 1024,
             tx: TxSchedule::default(),
+            batch_hold: DEFAULT_BATCH_HOLD,
         }
     }
 }
+
+/// Default [`SoftIwarpConfig::batch_hold`].
+pub const DEFAULT_BATCH_HOLD: std::time::Duration = std::time::Duration::from_micros(5);
 
 /// The soft-iWARP side of a queue pair: its engine and what the driver shares with posters.
 pub(crate) struct SoftQp {
@@ -121,6 +138,15 @@ pub(crate) struct SoftQp {
     /// completion handlers it runs, mostly) leaves with the batch's output (see
     /// [`tx::transmit_batch`]).
     pub(crate) batching: AtomicBool,
+    /// The batch being taken in holds all its output for its end (a capture is on: the bytes
+    /// read are recorded before anything answers them).
+    pub(crate) batch_hold_all: AtomicBool,
+    /// Posts seen while the current batch is taken in.
+    pub(crate) batch_posts: AtomicU32,
+    /// When output last left in the current batch ([`tx::clock_ns`]).
+    pub(crate) batch_mark: AtomicU64,
+    /// [`SoftIwarpConfig::batch_hold`], in nanoseconds.
+    pub(crate) batch_hold_ns: u64,
     /// The device's transmit scheduling.
     pub(crate) tx: TxSchedule,
     /// The in-memory writer holds pieces of the stream it has not written yet (over TCP the
@@ -145,6 +171,11 @@ impl SoftQp {
             direct_tx: Mutex::new(None),
             direct_armed: AtomicBool::new(true),
             batching: AtomicBool::new(false),
+            batch_hold_all: AtomicBool::new(false),
+            batch_posts: AtomicU32::new(0),
+            batch_mark: AtomicU64::new(0),
+            batch_hold_ns: u64::try_from(pd.device().config().batch_hold.as_nanos())
+                .unwrap_or(u64::MAX),
             tx: pd.device().config().tx,
             mem_unwritten: AtomicBool::new(false),
             send_cq: send_cq.inner.clone(),

@@ -57,7 +57,7 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
     // next one is most likely another, so read only its header and place it directly.
     let mut bulk = false;
     loop {
-        transmit_batch(&ctx.qp, || {
+        transmit_batch(&ctx.qp, deferred, || {
             loop {
                 if direct
                     && skip == 0
