@@ -121,8 +121,11 @@ impl Default for SoftIwarpConfig {
     }
 }
 
-/// Default [`SoftIwarpConfig::batch_hold`].
-pub const DEFAULT_BATCH_HOLD: std::time::Duration = std::time::Duration::from_micros(5);
+/// Default [`SoftIwarpConfig::batch_hold`]. Chosen with `nfs bench` (4 KiB and 64 KiB READs
+/// and WRITEs at depths 4 and 16, against NFS over TCP) among 0, 5, 10, 20, 50 µs and holding
+/// to the end of the batch: 20 µs was the only one at or near TCP in all four 4 KiB cells
+/// (docs/performance.md, stop 41).
+pub const DEFAULT_BATCH_HOLD: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// The soft-iWARP side of a queue pair: its engine and what the driver shares with posters.
 pub(crate) struct SoftQp {
