@@ -30,7 +30,13 @@ const IN_FLIGHT: usize = 4;
 /// Below `IN_FLIGHT` replies: the byte bound, not the call count, stops the reader.
 const MAX_QUEUED: usize = 128 << 10;
 
-struct BigReplies;
+/// Answers BIG calls with `REPLY` bytes. With a gate, each BIG call first waits for the test
+/// to open it: the memory such calls hold stays held, so a budget stays full without depending
+/// on how much the sockets absorb.
+#[derive(Default)]
+struct BigReplies {
+    gate: Option<Arc<Semaphore>>,
+}
 
 impl Program for BigReplies {
     fn program(&self) -> u32 {
@@ -44,6 +50,10 @@ impl Program for BigReplies {
             match call.header.proc_ {
                 0 => Outcome::Success(call.reply_encoder().finish()),
                 BIG => {
+                    if let Some(gate) = &self.gate {
+                        // Closed, not given permits, to open: every waiting call goes on.
+                        let _ = gate.acquire().await;
+                    }
                     let mut e = call.reply_encoder();
                     e.put_opaque_bytes(Bytes::from(vec![0xa5; REPLY]));
                     Outcome::Success(e.finish())
@@ -71,7 +81,7 @@ async fn a_client_that_never_reads_its_replies_holds_bounded_memory() {
         .with_max_queued_reply_bytes(MAX_QUEUED);
     let server = TcpServer::bind(
         "127.0.0.1:0",
-        Arc::new(Dispatcher::new().with(Arc::new(BigReplies))),
+        Arc::new(Dispatcher::new().with(Arc::new(BigReplies::default()))),
         config,
     )
     .await
@@ -154,7 +164,7 @@ async fn with_a_budget_unread_replies_stay_in_it_and_all_arrive_once_read() {
     let config = ServerConfig::default().with_budget(budget.clone());
     let server = TcpServer::bind(
         "127.0.0.1:0",
-        Arc::new(Dispatcher::new().with(Arc::new(BigReplies))),
+        Arc::new(Dispatcher::new().with(Arc::new(BigReplies::default()))),
         config,
     )
     .await
@@ -208,7 +218,7 @@ async fn a_connection_without_room_for_its_receive_buffer_is_refused() {
     let budget = MemoryBudget::new(100 << 10, 100 << 10);
     let server = TcpServer::bind(
         "127.0.0.1:0",
-        Arc::new(Dispatcher::new().with(Arc::new(BigReplies))),
+        Arc::new(Dispatcher::new().with(Arc::new(BigReplies::default()))),
         ServerConfig::default().with_budget(budget.clone()),
     )
     .await
@@ -236,26 +246,6 @@ async fn a_connection_without_room_for_its_receive_buffer_is_refused() {
     server.shutdown().await;
 }
 
-/// BIG calls that wait for the test to open their gate before replying: the memory they hold
-/// stays held, so the budget stays full without depending on how much the sockets absorb.
-struct GatedReplies(Arc<Semaphore>);
-
-impl Program for GatedReplies {
-    fn program(&self) -> u32 {
-        PROG
-    }
-    fn versions(&self) -> (u32, u32) {
-        (1, 1)
-    }
-    fn call(&self, call: Call) -> BoxFuture<'_, Outcome> {
-        Box::pin(async move {
-            // Closed, not given permits, to open: every waiting call goes on.
-            let _ = self.0.acquire().await;
-            BigReplies.call(call).await
-        })
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_while_its_call_waits_for_memory_gives_it_back_at_once() {
     // 1 MiB for the server. `waiting` connects first (its receive buffer fits), then
@@ -271,7 +261,9 @@ async fn a_client_that_goes_while_its_call_waits_for_memory_gives_it_back_at_onc
     let gate = Arc::new(Semaphore::new(0));
     let server = TcpServer::bind(
         "127.0.0.1:0",
-        Arc::new(Dispatcher::new().with(Arc::new(GatedReplies(gate.clone())))),
+        Arc::new(Dispatcher::new().with(Arc::new(BigReplies {
+            gate: Some(gate.clone()),
+        }))),
         ServerConfig::default().with_budget(budget.clone()),
     )
     .await
