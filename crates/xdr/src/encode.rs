@@ -78,13 +78,19 @@ impl Encoded {
         match self.parts.as_slice() {
             [] => Bytes::new(),
             [one] => one.clone(),
-            many => {
+            _ => {
                 let mut b = BytesMut::with_capacity(self.len);
-                for p in many {
-                    b.extend_from_slice(p);
-                }
+                self.put_into(&mut b);
                 b.freeze()
             }
+        }
+    }
+
+    /// Append the stream's bytes to `dst` (a message being built after its transport header:
+    /// one copy, where `to_bytes` first would make two of a stream in several parts).
+    pub fn put_into(&self, dst: &mut BytesMut) {
+        for p in &self.parts {
+            dst.extend_from_slice(p);
         }
     }
 

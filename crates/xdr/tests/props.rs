@@ -147,6 +147,11 @@ proptest! {
         prop_assert_eq!(encoded.len() % 4, 0);
         let flat = encoded.to_bytes();
         prop_assert_eq!(flat.len(), encoded.len());
+        // Appended after a header, the same bytes.
+        let mut after = bytes::BytesMut::from(&b"hdr:"[..]);
+        encoded.put_into(&mut after);
+        prop_assert_eq!(&after[..4], b"hdr:");
+        prop_assert_eq!(&after[4..], &flat[..]);
         let mut dec = Decoder::from_bytes(&flat).strict_padding(true);
         for it in &items {
             let got = get(&mut dec, it).expect("decodes what it encoded");

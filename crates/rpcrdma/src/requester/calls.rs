@@ -378,8 +378,8 @@ impl Requester {
         let inline_len = inline.map_or(0, xdr::Encoded::len);
         let mut data = BytesMut::with_capacity(h.encoded_len() + inline_len);
         h.encode(&mut data);
-        for part in inline.iter().flat_map(|m| &m.parts) {
-            data.extend_from_slice(part);
+        if let Some(m) = inline {
+            m.put_into(&mut data);
         }
         o.sent = true;
         Ok(data.freeze())

@@ -191,8 +191,8 @@ impl Responder {
         };
         let inline_len = inline.map_or(0, |m| m.len());
         let mut data = self.header_bytes(xid, self.grant(), body, Direction::Reply, inline_len);
-        for part in inline.iter().flat_map(|m| &m.parts) {
-            data.extend_from_slice(part);
+        if let Some(m) = inline {
+            m.put_into(&mut data);
         }
         actions.extend(self.connprop(xid));
         actions.push(Action::Send {
