@@ -505,10 +505,6 @@ impl Engine {
         Some(sg)
     }
 
-    fn resolve(&self, sgl: &[crate::Sge], need: Access) -> Result<Resolved, AccessFault> {
-        resolve_sgl(&self.table, self.pd, sgl, need)
-    }
-
     fn local_fail(&mut self, wr: &SendWr, status: WcStatus) {
         self.outbox
             .push_send(self.wc(wr.wr_id, send_wc_opcode(wr.opcode), status, 0));

@@ -233,7 +233,7 @@ impl Engine {
                 self.terminate(1, term::DDP_ETYPE_UNTAGGED, term::DDP_U_NO_BUFFER, Some(u));
                 return;
             };
-            match self.resolve(&wr.sgl, Access::LOCAL_WRITE) {
+            match resolve_sgl(&self.table, self.pd, &wr.sgl, Access::LOCAL_WRITE) {
                 Ok(sges) => {
                     let cap = sges.iter().map(|s| s.2).sum();
                     self.rx_send = Some(RxSend {
