@@ -354,6 +354,7 @@ impl Connection {
             bytes_rx: g(&s.bytes_rx),
             zero_copy_tx_bytes: g(&s.zero_copy_tx_bytes),
             direct_rx_bytes: g(&s.direct_rx_bytes),
+            read_ahead_rx_bytes: g(&s.read_ahead_rx_bytes),
             direct_tx_fpdus: g(&s.direct_tx_fpdus),
         }
     }
@@ -400,6 +401,7 @@ pub(crate) struct StatsInner {
     pub(crate) bytes_rx: AtomicU64,
     pub(crate) zero_copy_tx_bytes: AtomicU64,
     pub(crate) direct_rx_bytes: AtomicU64,
+    pub(crate) read_ahead_rx_bytes: AtomicU64,
     pub(crate) direct_tx_fpdus: AtomicU64,
 }
 
@@ -418,6 +420,10 @@ pub struct ConnStats {
     pub zero_copy_tx_bytes: u64,
     /// Payload bytes read from the socket straight into registered memory.
     pub direct_rx_bytes: u64,
+    /// Of those, the bytes of RDMA Read Response segments read ahead into the Read's sink in
+    /// the same system call as an earlier segment, before their own header had been checked
+    /// (and counted once it had, and was the one guessed).
+    pub read_ahead_rx_bytes: u64,
     /// FPDUs put on the wire from the posting (or receiving) context rather than by the writer
     /// task: the first transmission after each arrival of bytes, over TCP.
     pub direct_tx_fpdus: u64,

@@ -11,3 +11,4 @@ mod cq_handler;
 mod errors;
 mod ops;
 mod proptest_wire;
+mod read_ahead;

@@ -25,7 +25,7 @@ pub struct Side {
 }
 
 impl Side {
-    fn new(dev: Device) -> Self {
+    pub fn new(dev: Device) -> Self {
         let pd = dev.alloc_pd();
         let scq = dev.create_cq();
         let rcq = dev.create_cq();

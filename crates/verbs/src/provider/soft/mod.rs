@@ -32,6 +32,7 @@ use engine::{CqSide, Engine, EngineEvent, QpState};
 use handshake::SetupError;
 
 pub(crate) mod cm;
+mod direct;
 pub mod engine;
 pub mod handshake;
 pub(crate) mod reader;

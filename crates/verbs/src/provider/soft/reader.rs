@@ -9,15 +9,15 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, DuplexStream, ReadBuf, ReadHalf};
-use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedReadHalf;
 
 use super::cm::DriverCtx;
-use super::tx::{transmit_batch, transmit_now};
+use super::direct::{DIRECT_MIN, place_direct};
+use super::tx::transmit_batch;
 use crate::capture::{Dir, Ticket};
 use crate::wire::ddp::Segment;
 use crate::wire::ddp::{TAGGED_HDR_LEN, term};
-use crate::wire::mpa::{Fpdu, FpduDecoder, pad_len};
+use crate::wire::mpa::{Fpdu, FpduDecoder};
 
 /// Read half of a connection.
 pub(crate) enum In {
@@ -37,9 +37,6 @@ impl AsyncRead for In {
         }
     }
 }
-
-/// Below this payload size a tagged segment is not worth placing directly from the socket.
-const DIRECT_MIN: usize = 8192;
 
 pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -> io::Result<()> {
     let mut dec = FpduDecoder::new(ctx.crc);
@@ -144,92 +141,4 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
             frozen = None;
         }
     }
-}
-
-/// If `buf` starts with the header of a large tagged segment whose payload has not fully arrived,
-/// read that payload from the socket straight into the target region, and with it (one
-/// `readv`) the segment's trailer and the next FPDU's header, which is left in `buf`: in a
-/// stream of RDMA Write or Read Response segments every one after the first is then placed
-/// directly, one system call each. Returns the number of trailer bytes (pad + CRC) still to
-/// be skipped, or `None` if the normal path applies.
-async fn place_direct(
-    s: &TcpStream,
-    buf: &mut BytesMut,
-    ctx: &DriverCtx,
-) -> io::Result<Option<usize>> {
-    const H: usize = 2 + TAGGED_HDR_LEN;
-    let Ok(f) = Fpdu::new_checked(&buf[..]) else {
-        return Ok(None);
-    };
-    let ulen = f.ulpdu_len();
-    if ulen < TAGGED_HDR_LEN + DIRECT_MIN || f.is_complete() {
-        return Ok(None);
-    }
-    // A tagged segment whose whole header (RFC 5041 §4.2) has arrived.
-    let hdr: [u8; TAGGED_HDR_LEN] = match Segment::new_checked(f.ulpdu()).map(|s| {
-        s.is_tagged()
-            .then(|| s.header())
-            .flatten()
-            .map(<[u8; TAGGED_HDR_LEN]>::try_from)
-    }) {
-        Ok(Some(Ok(h))) => h,
-        _ => return Ok(None),
-    };
-    let plen = ulen - TAGGED_HDR_LEN;
-    let have = (buf.len() - H).min(plen);
-    let Some((mr, off)) = ctx.engine().direct_target(&hdr, plen) else {
-        return Ok(None);
-    };
-    mr.data.lock().make_mut()[off..off + have].copy_from_slice(&buf[H..H + have]);
-    let trailer_have = buf.len() - H - have;
-    buf.clear();
-    // What follows the payload: the rest of the trailer (required), then up to one FPDU header
-    // of look-ahead (taken if it has arrived, never waited for).
-    let trailer = pad_len(ulen) + 4 - trailer_have;
-    let mut tail = [0u8; 8 + H];
-    let (mut at, mut left, mut tail_got) = (off + have, plen - have, 0usize);
-    while left > 0 || tail_got < trailer {
-        s.readable().await?;
-        loop {
-            let r = {
-                let mut d = mr.data.lock();
-                let mut iov = [
-                    io::IoSliceMut::new(&mut d.make_mut()[at..at + left]),
-                    io::IoSliceMut::new(&mut tail[tail_got..trailer + H]),
-                ];
-                let first = usize::from(left == 0);
-                s.try_read_vectored(&mut iov[first..])
-            };
-            match r {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(k) => {
-                    let p = k.min(left);
-                    at += p;
-                    left -= p;
-                    tail_got += k - p;
-                    ctx.stats
-                        .direct_rx_bytes
-                        .fetch_add(p as u64, Ordering::Relaxed);
-                    ctx.stats.bytes_rx.fetch_add(k as u64, Ordering::Relaxed);
-                    if left == 0 && tail_got >= trailer {
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    ctx.stats.fpdus_rx.fetch_add(1, Ordering::Relaxed);
-    ctx.qp.direct_armed.store(true, Ordering::Release);
-    let send = {
-        let mut eng = ctx.engine();
-        eng.on_placed(&hdr, plen);
-        eng.has_tx()
-    };
-    if send {
-        transmit_now(&ctx.qp);
-    }
-    buf.extend_from_slice(&tail[trailer..tail_got]);
-    Ok(Some(0))
 }

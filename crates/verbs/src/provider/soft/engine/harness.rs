@@ -83,8 +83,8 @@ impl RxHarness {
                         None
                     };
                     match target {
-                        Some((mr, off)) => {
-                            place(&mr, off, &u[TAGGED_HDR_LEN..]);
+                        Some(t) => {
+                            place(&t.mr, t.off, &u[TAGGED_HDR_LEN..]);
                             self.engine
                                 .on_placed(&u[..TAGGED_HDR_LEN], u.len() - TAGGED_HDR_LEN);
                         }

@@ -4,6 +4,22 @@
 use super::*;
 use crate::wire::ddp::Segment;
 
+/// Where the payload of a tagged segment goes when the driver places it straight from the
+/// socket ([`Engine::direct_target`]).
+#[derive(Debug)]
+pub(crate) struct DirectTarget {
+    /// The region and the offset in it of the payload's first byte.
+    pub(crate) mr: Arc<MrInner>,
+    pub(crate) off: usize,
+    /// For a Read Response: how many bytes of the Read's sink follow this segment's payload
+    /// (0 for a Write, and for the Read's last segment). They lie just after it in the same
+    /// region (the sink is one contiguous range), nothing but this Read's later segments may
+    /// be placed there, and their contents are undefined until the Read completes, so the
+    /// driver may read the stream ahead into them as long as it checks each segment's header
+    /// before counting its payload placed.
+    pub(crate) read_rest: usize,
+}
+
 impl Engine {
     /// Process one received ULPDU (one DDP segment).
     pub(crate) fn on_ulpdu(&mut self, u: &[u8]) {
@@ -433,11 +449,7 @@ impl Engine {
     /// has not, return where its `len` payload bytes go if the segment is valid. The driver then
     /// reads the payload from the socket straight into the region and calls [`Self::on_placed`].
     /// `None` means "take the normal path" (which reports any error with a Terminate).
-    pub(crate) fn direct_target(
-        &mut self,
-        hdr: &[u8],
-        len: usize,
-    ) -> Option<(Arc<MrInner>, usize)> {
+    pub(crate) fn direct_target(&mut self, hdr: &[u8], len: usize) -> Option<DirectTarget> {
         if self.closing || self.state != QpState::Rts || self.awaiting_rtr || len == 0 {
             return None;
         }
@@ -455,7 +467,11 @@ impl Engine {
                     .check(stag, self.pd, Access::REMOTE_WRITE, to, len as u64)
                     .ok()?;
                 let off = (to - mr.base) as usize;
-                Some((mr, off))
+                Some(DirectTarget {
+                    mr,
+                    off,
+                    read_rest: 0,
+                })
             }
             Opcode::ReadResponse => {
                 let r = self.reads_out.front()?;
@@ -464,7 +480,11 @@ impl Engine {
                     && r.got + len as u64 <= r.len
                     && (!h.last || r.got + len as u64 == r.len);
                 let (mr, off) = r.sink.as_ref().filter(|_| ok)?;
-                Some((mr.clone(), off + r.got as usize))
+                Some(DirectTarget {
+                    mr: mr.clone(),
+                    off: off + r.got as usize,
+                    read_rest: (r.len - r.got - len as u64) as usize,
+                })
             }
             _ => None,
         }
