@@ -76,6 +76,20 @@ pub async fn ask(c: &RpcClient, proc_: u32) -> u32 {
     Decoder::from_bytes(&r).u32().expect("the probe's answer")
 }
 
+/// Like [`ask`], with `n` bytes of arguments (which the probe ignores): over RPC-over-RDMA,
+/// past the inline threshold, a Long Call whose arguments are RDMA-Read before it runs.
+pub async fn ask_with_args(c: &RpcClient, proc_: u32, n: usize) -> u32 {
+    let r = c
+        .call(
+            proc_,
+            move |e| e.put_raw(&vec![0x5a; n]),
+            ReplyExpectation::default(),
+        )
+        .await
+        .expect("the probe's call");
+    Decoder::from_bytes(&r).u32().expect("the probe's answer")
+}
+
 /// The scenario: `connect` makes a new connection to a server that runs `probe`. Panics when
 /// the server's hints are wrong.
 pub async fn check_alone_hints<F, Fut>(probe: &HintProbe, connect: F)
@@ -84,8 +98,10 @@ where
     Fut: Future<Output = RpcClient>,
 {
     let c = connect().await;
-    // One call at a time: each is alone.
+    // One call at a time: each is alone, also one whose arguments came by RDMA Read (they
+    // are judged once they have arrived).
     assert_eq!(ask(&c, ALONE).await, 1);
+    assert_eq!(ask_with_args(&c, ALONE, 256 << 10).await, 1);
     assert_eq!(ask(&c, ALONE).await, 1);
     // A call held in the program: the next one on the same connection has a neighbour.
     let held = {
@@ -99,6 +115,7 @@ where
         .expect("the probe's semaphore")
         .forget();
     assert_eq!(ask(&c, ALONE).await, 0);
+    assert_eq!(ask_with_args(&c, ALONE, 256 << 10).await, 0);
     // Another connection's call is not a neighbour.
     assert_eq!(ask(&connect().await, ALONE).await, 1);
     // The held call was itself alone when it came; once it is done, calls are alone again.

@@ -445,11 +445,8 @@ fn on_server_receive(
             r.note_lost(lost);
         }
         let inc = r.on_receive_with(msg, c.invalidated_rkey);
-        // Alone: this call is the only one the Responder holds (none other executing, no
-        // RDMA Read pulling another's chunks).
-        let u = r.unfinished();
-        let alone = matches!(inc, Incoming::Call(_)) && u.executing == 1 && u.pulling == 0;
-        (inc, CallHints::alone_if(alone))
+        let hints = hints_for(&r, &inc);
+        (inc, hints)
     };
     let (sc, sh, ctx) = (sc.clone(), sh.clone(), ctx.clone());
     let mut fut = Box::pin(async move {
@@ -468,6 +465,17 @@ fn on_server_receive(
     true
 }
 
+/// A call's hints as it is handed to the Upper Layer. Alone: it is the only call the Responder
+/// holds (none other executing, no RDMA Read pulling another's chunks). A call whose Read
+/// chunks were pulled first is judged when the pull is done, so that a lone NFS WRITE with
+/// its data in a Read chunk finishes on the calling task as it does over TCP, instead of on a
+/// blocking thread.
+fn hints_for(r: &Responder, inc: &Incoming) -> CallHints {
+    let u = r.unfinished();
+    let alone = matches!(inc, Incoming::Call(_)) && u.executing == 1 && u.pulling == 0;
+    CallHints::alone_if(alone)
+}
+
 /// What the RDMA Reads of a call brought.
 enum Read {
     /// The whole call, pulled around its one Read chunk, and the chunk's length.
@@ -478,7 +486,7 @@ enum Read {
 
 async fn handle_incoming(
     mut inc: Incoming,
-    hints: CallHints,
+    mut hints: CallHints,
     sc: &ServerConn,
     sh: &ServerShared,
     ctx: Arc<CallContext>,
@@ -590,9 +598,17 @@ async fn handle_incoming(
                 };
                 inc = match read {
                     Ok(Read::Framed(message, n)) => {
-                        resp.lock().complete_reads_framed(p, message, n)
+                        let mut r = resp.lock();
+                        let inc = r.complete_reads_framed(p, message, n);
+                        hints = hints_for(&r, &inc);
+                        inc
                     }
-                    Ok(Read::Chunks(data)) => resp.lock().complete_reads(p, data),
+                    Ok(Read::Chunks(data)) => {
+                        let mut r = resp.lock();
+                        let inc = r.complete_reads(p, data);
+                        hints = hints_for(&r, &inc);
+                        inc
+                    }
                     Err(e) => {
                         tracing::info!(peer = %sc.peer, error = %e,
                             "RDMA Read of a Read chunk failed; closing the connection");
