@@ -24,6 +24,8 @@ enum Piece {
     Seg(usize),
     /// A Send of this many bytes.
     Send(usize),
+    /// Write what came before, and wait until the listener has received its Send.
+    Pause,
 }
 
 /// Connects a hand-written initiator (no CRC, no markers) to a soft-iWARP listener configured
@@ -108,7 +110,7 @@ async fn read_answered_with(
     let data = pattern(len);
     let mut out = BytesMut::new();
     let (mut at, mut msn) = (0usize, 1u32);
-    let mut sent = None;
+    let mut sent: Option<Vec<u8>> = None;
     for &p in pieces {
         let mut u = BytesMut::new();
         match p {
@@ -124,6 +126,15 @@ async fn read_answered_with(
                 .encode(&mut u);
                 u.extend_from_slice(&data[at..at + n]);
                 at += n;
+            }
+            Piece::Pause => {
+                t.write_all(&out).await.unwrap();
+                out.clear();
+                let m = sent.take().expect("a Send before a pause");
+                check_send(&s, &rbuf, &m).await;
+                s.qp.post_recv(RecvWr::new(9, rbuf.sge(0, 1 << 17)))
+                    .unwrap();
+                continue;
             }
             Piece::Send(n) => {
                 DdpHeader {
@@ -157,16 +168,20 @@ async fn read_answered_with(
         "the Read's bytes as sent"
     );
     if let Some(m) = sent {
-        let r = s.rcq.next().await;
-        assert_eq!(
-            (r.wr_id, r.status, r.byte_len),
-            (9, WcStatus::Success, m.len() as u32)
-        );
-        assert!(rbuf.read(0, m.len()).unwrap() == m, "the Send as sent");
+        check_send(&s, &rbuf, &m).await;
     }
     let st = conn.stats();
     drop(t);
     st
+}
+
+async fn check_send(s: &Side, rbuf: &verbs::MemoryRegion, m: &[u8]) {
+    let r = s.rcq.next().await;
+    assert_eq!(
+        (r.wr_id, r.status, r.byte_len),
+        (9, WcStatus::Success, m.len() as u32)
+    );
+    assert!(rbuf.read(0, m.len()).unwrap() == m, "the Send as sent");
 }
 
 /// Segments of the lengths the reader guesses: the whole Read after the first read is placed
@@ -223,7 +238,7 @@ async fn a_read_cut_otherwise_and_interrupted_by_a_send_lands_whole() {
                 .iter()
                 .map(|p| match p {
                     Seg(n) => *n,
-                    Send(_) => 0,
+                    Send(_) | Pause => 0,
                 })
                 .sum();
             let st = read_answered_with(cfg, len, &pieces).await;
@@ -231,4 +246,21 @@ async fn a_read_cut_otherwise_and_interrupted_by_a_send_lands_whole() {
         })
         .await
     }
+}
+
+/// A Read's response that comes when the reader has nothing else to do: the reader, knowing
+/// the Read waits for it, reads its first header alone, and every payload byte of the Read is
+/// placed straight from the socket (with the default 256 KiB reads, the first of them would
+/// otherwise go through the reader's buffer).
+#[tokio::test]
+async fn a_response_to_an_idle_reader_is_placed_whole_from_the_socket() {
+    within(async {
+        let len = 16 * 65_000;
+        let mut pieces = vec![Piece::Send(100), Piece::Pause];
+        pieces.extend(std::iter::repeat_n(Piece::Seg(65_000), 16));
+        let st = read_answered_with(Default::default(), len, &pieces).await;
+        assert_eq!(st.direct_rx_bytes as usize, len, "{st:?}");
+        assert!(st.read_ahead_rx_bytes as usize > len / 2, "{st:?}");
+    })
+    .await
 }

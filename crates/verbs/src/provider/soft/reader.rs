@@ -53,6 +53,10 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
     // The last FPDU taken was a large tagged segment with more of its message to come: the
     // next one is most likely another, so read only its header and place it directly.
     let mut bulk = false;
+    // An RDMA Read of ours is waiting for its response, none of which has come: the next bytes
+    // are most likely its first segment, which is then placed directly from its header on
+    // (with the Read's later segments read ahead), rather than copied through `buf`.
+    let mut awaiting = false;
     loop {
         transmit_batch(&ctx.qp, deferred, || {
             loop {
@@ -89,6 +93,7 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
                     };
                 if !more {
                     let out = eng.has_tx() || eng.closing;
+                    awaiting = direct && eng.awaits_read_response(DIRECT_MIN);
                     drop(eng);
                     // Everything this read brought has been taken in: record it, before
                     // anything is sent in answer.
@@ -114,7 +119,7 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
         if buf.capacity() - buf.len() < ctx.rx_chunk {
             buf.reserve(ctx.rx_chunk);
         }
-        let limit = if direct && bulk && buf.is_empty() && skip == 0 {
+        let limit = if direct && (bulk || awaiting) && buf.is_empty() && skip == 0 {
             (2 + TAGGED_HDR_LEN) as u64
         } else {
             ctx.rx_chunk as u64

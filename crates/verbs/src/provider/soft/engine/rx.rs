@@ -490,6 +490,15 @@ impl Engine {
         }
     }
 
+    /// Whether the oldest outstanding RDMA Read, of at least `min` bytes into a sink, has had
+    /// none of its response yet (the driver then reads the next FPDU's header alone, to place
+    /// the response directly from its first segment on).
+    pub(crate) fn awaits_read_response(&self, min: usize) -> bool {
+        self.reads_out
+            .front()
+            .is_some_and(|r| r.got == 0 && r.sink.is_some() && r.len >= min as u64)
+    }
+
     /// Direct placement, step 2: the payload of the segment with header `hdr` (validated by
     /// [`Self::direct_target`]) has been placed; do the bookkeeping (Read completion).
     pub(crate) fn on_placed(&mut self, hdr: &[u8], len: usize) {
