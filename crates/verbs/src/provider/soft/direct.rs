@@ -46,6 +46,14 @@ const _: () = assert!(2 * READ_AHEAD + 2 <= 36);
 /// A trailer (pad of up to 3 bytes and the 4-byte CRC field) and the next FPDU's header.
 const TAIL: usize = 8 + H;
 
+/// What [`place_direct`] did.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Placed {
+    /// The last segment placed was not its message's last (RFC 5041 §4.2): the next FPDU is
+    /// most likely the message's next segment.
+    pub(super) continues: bool,
+}
+
 /// A tagged segment whose header has arrived and whose payload is being placed.
 struct Placing {
     hdr: [u8; TAGGED_HDR_LEN],
@@ -135,6 +143,11 @@ impl Plan {
     fn span(&self, p: &At) -> usize {
         p.left + self.ahead.iter().sum::<usize>()
     }
+
+    /// All the bytes the plan asks for.
+    fn total(&self, p: &At) -> usize {
+        self.span(p) + self.trailers.iter().map(|t| t + H).sum::<usize>()
+    }
 }
 
 /// Reads what `plan` asks for, from `got` bytes into it on, without waiting.
@@ -201,13 +214,12 @@ fn copy_back(
 /// `readv`) the segment's trailer and the next FPDU's header, which is left in `buf`: in a
 /// stream of RDMA Write or Read Response segments every one after the first is then placed
 /// directly. Inside a Read's sink the Read's next segments come in the same `readv` (see the
-/// module's documentation). Returns the number of trailer bytes still to be skipped (always 0
-/// now), or `None` if the normal path applies.
+/// module's documentation). `None` if the normal path applies.
 pub(super) async fn place_direct(
     s: &TcpStream,
     buf: &mut BytesMut,
     ctx: &DriverCtx,
-) -> io::Result<Option<usize>> {
+) -> io::Result<Option<Placed>> {
     let Ok(f) = Fpdu::new_checked(&buf[..]) else {
         return Ok(None);
     };
@@ -272,31 +284,43 @@ pub(super) async fn place_direct(
             }
         }
         ctx.qp.direct_armed.store(true, Ordering::Release);
-        let (next, placed, ahead, segments) = take_in(&p, &plan, &tails, got, buf, ctx);
+        let t = take_in(&p, &plan, &tails, got, buf, ctx);
         send |= ctx.engine().has_tx();
         ctx.stats
             .direct_rx_bytes
-            .fetch_add(placed as u64, Ordering::Relaxed);
+            .fetch_add(t.placed as u64, Ordering::Relaxed);
         ctx.stats
             .read_ahead_rx_bytes
-            .fetch_add(ahead as u64, Ordering::Relaxed);
-        ctx.stats.fpdus_rx.fetch_add(segments, Ordering::Relaxed);
-        match next {
-            Some(n) => p = n,
-            None => break,
+            .fetch_add(t.ahead as u64, Ordering::Relaxed);
+        ctx.stats.fpdus_rx.fetch_add(t.segments, Ordering::Relaxed);
+        if let Some(n) = t.next {
+            p = n;
+            continue;
         }
+        if got < plan.total(&p.at) {
+            // The last read took less than it asked for: the socket was empty then. Its
+            // readiness is cleared as tokio's own `poll_read` does after a short read, so that
+            // the reader's next read waits for epoll instead of first failing with EAGAIN.
+            let _ = s.try_io(tokio::io::Interest::READABLE, || {
+                Err::<(), _>(io::ErrorKind::WouldBlock.into())
+            });
+        }
+        if send {
+            transmit_now(&ctx.qp);
+        }
+        return Ok(Some(Placed {
+            continues: t.continues,
+        }));
     }
-    if send {
-        transmit_now(&ctx.qp);
-    }
-    Ok(Some(0))
+}
+
+/// Whether a tagged header has the Last flag (RFC 5041 §4.2).
+fn is_last(hdr: &[u8; TAGGED_HDR_LEN]) -> bool {
+    Segment::new_checked(&hdr[..]).is_ok_and(|s| s.is_last())
 }
 
 /// Takes in the `got` bytes a plan's reads brought: the placed segment, then each read-ahead
-/// segment whose header is the one guessed. Returns the segment still being placed, if the
-/// bytes ended inside one that checked out, the payload bytes placed (and of those, the ones
-/// read ahead) and the segments done.
-/// Whatever arrived that is not placed (a look-ahead header, a header not as guessed and all
+/// segment whose header is the one guessed. Whatever arrived that is not placed (a look-ahead header, a header not as guessed and all
 /// after it) is appended to `buf`.
 fn take_in(
     p: &Placing,
@@ -305,10 +329,16 @@ fn take_in(
     got: usize,
     buf: &mut BytesMut,
     ctx: &DriverCtx,
-) -> (Option<Placing>, usize, usize, u64) {
+) -> TakenIn {
     let a = &p.at;
     ctx.engine().on_placed(&p.hdr, a.plen);
-    let (mut placed, mut ahead, mut segments) = (a.left, 0usize, 1u64);
+    let mut r = TakenIn {
+        next: None,
+        placed: a.left,
+        ahead: 0,
+        segments: 1,
+        continues: !is_last(&p.hdr),
+    };
     // Stream position of the next header, and where the next segment's payload would go.
     let mut pos = plan.required(a);
     let mut off = a.at + a.left;
@@ -351,16 +381,32 @@ fn take_in(
                     read_rest: t.read_rest,
                 },
             };
-            return (Some(next), placed + have, ahead + have, segments);
+            r.next = Some(next);
+            r.placed += have;
+            r.ahead += have;
+            return r;
         }
         pos += trailer;
         ctx.engine().on_placed(&hdr, n);
-        placed += n;
-        ahead += n;
-        segments += 1;
+        r.placed += n;
+        r.ahead += n;
+        r.segments += 1;
+        r.continues = !is_last(&hdr);
         off += n;
     }
-    (None, placed, ahead, segments)
+    r
+}
+
+/// What [`take_in`] found.
+struct TakenIn {
+    /// The segment still being placed, if the bytes ended inside one that checked out.
+    next: Option<Placing>,
+    /// Payload bytes placed, and of those the ones read ahead; segments done.
+    placed: usize,
+    ahead: usize,
+    segments: u64,
+    /// The last segment done was not its message's last.
+    continues: bool,
 }
 
 #[cfg(test)]
@@ -428,6 +474,14 @@ mod tests {
             ]
         );
         assert_eq!(plan.span(&p), 8000 + 20_001);
+        let runs_len: usize = runs
+            .iter()
+            .map(|r| match r {
+                Run::Region { len, .. } | Run::Tail { len, .. } => *len,
+            })
+            .sum();
+        assert_eq!(plan.total(&p), runs_len);
+        assert_eq!(runs_len, 8000 + 20_001 + 3 * (4 + H) + 7 + H);
     }
 
     #[test]

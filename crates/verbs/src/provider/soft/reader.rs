@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, DuplexStream, ReadBuf, ReadHalf};
 use tokio::net::tcp::OwnedReadHalf;
 
@@ -49,7 +49,6 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
     let deferred = ctx.tee.is_on();
     let mut frozen: Option<Bytes> = None;
     let mut unrecorded: Option<(Ticket, Bytes)> = None;
-    let mut skip = 0usize;
     // The last FPDU taken was a large tagged segment with more of its message to come: the
     // next one is most likely another, so read only its header and place it directly.
     let mut bulk = false;
@@ -61,7 +60,6 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
         transmit_batch(&ctx.qp, deferred, || {
             loop {
                 if direct
-                    && skip == 0
                     && let Ok(f) = Fpdu::new_checked(&buf[..])
                     && let Ok(seg) = Segment::new_checked(f.ulpdu())
                 {
@@ -111,15 +109,15 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
             }
         });
         if let (true, In::Tcp(tcp)) = (direct, &r)
-            && let Some(s) = place_direct(tcp.as_ref(), &mut buf, ctx).await?
+            && let Some(placed) = place_direct(tcp.as_ref(), &mut buf, ctx).await?
         {
-            skip = s;
+            bulk = placed.continues;
             continue;
         }
         if buf.capacity() - buf.len() < ctx.rx_chunk {
             buf.reserve(ctx.rx_chunk);
         }
-        let limit = if direct && (bulk || awaiting) && buf.is_empty() && skip == 0 {
+        let limit = if direct && (bulk || awaiting) && buf.is_empty() {
             (2 + TAGGED_HDR_LEN) as u64
         } else {
             ctx.rx_chunk as u64
@@ -135,11 +133,6 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
         }
         ctx.qp.direct_armed.store(true, Ordering::Release);
         ctx.stats.bytes_rx.fetch_add(n as u64, Ordering::Relaxed);
-        if skip > 0 {
-            let k = skip.min(buf.len());
-            buf.advance(k);
-            skip -= k;
-        }
         // After a Terminate nothing more is placed; keep reading until the peer closes.
         if ctx.engine().closing {
             buf.clear();
