@@ -85,7 +85,7 @@ async fn quiesce_answers_the_calls_under_way_and_drops_later_ones() {
             let cl = cl.clone();
             tokio::spawn(async move {
                 cl.call(
-                    CallRequest::new(PROG, VERS, HOLD, |_| {})
+                    CallRequest::new(PROG, VERS, HOLD_Q, |_| {})
                         .with_timeout(Duration::from_secs(30)),
                 )
                 .await
@@ -119,7 +119,7 @@ async fn quiesce_answers_the_calls_under_way_and_drops_later_ones() {
         "the held calls are not answered yet"
     );
 
-    HOLD_GATE.add_permits(HELD);
+    HOLD_Q_GATE.add_permits(HELD);
     let report = quiesce.await.unwrap();
     assert_eq!(report.connections.len(), 1, "{report:?}");
     let c = &report.connections[0];

@@ -28,6 +28,12 @@ pub const HOLD: u32 = 3;
 
 /// Releases HOLD calls (tests add permits).
 pub static HOLD_GATE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+/// HOLD_Q: as HOLD, with a gate of its own ([`HOLD_Q_GATE`]) for the one test that counts
+/// its held calls: under `cargo test` the tests of this binary share one process, and the
+/// permits another test leaves on [`HOLD_GATE`] would let them through.
+pub const HOLD_Q: u32 = 4;
+/// Releases HOLD_Q calls.
+pub static HOLD_Q_GATE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
 
 /// The echo program.
 #[derive(Debug)]
@@ -69,8 +75,13 @@ impl Program for EchoProgram {
         Box::pin(async move {
             match call.header.proc_ {
                 0 => Outcome::Success(Encoded::default()),
-                HOLD => {
-                    if let Ok(p) = HOLD_GATE.acquire().await {
+                HOLD | HOLD_Q => {
+                    let gate = if call.header.proc_ == HOLD {
+                        &HOLD_GATE
+                    } else {
+                        &HOLD_Q_GATE
+                    };
+                    if let Ok(p) = gate.acquire().await {
                         p.forget();
                     }
                     Outcome::Success(Encoded::default())
@@ -118,7 +129,7 @@ impl UpperLayerBinding for EchoUlb {
                 let b = opaque_at(args, xdr::padded(a.end))?;
                 Ok(vec![a, b])
             }
-            0 | HOLD => Ok(vec![]),
+            0 | HOLD | HOLD_Q => Ok(vec![]),
             _ => Err(UlbError::Unknown { vers, proc_ }),
         }
     }
