@@ -327,16 +327,7 @@ impl Link {
         invalidate: Option<u32>,
         xid: u32,
     ) -> Result<(), verbs::VerbsError> {
-        let op = match invalidate {
-            Some(h) => SendOp::SendWithInvalidate(h),
-            None => SendOp::Send,
-        };
-        let mut wr = SendWr {
-            payload: Payload::Inline(data),
-            ..SendWr::new(REPLY_WR | u64::from(xid), op, Vec::new())
-        };
-        wr.signaled = false;
-        self.qp.post_send(wr)
+        self.qp.post_send(reply_wr(data, invalidate, xid))
     }
 
     /// Post a Send of `data` without waiting for (or asking for) its completion; errors
@@ -432,6 +423,11 @@ impl Link {
 
     /// RDMA Write (unsignaled: errors still complete, and QP ordering puts it before the Send).
     pub(super) fn write(&self, seg: Segment, data: Bytes) -> Result<(), verbs::VerbsError> {
+        self.qp.post_send(self.write_wr(seg, data))
+    }
+
+    /// The unsignaled RDMA Write of `data` to `seg` that [`Link::write`] posts.
+    pub(super) fn write_wr(&self, seg: Segment, data: Bytes) -> SendWr {
         let mut wr = SendWr {
             payload: Payload::Inline(data),
             ..SendWr::new(
@@ -444,7 +440,7 @@ impl Link {
             )
         };
         wr.signaled = false;
-        self.qp.post_send(wr)
+        wr
     }
 
     /// RDMA Read one chunk into a buffer between `pre` and (after the XDR round-up) `post`;
@@ -497,6 +493,21 @@ pub(super) fn recv_pool(
     (0..nrecv)
         .map(|_| pd.register_len(recv_size, Access::LOCAL_WRITE))
         .collect()
+}
+
+/// The unsignaled Send (or Send With Invalidate of `invalidate`) of the reply to `xid` that
+/// [`Link::post_reply`] posts.
+pub(super) fn reply_wr(data: Bytes, invalidate: Option<u32>, xid: u32) -> SendWr {
+    let op = match invalidate {
+        Some(h) => SendOp::SendWithInvalidate(h),
+        None => SendOp::Send,
+    };
+    let mut wr = SendWr {
+        payload: Payload::Inline(data),
+        ..SendWr::new(REPLY_WR | u64::from(xid), op, Vec::new())
+    };
+    wr.signaled = false;
+    wr
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use super::back::RdmaBack;
 pub use super::back::ServerConnection;
 use super::budget::{BudgetedRegistrar, hold_in_budget};
 use super::drain::{Posting, QuiesceReport, drain_all};
-use super::link::{Link, REPLY_WR, Router, SinkPool, recv_pool};
+use super::link::{Link, REPLY_WR, Router, SinkPool, recv_pool, reply_wr};
 use super::{DriverError, TransportConfig};
 use crate::engine::Params;
 use crate::lost::LostReplies;
@@ -706,6 +706,26 @@ pub(super) async fn perform(
     let mut todo = std::collections::VecDeque::from(actions);
     while let Some(a) = todo.pop_front() {
         let r = match a {
+            // A reply's RDMA Writes and its Send, posted together: on soft-iWARP they then
+            // leave in one `writev` (each post of its own went out at once, in a `writev` of
+            // its own, as the first answers of a batch do). The reply relies only on the
+            // Writes being posted before the Send (RDMA Writes are ordered with respect to a
+            // later Send: RFC 8166, "RDMA Transport Requirements"), which one list keeps.
+            Action::Write { segment, data } if xid.is_some() => {
+                let mut wrs = vec![link.write_wr(segment, data)];
+                while let Some(Action::Write { .. }) = todo.front() {
+                    if let Some(Action::Write { segment, data }) = todo.pop_front() {
+                        wrs.push(link.write_wr(segment, data));
+                    }
+                }
+                if let (Some(x), Some(Action::Send { .. })) = (xid, todo.front())
+                    && link.qp.state() != verbs::QpState::Error
+                    && let Some(Action::Send { data, invalidate }) = todo.pop_front()
+                {
+                    wrs.push(reply_wr(data, invalidate, x));
+                }
+                link.qp.post_send_list(wrs)
+            }
             Action::Write { segment, data } => link.write(segment, data),
             // A reply posted to a QP already in error would only be flushed, after the
             // connection's receive handler has stopped listening for it: count it failed now.
