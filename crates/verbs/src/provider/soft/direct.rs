@@ -20,12 +20,13 @@
 //! payload after it into the sink at the length the peer's segments were seen to have, and
 //! the whole response comes in one `readv` instead of a header read and then the rest.
 
-use std::io::{self, IoSliceMut};
+use std::io::{self, IoSliceMut, Read};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::BytesMut;
 use smallvec::{SmallVec, smallvec};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 use super::cm::DriverCtx;
@@ -157,6 +158,7 @@ impl Plan {
     }
 
     /// All the bytes the plan asks for.
+    #[cfg(test)]
     fn total(&self, p: &At) -> usize {
         self.span(p) + self.trailers.iter().map(|t| t + H).sum::<usize>()
     }
@@ -191,7 +193,26 @@ fn read_plan(
     }
     let mut rest = &mut iov[..];
     IoSliceMut::advance_slices(&mut rest, got);
-    s.try_read_vectored(rest)
+    let asked: usize = rest.iter().map(|b| b.len()).sum();
+    // A read that takes less than it asked for found the socket empty: it reports
+    // `WouldBlock` to tokio from inside `try_io`, which then clears the readiness it saw before
+    // the read, as its own `poll_read` does after a short read. The reader's next read then
+    // waits for epoll instead of first failing with EAGAIN, and data that came after the read
+    // is still seen (its readiness event is newer than the one cleared). (Clearing after the
+    // read returned, with the readiness of that later moment, lost such data's wake-up.)
+    let mut short = None;
+    let r = s.try_io(Interest::READABLE, || {
+        let n = (&*socket2::SockRef::from(s)).read_vectored(rest)?;
+        if n > 0 && n < asked {
+            short = Some(n);
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match (r, short) {
+        (_, Some(n)) => Ok(n),
+        (r, None) => r,
+    }
 }
 
 /// Appends to `buf` the plan's stream bytes `from..to` (wherever they were read to).
@@ -360,14 +381,6 @@ async fn place(
         if let Some(n) = t.next {
             p = n;
             continue;
-        }
-        if got < plan.total(&p.at) {
-            // The last read took less than it asked for: the socket was empty then. Its
-            // readiness is cleared as tokio's own `poll_read` does after a short read, so that
-            // the reader's next read waits for epoll instead of first failing with EAGAIN.
-            let _ = s.try_io(tokio::io::Interest::READABLE, || {
-                Err::<(), _>(io::ErrorKind::WouldBlock.into())
-            });
         }
         if send {
             transmit_now(&ctx.qp);
