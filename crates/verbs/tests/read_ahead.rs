@@ -74,145 +74,105 @@ async fn read_answered_with(
     len: usize,
     pieces: &[Piece],
 ) -> verbs::ConnStats {
-    Peer::new(cfg).await.read(len, pieces).await
-}
-
-/// A listener and the hand-written peer connected to it, for Reads one after the other.
-struct Peer {
-    s: Side,
-    conn: verbs::Connection,
-    t: TcpStream,
-    buf: BytesMut,
-    rbuf: verbs::MemoryRegion,
-    msn: u32,
-    reads: u64,
-}
-
-impl Peer {
-    async fn new(cfg: verbs::SoftIwarpConfig) -> Peer {
-        let (s, conn, t, buf) = raw_peer(cfg).await;
-        let rbuf = s.pd.register_len(1 << 17, Access::LOCAL_WRITE).unwrap();
-        s.qp.post_recv(RecvWr::new(9, rbuf.sge(0, 1 << 17)))
-            .unwrap();
-        Peer {
-            s,
-            conn,
-            t,
-            buf,
-            rbuf,
-            msn: 1,
-            reads: 0,
-        }
-    }
-
-    async fn read(&mut self, len: usize, pieces: &[Piece]) -> verbs::ConnStats {
-        let s = &self.s;
-        self.reads += 1;
-        let sink = s.pd.register_len(len + 8192, Access::LOCAL_WRITE).unwrap();
-        s.qp.post_send(SendWr::new(
-            self.reads,
-            SendOp::RdmaRead {
-                remote_addr: 0x1000,
-                rkey: 0x4242,
-            },
-            vec![sink.sge(4096, len as u32)],
-        ))
+    let (s, conn, mut t, mut buf) = raw_peer(cfg).await;
+    let sink = s.pd.register_len(len + 8192, Access::LOCAL_WRITE).unwrap();
+    let rbuf = s.pd.register_len(1 << 17, Access::LOCAL_WRITE).unwrap();
+    s.qp.post_recv(RecvWr::new(9, rbuf.sge(0, 1 << 17)))
         .unwrap();
-        // The peer takes the Read Request.
-        let mut dec = mpa::FpduDecoder::new(false);
-        let rr = loop {
-            if let Some(u) = dec.decode(&mut self.buf).unwrap() {
-                let (h, n) = DdpHeader::decode(&u).unwrap();
-                match h.model {
-                    BufferModel::Untagged { qn, .. } if qn == QN_READ_REQ => {
-                        break ReadRequest::decode(&u[n..]).unwrap();
-                    }
-                    _ => continue,
+    s.qp.post_send(SendWr::new(
+        1,
+        SendOp::RdmaRead {
+            remote_addr: 0x1000,
+            rkey: 0x4242,
+        },
+        vec![sink.sge(4096, len as u32)],
+    ))
+    .unwrap();
+    // The peer takes the Read Request.
+    let mut dec = mpa::FpduDecoder::new(false);
+    let rr = loop {
+        if let Some(u) = dec.decode(&mut buf).unwrap() {
+            let (h, n) = DdpHeader::decode(&u).unwrap();
+            match h.model {
+                BufferModel::Untagged { qn, .. } if qn == QN_READ_REQ => {
+                    break ReadRequest::decode(&u[n..]).unwrap();
                 }
+                _ => continue,
             }
-            assert!(
-                self.t.read_buf(&mut self.buf).await.unwrap() > 0,
-                "listener closed"
-            );
-        };
-        assert_eq!(
-            (rr.src_stag, rr.src_to, rr.size),
-            (0x4242, 0x1000, len as u32)
-        );
-        // Its answer, all in one write (or one per pause) so that the reader finds it in the
-        // socket.
-        let data = pattern(len);
-        let mut out = BytesMut::new();
-        let mut at = 0usize;
-        let mut sent: Option<Vec<u8>> = None;
-        for &p in pieces {
-            let mut u = BytesMut::new();
-            match p {
-                Piece::Seg(n) => {
-                    DdpHeader {
-                        last: at + n == len,
-                        opcode: Opcode::ReadResponse,
-                        model: BufferModel::Tagged {
-                            stag: rr.sink_stag,
-                            to: rr.sink_to + at as u64,
-                        },
-                    }
-                    .encode(&mut u);
-                    u.extend_from_slice(&data[at..at + n]);
-                    at += n;
+        }
+        assert!(t.read_buf(&mut buf).await.unwrap() > 0, "listener closed");
+    };
+    assert_eq!(
+        (rr.src_stag, rr.src_to, rr.size),
+        (0x4242, 0x1000, len as u32)
+    );
+    // Its answer, all in one write so that the reader finds it in the socket.
+    let data = pattern(len);
+    let mut out = BytesMut::new();
+    let (mut at, mut msn) = (0usize, 1u32);
+    let mut sent: Option<Vec<u8>> = None;
+    for &p in pieces {
+        let mut u = BytesMut::new();
+        match p {
+            Piece::Seg(n) => {
+                DdpHeader {
+                    last: at + n == len,
+                    opcode: Opcode::ReadResponse,
+                    model: BufferModel::Tagged {
+                        stag: rr.sink_stag,
+                        to: rr.sink_to + at as u64,
+                    },
                 }
-                Piece::Pause => {
-                    self.t.write_all(&out).await.unwrap();
-                    out.clear();
-                    let m = sent.take().expect("a Send before a pause");
-                    check_send(s, &self.rbuf, &m).await;
-                    s.qp.post_recv(RecvWr::new(9, self.rbuf.sge(0, 1 << 17)))
-                        .unwrap();
-                    continue;
-                }
-                Piece::Send(n) => {
-                    DdpHeader {
-                        last: true,
-                        opcode: Opcode::Send,
-                        model: BufferModel::Untagged {
-                            inv_stag: 0,
-                            qn: QN_SEND,
-                            msn: self.msn,
-                            mo: 0,
-                        },
-                    }
-                    .encode(&mut u);
-                    let m: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
-                    u.extend_from_slice(&m);
-                    sent = Some(m);
-                    self.msn += 1;
-                }
+                .encode(&mut u);
+                u.extend_from_slice(&data[at..at + n]);
+                at += n;
             }
-            mpa::encode_fpdu(&u, false, &mut out);
+            Piece::Pause => {
+                t.write_all(&out).await.unwrap();
+                out.clear();
+                let m = sent.take().expect("a Send before a pause");
+                check_send(&s, &rbuf, &m).await;
+                s.qp.post_recv(RecvWr::new(9, rbuf.sge(0, 1 << 17)))
+                    .unwrap();
+                continue;
+            }
+            Piece::Send(n) => {
+                DdpHeader {
+                    last: true,
+                    opcode: Opcode::Send,
+                    model: BufferModel::Untagged {
+                        inv_stag: 0,
+                        qn: QN_SEND,
+                        msn,
+                        mo: 0,
+                    },
+                }
+                .encode(&mut u);
+                let m: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+                u.extend_from_slice(&m);
+                sent = Some(m);
+                msn += 1;
+            }
         }
-        assert_eq!(at, len, "the pieces cover the Read");
-        self.t.write_all(&out).await.unwrap();
-        let c = s.scq.next().await;
-        assert_eq!(
-            (c.wr_id, c.opcode, c.status, c.byte_len),
-            (
-                self.reads,
-                WcOpcode::RdmaRead,
-                WcStatus::Success,
-                len as u32
-            )
-        );
-        assert!(
-            sink.read(4096, len).unwrap() == data,
-            "the Read's bytes as sent"
-        );
-        if let Some(m) = sent {
-            check_send(s, &self.rbuf, &m).await;
-            s.qp.post_recv(RecvWr::new(9, self.rbuf.sge(0, 1 << 17)))
-                .unwrap();
-        }
-        self.conn.stats()
+        mpa::encode_fpdu(&u, false, &mut out);
     }
+    assert_eq!(at, len, "the pieces cover the Read");
+    t.write_all(&out).await.unwrap();
+    let c = s.scq.next().await;
+    assert_eq!(
+        (c.wr_id, c.opcode, c.status, c.byte_len),
+        (1, WcOpcode::RdmaRead, WcStatus::Success, len as u32)
+    );
+    assert!(
+        sink.read(4096, len).unwrap() == data,
+        "the Read's bytes as sent"
+    );
+    if let Some(m) = sent {
+        check_send(&s, &rbuf, &m).await;
+    }
+    let st = conn.stats();
+    drop(t);
+    st
 }
 
 async fn check_send(s: &Side, rbuf: &verbs::MemoryRegion, m: &[u8]) {
@@ -301,65 +261,6 @@ async fn a_response_to_an_idle_reader_is_placed_whole_from_the_socket() {
         let st = read_answered_with(Default::default(), len, &pieces).await;
         assert_eq!(st.direct_rx_bytes as usize, len, "{st:?}");
         assert!(st.read_ahead_rx_bytes as usize > len / 2, "{st:?}");
-    })
-    .await
-}
-
-/// Once the peer's segment length is known, a response to an idle reader comes in one `readv`
-/// from its first header on: every byte of it read ahead. A response cut otherwise than seen
-/// before, and one behind a Send, still land whole.
-#[tokio::test]
-async fn a_response_whose_segments_are_known_comes_whole_from_its_first_header() {
-    within(async {
-        use Piece::*;
-        let mut p = Peer::new(Default::default()).await;
-        // Learn: 60,000-byte segments (to an idle reader, which reads the first header alone).
-        let first = p
-            .read(
-                4 * 60_000,
-                &[
-                    Send(100),
-                    Pause,
-                    Seg(60_000),
-                    Seg(60_000),
-                    Seg(60_000),
-                    Seg(60_000),
-                ],
-            )
-            .await;
-        assert_eq!(first.direct_rx_bytes, 4 * 60_000, "{first:?}");
-        // Cut the same way, to an idle reader: all of it read ahead.
-        let len = 5 * 60_000 + 7;
-        let mut pieces = vec![Send(100), Pause];
-        pieces.extend([Seg(60_000); 5]);
-        pieces.push(Seg(7));
-        let second = p.read(len, &pieces).await;
-        assert_eq!(
-            second.read_ahead_rx_bytes - first.read_ahead_rx_bytes,
-            len as u64,
-            "{second:?}"
-        );
-        assert_eq!(
-            second.direct_rx_bytes - first.direct_rx_bytes,
-            len as u64,
-            "{second:?}"
-        );
-        // Cut otherwise: the guessed first header fails, the response still lands, and the
-        // new length is learned from it: the next response cut so is read ahead whole.
-        let cut = [Send(100), Pause, Seg(50_000), Seg(50_000), Seg(50_000)];
-        let third = p.read(3 * 50_000, &cut).await;
-        let fourth = p.read(3 * 50_000, &cut).await;
-        assert_eq!(
-            fourth.read_ahead_rx_bytes - third.read_ahead_rx_bytes,
-            3 * 50_000,
-            "{third:?} {fourth:?}"
-        );
-        // Behind a Send that comes first.
-        p.read(
-            2 * 60_000,
-            &[Send(100), Pause, Send(200), Seg(60_000), Seg(60_000)],
-        )
-        .await;
     })
     .await
 }

@@ -14,11 +14,6 @@
 //! copied back into the reader's buffer for the normal path, and the guessed part of the sink
 //! is overwritten later by the real segments. RDMA Writes get no read-ahead: what follows a
 //! Write's segment in its region may hold data the peer never targeted.
-//!
-//! A response to a Read the engine waits for, arriving at an idle reader, is taken the same way
-//! from its first header on ([`place_awaited`]): that header goes into a tail buffer, the
-//! payload after it into the sink at the length the peer's segments were seen to have, and
-//! the whole response comes in one `readv` instead of a header read and then the rest.
 
 use std::io::{self, IoSliceMut, Read};
 use std::sync::Arc;
@@ -58,18 +53,11 @@ pub(super) struct Placed {
     /// The last segment placed was not its message's last (RFC 5041 §4.2): the next FPDU is
     /// most likely the message's next segment.
     pub(super) continues: bool,
-    /// The payload length of a segment placed that was not its message's last: how long the
-    /// peer cuts its segments.
-    pub(super) seg: Option<usize>,
-    /// The stream ended before anything of an awaited response came.
-    pub(super) eof: bool,
 }
 
 /// A tagged segment whose header has arrived and whose payload is being placed.
 struct Placing {
-    /// `None` for the first segment of an awaited Read Response whose header is still to come
-    /// (its payload then starts at a guessed length, checked with the header).
-    hdr: Option<[u8; TAGGED_HDR_LEN]>,
+    hdr: [u8; TAGGED_HDR_LEN],
     mr: Arc<MrInner>,
     at: At,
 }
@@ -278,8 +266,8 @@ pub(super) async fn place_direct(
     t.mr.data.lock().make_mut()[t.off..t.off + have].copy_from_slice(&buf[H..H + have]);
     let trailer_have = buf.len() - H - have;
     buf.clear();
-    let p = Placing {
-        hdr: Some(hdr),
+    let mut p = Placing {
+        hdr,
         mr: t.mr,
         at: At {
             plen,
@@ -289,54 +277,11 @@ pub(super) async fn place_direct(
             read_rest: t.read_rest,
         },
     };
-    place(s, p, buf, ctx).await.map(Some)
-}
-
-/// The response to the RDMA Read the engine waits for, none of which has arrived, with `buf`
-/// empty: one `readv` takes its first header into a tail and the payload after it, guessed
-/// `seg` bytes long (the peer's segment length seen last), into the sink, and the Read's next
-/// segments ahead, each header checked once it has arrived as a read-ahead one is. Whatever
-/// else came first (another message) goes back to `buf`. `None` if no such Read waits.
-pub(super) async fn place_awaited(
-    s: &TcpStream,
-    buf: &mut BytesMut,
-    ctx: &DriverCtx,
-    seg: usize,
-) -> io::Result<Option<Placed>> {
-    let Some((mr, off, len)) = ctx.engine().awaited_read(DIRECT_MIN) else {
-        return Ok(None);
-    };
-    if !buf.is_empty() || seg == 0 {
-        return Ok(None);
-    }
-    let p = Placing {
-        hdr: None,
-        mr,
-        at: At {
-            plen: seg.min(len),
-            at: off,
-            left: 0,
-            trailer: 0,
-            read_rest: len,
-        },
-    };
-    place(s, p, buf, ctx).await.map(Some)
-}
-
-/// Reads and places `p` (and what is read ahead with it) until a segment ends with nothing of
-/// the Read's next one arrived, or a guess fails.
-async fn place(
-    s: &TcpStream,
-    mut p: Placing,
-    buf: &mut BytesMut,
-    ctx: &DriverCtx,
-) -> io::Result<Placed> {
     let mut tails = [[0u8; TAIL]; READ_AHEAD + 1];
     let mut send = false;
     loop {
         let plan = Plan::new(&p.at, p.mr.data.lock().len());
-        // A segment whose header is still to come waits for anything at all.
-        let required = plan.required(&p.at).max(usize::from(p.hdr.is_none()));
+        let required = plan.required(&p.at);
         let mut got = 0usize;
         while got < required {
             s.readable().await?;
@@ -346,15 +291,6 @@ async fn place(
                     read_plan(s, d.make_mut(), &mut tails, &p.at, &plan, got)
                 };
                 match r {
-                    // The peer closed the stream between two FPDUs: as a read of the normal
-                    // path would see it.
-                    Ok(0) if got == 0 && p.hdr.is_none() => {
-                        return Ok(Placed {
-                            continues: false,
-                            seg: None,
-                            eof: true,
-                        });
-                    }
                     Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                     Ok(k) => {
                         got += k;
@@ -385,11 +321,9 @@ async fn place(
         if send {
             transmit_now(&ctx.qp);
         }
-        return Ok(Placed {
+        return Ok(Some(Placed {
             continues: t.continues,
-            seg: t.seg,
-            eof: false,
-        });
+        }));
     }
 }
 
@@ -410,21 +344,14 @@ fn take_in(
     ctx: &DriverCtx,
 ) -> TakenIn {
     let a = &p.at;
+    ctx.engine().on_placed(&p.hdr, a.plen);
     let mut r = TakenIn {
         next: None,
-        placed: 0,
+        placed: a.left,
         ahead: 0,
-        segments: 0,
-        continues: false,
-        seg: None,
+        segments: 1,
+        continues: !is_last(&p.hdr),
     };
-    if let Some(h) = &p.hdr {
-        ctx.engine().on_placed(h, a.plen);
-        r.placed = a.left;
-        r.segments = 1;
-        r.continues = !is_last(h);
-        r.seg = r.continues.then_some(a.plen);
-    }
     // Stream position of the next header, and where the next segment's payload would go.
     let mut pos = plan.required(a);
     let mut off = a.at + a.left;
@@ -445,16 +372,7 @@ fn take_in(
             .flatten()
             .filter(|t| Arc::ptr_eq(&t.mr, &p.mr) && t.off == off);
         let Some(t) = target else {
-            // Not the segment guessed: everything from its header on goes the normal way. If
-            // it is a tagged segment cut otherwise, the peer's length is learned from it.
-            let ulen = usize::from(u16::from_be_bytes([tail[0], tail[1]]));
-            if let Ok(sg) = Segment::new_checked(&tail[2..])
-                && sg.is_tagged()
-                && !sg.is_last()
-                && ulen >= TAGGED_HDR_LEN + DIRECT_MIN
-            {
-                r.seg = Some(ulen - TAGGED_HDR_LEN);
-            }
+            // Not the segment guessed: everything from its header on goes the normal way.
             copy_back(buf, &p.mr.data.lock(), tails, a, plan, (pos, got));
             break;
         };
@@ -466,7 +384,7 @@ fn take_in(
         if have < n || trailer_have < trailer {
             // The bytes ended inside this segment: it is the one being placed now.
             let next = Placing {
-                hdr: Some(hdr),
+                hdr,
                 mr: t.mr,
                 at: At {
                     plen: n,
@@ -487,9 +405,6 @@ fn take_in(
         r.ahead += n;
         r.segments += 1;
         r.continues = !is_last(&hdr);
-        if r.continues {
-            r.seg = Some(n);
-        }
         off += n;
     }
     r
@@ -505,8 +420,6 @@ struct TakenIn {
     segments: u64,
     /// The last segment done was not its message's last.
     continues: bool,
-    /// The length of a segment done that was not its message's last.
-    seg: Option<usize>,
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, DuplexStream, ReadBuf, ReadHalf};
 use tokio::net::tcp::OwnedReadHalf;
 
 use super::cm::DriverCtx;
-use super::direct::{DIRECT_MIN, place_awaited, place_direct};
+use super::direct::{DIRECT_MIN, place_direct};
 use super::tx::transmit_batch;
 use crate::capture::{Dir, Ticket};
 use crate::wire::ddp::Segment;
@@ -56,8 +56,6 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
     // are most likely its first segment, which is then placed directly from its header on
     // (with the Read's later segments read ahead), rather than copied through `buf`.
     let mut awaiting = false;
-    // How long the peer cuts a tagged message's segments (all but the last), once seen.
-    let mut seg = 0usize;
     loop {
         transmit_batch(&ctx.qp, deferred, || {
             loop {
@@ -110,24 +108,11 @@ pub(crate) async fn reader_loop(mut r: In, mut buf: BytesMut, ctx: &DriverCtx) -
                 }
             }
         });
-        if let (true, In::Tcp(tcp)) = (direct, &r) {
-            let placed = match place_direct(tcp.as_ref(), &mut buf, ctx).await? {
-                Some(p) => Some(p),
-                // Its first header, the payload after it and the rest of the Read in one
-                // `readv`, once the peer's segment length is known.
-                None if awaiting && buf.is_empty() && seg > 0 => {
-                    place_awaited(tcp.as_ref(), &mut buf, ctx, seg).await?
-                }
-                None => None,
-            };
-            if let Some(p) = placed {
-                if p.eof {
-                    return Ok(());
-                }
-                bulk = p.continues;
-                seg = p.seg.unwrap_or(seg);
-                continue;
-            }
+        if let (true, In::Tcp(tcp)) = (direct, &r)
+            && let Some(placed) = place_direct(tcp.as_ref(), &mut buf, ctx).await?
+        {
+            bulk = placed.continues;
+            continue;
         }
         if buf.capacity() - buf.len() < ctx.rx_chunk {
             buf.reserve(ctx.rx_chunk);

@@ -494,24 +494,9 @@ impl Engine {
     /// none of its response yet (the driver then reads the next FPDU's header alone, to place
     /// the response directly from its first segment on).
     pub(crate) fn awaits_read_response(&self, min: usize) -> bool {
-        self.awaited(min).is_some()
-    }
-
-    fn awaited(&self, min: usize) -> Option<&OutRead> {
-        if self.closing || self.state != QpState::Rts || self.awaiting_rtr {
-            return None;
-        }
         self.reads_out
             .front()
-            .filter(|r| r.got == 0 && r.sink.is_some() && r.len >= min as u64)
-    }
-
-    /// The sink of the oldest outstanding RDMA Read, of at least `min` bytes, none of whose
-    /// response has arrived: its region, offset and length.
-    pub(crate) fn awaited_read(&self, min: usize) -> Option<(Arc<MrInner>, usize, usize)> {
-        let r = self.awaited(min)?;
-        let (mr, off) = r.sink.as_ref()?;
-        Some((mr.clone(), *off, r.len as usize))
+            .is_some_and(|r| r.got == 0 && r.sink.is_some() && r.len >= min as u64)
     }
 
     /// Direct placement, step 2: the payload of the segment with header `hdr` (validated by
