@@ -4,7 +4,7 @@ use crate::common::*;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use verbs::wire::ddp::{BufferModel, DdpHeader, Opcode, Terminate};
-use verbs::wire::mpa::{self, FrameKind, IrdOrd, MpaFrame};
+use verbs::wire::mpa;
 use verbs::{Access, CmEvent, Connection, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 
 async fn terminate_of(c: &Connection, sent: bool) -> Terminate {
@@ -294,29 +294,7 @@ async fn crc_error_terminates() {
                 .await
                 .unwrap()
         });
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let req = MpaFrame {
-            kind: FrameKind::Request,
-            markers: false,
-            crc: true,
-            reject: false,
-            revision: 2,
-            enhanced: Some(IrdOrd {
-                ird: 4,
-                ord: 4,
-                ..Default::default()
-            }),
-            private_data: Bytes::new(),
-        };
-        s.write_all(&req.encode().unwrap()).await.unwrap();
-        let mut buf = BytesMut::new();
-        let rep = loop {
-            s.read_buf(&mut buf).await.unwrap();
-            if let Some((f, n)) = MpaFrame::decode(&buf).unwrap() {
-                let _ = buf.split_to(n);
-                break f;
-            }
-        };
+        let (mut s, _, rep) = raw_mpa_initiator(addr, true).await;
         assert!(rep.crc && !rep.reject);
         let conn = server.await.unwrap();
         let mut f = BytesMut::new();

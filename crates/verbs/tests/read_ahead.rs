@@ -4,11 +4,11 @@
 //! reader's guesses that held must have been placed straight from the socket.
 
 use crate::common::*;
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use verbs::wire::ddp::{BufferModel, DdpHeader, Opcode, QN_READ_REQ, QN_SEND, ReadRequest};
-use verbs::wire::mpa::{self, FrameKind, IrdOrd, MpaFrame};
+use verbs::wire::mpa;
 use verbs::{Access, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 
 fn pattern(n: usize) -> Vec<u8> {
@@ -39,29 +39,7 @@ async fn raw_peer(cfg: verbs::SoftIwarpConfig) -> (Side, verbs::Connection, TcpS
         let req = l.accept().await.unwrap();
         req.accept(&qp, verbs::ConnParams::default()).await.unwrap()
     });
-    let mut t = TcpStream::connect(addr).await.unwrap();
-    let req = MpaFrame {
-        kind: FrameKind::Request,
-        markers: false,
-        crc: false,
-        reject: false,
-        revision: 2,
-        enhanced: Some(IrdOrd {
-            ird: 4,
-            ord: 4,
-            ..Default::default()
-        }),
-        private_data: Bytes::new(),
-    };
-    t.write_all(&req.encode().unwrap()).await.unwrap();
-    let mut buf = BytesMut::new();
-    let rep = loop {
-        assert!(t.read_buf(&mut buf).await.unwrap() > 0, "listener closed");
-        if let Some((f, n)) = MpaFrame::decode(&buf).unwrap() {
-            let _ = buf.split_to(n);
-            break f;
-        }
-    };
+    let (t, buf, rep) = raw_mpa_initiator(addr, false).await;
     assert!(!rep.crc && !rep.reject);
     let conn = server.await.unwrap();
     (s, conn, t, buf)

@@ -96,3 +96,42 @@ pub async fn within<F: std::future::Future>(f: F) -> F::Output {
         .await
         .expect("test timed out")
 }
+
+/// A hand-written MPA initiator (revision 2, no markers, IRD and ORD 4, CRC as asked) connects
+/// to `addr` and takes the Reply; returns the stream, what it read after the Reply, and the
+/// Reply.
+pub async fn raw_mpa_initiator(
+    addr: SocketAddr,
+    crc: bool,
+) -> (
+    tokio::net::TcpStream,
+    bytes::BytesMut,
+    verbs::wire::mpa::MpaFrame,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use verbs::wire::mpa::{FrameKind, IrdOrd, MpaFrame};
+    let mut t = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = MpaFrame {
+        kind: FrameKind::Request,
+        markers: false,
+        crc,
+        reject: false,
+        revision: 2,
+        enhanced: Some(IrdOrd {
+            ird: 4,
+            ord: 4,
+            ..Default::default()
+        }),
+        private_data: bytes::Bytes::new(),
+    };
+    t.write_all(&req.encode().unwrap()).await.unwrap();
+    let mut buf = bytes::BytesMut::new();
+    let rep = loop {
+        assert!(t.read_buf(&mut buf).await.unwrap() > 0, "listener closed");
+        if let Some((f, n)) = MpaFrame::decode(&buf).unwrap() {
+            let _ = buf.split_to(n);
+            break f;
+        }
+    };
+    (t, buf, rep)
+}
