@@ -279,7 +279,7 @@ pub(super) async fn place_direct(
     };
     let mut tails = [[0u8; TAIL]; READ_AHEAD + 1];
     let mut send = false;
-    loop {
+    let continues = loop {
         let plan = Plan::new(&p.at, p.mr.data.lock().len());
         let required = plan.required(&p.at);
         let mut got = 0usize;
@@ -314,17 +314,15 @@ pub(super) async fn place_direct(
             .read_ahead_rx_bytes
             .fetch_add(t.ahead as u64, Ordering::Relaxed);
         ctx.stats.fpdus_rx.fetch_add(t.segments, Ordering::Relaxed);
-        if let Some(n) = t.next {
-            p = n;
-            continue;
+        match t.next {
+            Some(n) => p = n,
+            None => break t.continues,
         }
-        if send {
-            transmit_now(&ctx.qp);
-        }
-        return Ok(Some(Placed {
-            continues: t.continues,
-        }));
+    };
+    if send {
+        transmit_now(&ctx.qp);
     }
+    Ok(Some(Placed { continues }))
 }
 
 /// Whether a tagged header has the Last flag (RFC 5041 §4.2).
@@ -333,8 +331,8 @@ fn is_last(hdr: &[u8; TAGGED_HDR_LEN]) -> bool {
 }
 
 /// Takes in the `got` bytes a plan's reads brought: the placed segment, then each read-ahead
-/// segment whose header is the one guessed. Whatever arrived that is not placed (a look-ahead header, a header not as guessed and all
-/// after it) is appended to `buf`.
+/// segment whose header is the one guessed. Whatever arrived that is not placed (a look-ahead
+/// header, a header not as guessed and all after it) is appended to `buf`.
 fn take_in(
     p: &Placing,
     plan: &Plan,
