@@ -69,11 +69,7 @@ impl Program for HintProbe {
 
 /// Call `proc_` of the probe; its answer (panics on any failure: this is for tests).
 pub async fn ask(c: &RpcClient, proc_: u32) -> u32 {
-    let r = c
-        .call(proc_, |_| {}, ReplyExpectation::default())
-        .await
-        .expect("the probe's call");
-    Decoder::from_bytes(&r).u32().expect("the probe's answer")
+    ask_with_args(c, proc_, 0).await
 }
 
 /// Like [`ask`], with `n` bytes of arguments (which the probe ignores): over RPC-over-RDMA,
