@@ -4,12 +4,6 @@ use crate::common::*;
 use bytes::Bytes;
 use verbs::{Access, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
 async fn send_recv(kind: Kind) {
     let (e, _k) = up(kind).await;
     let rbuf = e.s.pd.register_len(4096, Access::LOCAL_WRITE).unwrap();

@@ -11,12 +11,6 @@ use verbs::wire::ddp::{BufferModel, DdpHeader, Opcode, QN_READ_REQ, QN_SEND, Rea
 use verbs::wire::mpa;
 use verbs::{Access, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 
-fn pattern(n: usize) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(13).wrapping_add((i >> 11) as u8))
-        .collect()
-}
-
 /// What the peer puts in its answer to the Read, in order.
 #[derive(Clone, Copy)]
 enum Piece {
@@ -85,7 +79,7 @@ async fn read_answered_with(
         (0x4242, 0x1000, len as u32)
     );
     // Its answer, all in one write so that the reader finds it in the socket.
-    let data = pattern(len);
+    let data = pattern(len, 13);
     let mut out = BytesMut::new();
     let (mut at, mut msn) = (0usize, 1u32);
     let mut sent: Option<Vec<u8>> = None;

@@ -135,3 +135,16 @@ pub async fn raw_mpa_initiator(
     };
     (t, buf, rep)
 }
+
+/// `n` bytes of test data that do not repeat every 256 bytes (a block of 2 KiB shifts the
+/// sequence), so that data landing at a wrong offset does not compare equal by chance.
+pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| {
+            (i as u8)
+                .wrapping_mul(31)
+                .wrapping_add(seed)
+                .wrapping_add((i >> 11) as u8)
+        })
+        .collect()
+}
